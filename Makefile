@@ -1,0 +1,33 @@
+# The two commands of the README:  `make demo`  and  `make test`.
+# Both create the virtual environment, install the project and provision a
+# RabbitMQ broker ($OJS_AMQP_URL, else Docker, else a private local node).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: setup demo test unit bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,celery,dramatiq]'
+	$(PY) -m ojs_kombu.testing.broker install
+	rm -f $(VENV)/.installed-* && touch $@
+
+demo: setup
+	$(PY) -m ojs_kombu.testing.broker run -- $(PY) examples/demo.py
+
+test: setup
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest -q tests/unit
+
+bench: setup
+	$(PY) -m ojs_kombu.testing.broker run -- $(PY) benchmarks/publish.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Celery over the OJS AMQP binding (see the Celery issue; not yet implemented)."""

@@ -1,0 +1,1 @@
+"""Dramatiq over the OJS AMQP binding (see the Dramatiq issue; not yet implemented)."""

@@ -1,0 +1,380 @@
+"""The consuming side of the binding: FETCH, ACK and FAIL on one connection (binding §5.2–5.5, §10–11).
+
+A :class:`Consumer` owns one AMQP connection with two channels: a consuming
+channel (``Basic.Qos(prefetch, global=False)`` then ``Basic.Consume(no_ack=False)``
+per queue) and a publishing channel in confirm mode for the retry path.  Its
+loop runs in one thread, the only thread that ever touches the connection
+(AMQP-028).  Handler threads settle deliveries through thread-safe requests
+(:meth:`Consumer.ack`, :meth:`Consumer.nack`, :meth:`Consumer.republish`) that
+the loop executes; a self-pipe wakes the loop at once, so an ack never waits
+for a poll interval.
+
+On a connection loss the loop reconnects with the back-off of DESIGN §9,
+re-declares the topology and re-registers its consumers with the same
+prefetch; deliveries of the lost connection are forgotten (the broker
+redelivers them, flagged ``redelivered``).  A broker-initiated ``Basic.Cancel``
+(e.g. the queue was deleted) is logged, counted and followed by a re-consume
+after a delay.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_module
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import kombu
+from amqp import spec
+from amqp.basic_message import Message
+
+from .backoff import reconnect_delay
+from .client import safe_url
+from .codec import OutgoingMessage
+from .metrics import METRICS
+from .publisher import ConfirmedPublisher, PublishTicket
+from .topology import Topology
+
+logger = logging.getLogger(__name__)
+
+#: Headers RabbitMQ adds on dead-lettering; stripped on every republish (DESIGN §6).
+DEATH_HEADERS = ("x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+                 "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason")
+
+
+def strip_death_headers(headers: dict[str, Any]) -> dict[str, Any]:
+    """``headers`` without RabbitMQ's ``x-death*`` / ``x-first-death-*`` / ``x-last-death-*``."""
+    return {k: v for k, v in headers.items() if k not in DEATH_HEADERS}
+
+
+@dataclass
+class Delivery:
+    """One message delivered to the consumer, as handed to a handler thread."""
+
+    body: bytes
+    properties: dict[str, Any]
+    headers: dict[str, Any]
+    delivery_tag: int
+    redelivered: bool
+    exchange: str
+    routing_key: str
+    queue: str
+    generation: int
+    received: float = field(default_factory=time.monotonic)
+
+    def outgoing(self, headers: dict[str, Any] | None = None) -> OutgoingMessage:
+        """This message for a republish: same body and properties, ``x-death*`` stripped."""
+        table = strip_death_headers(self.headers)
+        if headers:
+            table.update(headers)
+        properties = {k: v for k, v in self.properties.items() if k != "application_headers"}
+        return OutgoingMessage(self.body, properties, table)
+
+
+class Consumer:
+    """Consumes AMQP queues on one connection; the loop runs in the caller's thread.
+
+    Arguments:
+        url: broker URL.
+        queues: ``{amqp_queue_name: ojs_queue_name}`` to consume.
+        prefetch: ``Basic.Qos`` prefetch count per consumer (``global=False``).
+        on_delivery: called in the loop thread with each :class:`Delivery`; must not block.
+        topology: re-declared after every reconnect, and for re-consuming after a cancel.
+        declare: called with the kombu connection after (re)connecting, before consuming.
+    """
+
+    def __init__(self, url: str, queues: dict[str, str], prefetch: int, on_delivery: Callable[[Delivery], None],
+                 *, topology: Topology, declare: Callable[[Any], None] | None = None,
+                 heartbeat: float = 60, connect_retries: int | None = None, cancel_retry_delay: float = 1.0,
+                 connection_name: str = "ojs_kombu worker", transport_options: dict[str, Any] | None = None,
+                 ssl: Any = None):
+        self.url = url
+        self.queues = dict(queues)
+        self.prefetch = prefetch
+        self.on_delivery = on_delivery
+        self.topology = topology
+        self.declare = declare
+        self.heartbeat = heartbeat
+        self.connect_retries = connect_retries
+        self.cancel_retry_delay = cancel_retry_delay
+        options = dict(transport_options or {})
+        options.setdefault("client_properties", {"connection_name": connection_name})
+        self._kombu = kombu.Connection(url, heartbeat=heartbeat, ssl=ssl, transport_options=options)
+        self._requests: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._stop = threading.Event()
+        self._consuming = threading.Event()
+        self._cancel_wanted = threading.Event()
+        self._generation = 0
+        self._channel = None
+        self._publisher: ConfirmedPublisher | None = None
+        self._consumer_tags: dict[str, str] = {}
+        self._recancelled: dict[str, float] = {}
+        self.reconnections = 0
+        self.cancellations = 0
+        self.connected = threading.Event()
+
+    # -- thread-safe requests ------------------------------------------------------------------
+
+    def ack(self, delivery: Delivery) -> None:
+        """Acknowledge ``delivery`` (``Basic.Ack``, ``multiple=False``)."""
+        self._request(("ack", delivery))
+
+    def nack(self, delivery: Delivery) -> None:
+        """Reject ``delivery`` without requeue: ``Basic.Nack(requeue=False)``, into the DLQ."""
+        self._request(("nack", delivery))
+
+    def republish(self, delivery: Delivery, message: OutgoingMessage, exchange: str, routing_key: str,
+                  queue: str, prepare: Callable[[Any], None] | None = None) -> None:
+        """Publish ``message`` (confirmed), then ack ``delivery`` (DESIGN §5: never ack first).
+
+        ``prepare(connection)`` runs first in the loop thread (e.g. to declare a
+        retry queue).  If the broker does not confirm the publish, ``delivery``
+        is nacked into its DLQ so the job is never lost.
+        """
+        self._request(("republish", delivery, message, exchange, routing_key, queue, prepare))
+
+    def stop_consuming(self) -> None:
+        """Cancel every consumer (no new deliveries); the loop keeps settling."""
+        self._cancel_wanted.set()
+        self._wake()
+
+    def stop(self) -> None:
+        """End the loop after it has executed the requests already made."""
+        self._stop.set()
+        self._wake()
+
+    def connection_factory(self) -> kombu.Connection:
+        """A new, unconnected kombu connection with this consumer's settings."""
+        return self._kombu.clone()
+
+    @property
+    def generation(self) -> int:
+        """Incremented on every (re)connection; deliveries of older generations cannot be settled."""
+        return self._generation
+
+    def _request(self, item: tuple) -> None:
+        self._requests.put(item)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is awake anyway
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Consume until :meth:`stop`; reconnect on connection loss."""
+        attempt = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._connect()
+                    attempt = 0
+                    self._loop()
+                except self._kombu.connection_errors + self._kombu.channel_errors as exc:
+                    self._disconnect()
+                    if self._stop.is_set():
+                        break
+                    attempt += 1
+                    if self.connect_retries is not None and attempt > self.connect_retries:
+                        raise
+                    delay = reconnect_delay(attempt)
+                    self.reconnections += 1
+                    METRICS.reconnected()
+                    logger.warning("consumer connection to %s lost (%s); reconnecting in %.1fs",
+                                   safe_url(self.url), exc, delay)
+                    self._stop.wait(delay)
+        finally:
+            self._drain_requests_after_disconnect()
+            self._disconnect()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _connect(self) -> None:
+        self._kombu.connect()
+        connection = self._kombu.connection
+        self._generation += 1
+        self.topology.redeclare(connection)
+        if self.declare:
+            self.declare(connection)
+        self._publisher = ConfirmedPublisher(connection)
+        channel = connection.channel()
+        channel.auto_decode = False
+        channel.basic_qos(0, self.prefetch, False)
+        self._channel = channel
+        self._consumer_tags.clear()
+        if not self._cancel_wanted.is_set():
+            for amqp_queue in self.queues:
+                self._consume(amqp_queue)
+        self.connected.set()
+        METRICS.connections_active.inc()
+
+    def _consume(self, amqp_queue: str) -> None:
+        tag = self._channel.basic_consume(
+            amqp_queue, no_ack=False, callback=self._on_message,
+            on_cancel=lambda consumer_tag, q=amqp_queue: self._on_cancel(q, consumer_tag),
+        )
+        self._consumer_tags[amqp_queue] = tag
+        self._consuming.set()
+
+    def _disconnect(self) -> None:
+        if self.connected.is_set():
+            METRICS.connections_active.dec()
+        self.connected.clear()
+        self._channel = None
+        self._publisher = None
+        try:
+            self._kombu.collect()
+        except Exception:  # noqa: BLE001 - the connection is already broken
+            pass
+
+    def _loop(self) -> None:
+        connection = self._kombu.connection
+        sock = connection.sock
+        interval = min(1.0, self.heartbeat / 4) if self.heartbeat else 1.0
+        while not self._stop.is_set():
+            if self._cancel_wanted.is_set() and self._consumer_tags:
+                self._cancel_all()
+            self._execute_requests()
+            self._reconsume_cancelled()
+            if not self._has_buffered(sock):
+                readable, _, _ = select.select([sock, self._wake_r], [], [], interval)
+                if self._wake_r in readable:
+                    self._clear_wake()
+            self._read_available(connection)
+            if self.heartbeat:
+                connection.heartbeat_check()
+        self._execute_requests()
+        if self._publisher is not None:
+            self._publisher.wait_all(timeout=10)  # republishes settle (ack or nack) before we go
+
+    @staticmethod
+    def _has_buffered(sock) -> bool:
+        pending = getattr(sock, "pending", None)  # TLS sockets buffer decrypted bytes
+        return bool(pending and pending())
+
+    def _read_available(self, connection) -> None:
+        while True:
+            try:
+                connection.drain_events(timeout=0)
+            except socket.timeout:
+                return
+
+    def _clear_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _on_message(self, message: Message) -> None:
+        info = message.delivery_info
+        properties = dict(message.properties)
+        headers = dict(properties.pop("application_headers", None) or {})
+        amqp_queue = next((q for q, t in self._consumer_tags.items() if t == info["consumer_tag"]), "")
+        body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
+        METRICS.messages_consumed.labels(self.queues.get(amqp_queue, amqp_queue)).inc()
+        self.on_delivery(Delivery(
+            body=body, properties=properties, headers=headers, delivery_tag=info["delivery_tag"],
+            redelivered=bool(info["redelivered"]), exchange=info["exchange"], routing_key=info["routing_key"],
+            queue=self.queues.get(amqp_queue, amqp_queue), generation=self._generation,
+        ))
+
+    def _on_cancel(self, amqp_queue: str, consumer_tag: str) -> None:
+        self._consumer_tags.pop(amqp_queue, None)
+        self.cancellations += 1
+        METRICS.consumer_cancellations.labels(self.queues.get(amqp_queue, amqp_queue)).inc()
+        logger.warning("the broker cancelled the consumer of %s (Basic.Cancel); re-consuming in %.1fs",
+                       amqp_queue, self.cancel_retry_delay)
+        self._recancelled[amqp_queue] = time.monotonic() + self.cancel_retry_delay
+
+    def _reconsume_cancelled(self) -> None:
+        if not self._recancelled or self._cancel_wanted.is_set():
+            return
+        now = time.monotonic()
+        for amqp_queue, due in list(self._recancelled.items()):
+            if due > now:
+                continue
+            del self._recancelled[amqp_queue]
+            ojs_queue = self.queues[amqp_queue]
+            try:
+                self.topology.forget(ojs_queue)
+                if self.declare:
+                    self.declare(self._kombu.connection)
+                else:
+                    self.topology.ensure_queue(self._kombu.connection, ojs_queue)
+                self._consume(amqp_queue)
+                logger.info("re-consuming %s after a broker cancel", amqp_queue)
+            except self._kombu.channel_errors as exc:
+                logger.warning("re-consuming %s failed (%s); trying again", amqp_queue, exc)
+                raise
+
+    def _cancel_all(self) -> None:
+        for amqp_queue, tag in list(self._consumer_tags.items()):
+            self._channel.basic_cancel(tag)
+            del self._consumer_tags[amqp_queue]
+        self._consuming.clear()
+
+    # -- settling ------------------------------------------------------------------------------
+
+    def _execute_requests(self) -> None:
+        while True:
+            try:
+                item = self._requests.get_nowait()
+            except queue_module.Empty:
+                return
+            kind, delivery = item[0], item[1]
+            if delivery.generation != self._generation:
+                continue  # its channel is gone; the broker redelivers it
+            if kind == "ack":
+                self._ack(delivery)
+            elif kind == "nack":
+                self._nack(delivery)
+            else:
+                _, _, message, exchange, routing_key, queue, prepare = item
+                if prepare is not None:
+                    prepare(self._kombu.connection)
+                self._publisher.publish(
+                    message, exchange=exchange, routing_key=routing_key, queue=queue,
+                    job_id=message.properties.get("message_id"),
+                    on_done=lambda ticket, d=delivery: self._after_republish(d, ticket),
+                )
+
+    def _after_republish(self, delivery: Delivery, ticket: PublishTicket) -> None:
+        if delivery.generation != self._generation:
+            return
+        if ticket.error is None:
+            self._ack(delivery)
+            return
+        logger.error("republishing job %s failed (%s); sending it to its dead letter queue",
+                     ticket.job_id, ticket.error)
+        self._nack(delivery)
+
+    def _ack(self, delivery: Delivery) -> None:
+        self._channel.basic_ack(delivery.delivery_tag, multiple=False)
+        METRICS.messages_acked.labels(delivery.queue).inc()
+
+    def _nack(self, delivery: Delivery) -> None:
+        # py-amqp has no basic_nack: send the real method (requeue=False -> dead-lettered).
+        self._channel.send_method(spec.Basic.Nack, "Lbb", (delivery.delivery_tag, False, False))
+        METRICS.messages_nacked.labels(delivery.queue).inc()
+
+    def _drain_requests_after_disconnect(self) -> None:
+        while True:
+            try:
+                self._requests.get_nowait()
+            except queue_module.Empty:
+                return
+
+
+__all__ = ["DEATH_HEADERS", "Consumer", "Delivery", "strip_death_headers"]

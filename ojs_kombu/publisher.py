@@ -1,0 +1,182 @@
+"""Confirmed, pipelined publishing on one AMQP channel (binding §5.1, AMQP-014..016).
+
+py-amqp's own confirm mode waits for each confirm before the next publish and
+matches confirms by arrival order, so a ``Basic.Return`` in the middle of a
+wait leaves an Ack unread for the next publish to consume.  This publisher
+instead puts the channel in confirm mode itself, numbers its publishes (the
+delivery tags of confirm mode), and resolves each one from the broker's
+``Basic.Ack`` / ``Basic.Nack`` (``multiple`` honoured) and ``Basic.Return``:
+
+* Ack after a Return for that message -> :class:`UnroutableError` for that job only;
+* Nack -> :class:`PublishNackedError`;
+* no answer before the deadline -> :class:`PublishTimeoutError`.
+
+A channel is never shared between threads: one publisher per pooled connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from amqp.basic_message import Message
+
+from .codec import OutgoingMessage
+from .errors import PublishError, PublishNackedError, PublishTimeoutError, UnroutableError
+from .metrics import METRICS
+
+
+@dataclass
+class PublishTicket:
+    """One publish awaiting its confirm.  ``error`` is set when it failed."""
+
+    tag: int
+    job_id: str | None
+    queue: str
+    exchange: str
+    routing_key: str
+    started: float = field(default_factory=time.perf_counter)
+    done: bool = False
+    returned: UnroutableError | None = None
+    error: PublishError | None = None
+    on_done: Callable[["PublishTicket"], None] | None = None
+
+    def settle(self, error: PublishError | None) -> None:
+        """Record the broker's answer and run the ``on_done`` callback."""
+        self.done = True
+        self.error = error
+        if self.on_done is not None:
+            self.on_done(self)
+
+    def raise_for_error(self) -> None:
+        """Raise the publish error, if any."""
+        if self.error is not None:
+            raise self.error
+
+
+class ConfirmedPublisher:
+    """Publishes on one channel in confirm mode and matches confirms by delivery tag.
+
+    ``window`` bounds the number of unconfirmed publishes: past it, ``publish``
+    reads confirms until half the window is free, so a large batch never
+    buffers without limit in the broker or in this process.
+    """
+
+    def __init__(self, connection, *, window: int = 1000):
+        self.connection = connection
+        self.channel = connection.channel()
+        self.channel.confirm_select()
+        self.channel.events["basic_ack"].add(self._on_ack)
+        self.channel.events["basic_nack"].add(self._on_nack)
+        self.channel.events["basic_return"].add(self._on_return)
+        self.window = window
+        self._last_tag = 0
+        self._unconfirmed: dict[int, PublishTicket] = {}
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the channel can still be used."""
+        return bool(self.channel.is_open and self.connection.connected)
+
+    @property
+    def unconfirmed(self) -> int:
+        """Publishes still waiting for their confirm."""
+        return len(self._unconfirmed)
+
+    def publish(self, message: OutgoingMessage, *, exchange: str, routing_key: str, queue: str,
+                job_id: str | None = None, confirm_timeout: float = 30.0,
+                on_done: Callable[[PublishTicket], None] | None = None) -> PublishTicket:
+        """Send one message with ``mandatory=True``; return its ticket without waiting.
+
+        ``on_done(ticket)`` runs when the broker's confirm (or its absence) settles it.
+        """
+        msg = Message(message.body, application_headers=message.headers, **message.properties)
+        # _basic_publish is the plain publish: the instance attribute basic_publish
+        # may be py-amqp's one-at-a-time confirm wrapper.
+        self.channel._basic_publish(msg, exchange=exchange, routing_key=routing_key, mandatory=True)
+        self._last_tag += 1
+        ticket = PublishTicket(self._last_tag, job_id, queue, exchange, routing_key, on_done=on_done)
+        self._unconfirmed[ticket.tag] = ticket
+        METRICS.published(queue)
+        if len(self._unconfirmed) >= self.window:
+            self._drain(lambda: len(self._unconfirmed) < self.window // 2, confirm_timeout)
+        return ticket
+
+    def wait(self, tickets: Iterable[PublishTicket], timeout: float = 30.0) -> None:
+        """Read confirms until every ticket is resolved; time out the rest."""
+        pending = [t for t in tickets if not t.done]
+        self._drain(lambda: all(t.done for t in pending), timeout)
+
+    def wait_all(self, timeout: float = 30.0) -> None:
+        """Read confirms until nothing is unconfirmed."""
+        self._drain(lambda: not self._unconfirmed, timeout)
+
+    def _drain(self, done, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._expire_all(timeout)
+                return
+            try:
+                self.connection.drain_events(timeout=min(remaining, 1.0))
+            except socket.timeout:
+                continue
+
+    def _expire_all(self, timeout: float) -> None:
+        expired = list(self._unconfirmed.values())
+        self._unconfirmed.clear()
+        for ticket in expired:
+            ticket.settle(PublishTimeoutError(
+                f"no publisher confirm within {timeout:.1f}s for job {ticket.job_id}", job_id=ticket.job_id))
+
+    def _settle(self, delivery_tag: int, multiple: bool) -> list[PublishTicket]:
+        if multiple:
+            tags = [t for t in self._unconfirmed if t <= delivery_tag]
+        else:
+            tags = [delivery_tag] if delivery_tag in self._unconfirmed else []
+        return [self._unconfirmed.pop(tag) for tag in tags]
+
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        now = time.perf_counter()
+        for ticket in self._settle(delivery_tag, multiple):
+            METRICS.confirmed(now - ticket.started)
+            ticket.settle(ticket.returned)
+
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        for ticket in self._settle(delivery_tag, multiple):
+            METRICS.nacked_publish(ticket.queue)
+            ticket.settle(PublishNackedError(
+                f"broker refused job {ticket.job_id} (Basic.Nack) on queue {ticket.queue!r}; "
+                "is the queue full (x-overflow=reject-publish)?",
+                job_id=ticket.job_id,
+            ))
+
+    def _on_return(self, exc, exchange: str, routing_key: str, message) -> None:
+        # The Return precedes the Ack of the same message; mark the oldest
+        # unconfirmed publish of that message id.
+        message_id = message.properties.get("message_id")
+        for ticket in self._unconfirmed.values():
+            if ticket.job_id == message_id and ticket.returned is None:
+                ticket.returned = UnroutableError(
+                    f"job {message_id} is unroutable: no queue is bound to {exchange!r} with key "
+                    f"{routing_key!r} ({getattr(exc, 'reply_text', exc)})",
+                    job_id=message_id,
+                    reply_code=getattr(exc, "reply_code", 312),
+                    exchange=exchange,
+                    routing_key=routing_key,
+                )
+                METRICS.returned(ticket.queue)
+                return
+
+    def close(self) -> None:
+        """Close the channel (best effort)."""
+        try:
+            self.channel.close()
+        except Exception:  # noqa: BLE001 - closing a broken channel must not raise
+            pass
+
+
+__all__ = ["ConfirmedPublisher", "PublishTicket"]

@@ -1,0 +1,809 @@
+"""Provision a real RabbitMQ broker for tests and demos.
+
+Three sources, tried in this order by :func:`provision_broker`:
+
+1. ``OJS_AMQP_URL`` is set: use that broker as is (nothing is started or stopped);
+2. a Docker engine answers: a throw-away ``rabbitmq:*-management`` container (testcontainers);
+3. otherwise: a :class:`PrivateNode`, a RabbitMQ node of our own started from the locally
+   installed ``rabbitmq-server`` beside any other broker on the machine.  Every name, port and
+   directory of a private node is its own (node name ``ojs-<random>@localhost``, AMQP,
+   distribution, management and epmd ports on 127.0.0.1, data under ``.cache/rabbitmq``), and
+   every ``rabbitmqctl`` call names it with ``-n``, so no other node is ever touched.
+
+Command line (``make demo`` / ``make test`` use ``run``)::
+
+    python -m ojs_kombu.testing.broker start [--dir D]    # prints the AMQP URL
+    python -m ojs_kombu.testing.broker url   [--dir D]
+    python -m ojs_kombu.testing.broker stop  [--dir D]
+    python -m ojs_kombu.testing.broker run   [--dir D] -- CMD ...
+
+``run`` exports ``OJS_AMQP_URL``, ``OJS_MANAGEMENT_URL``, ``OJS_MANAGEMENT_USER`` and
+``OJS_MANAGEMENT_PASSWORD`` to ``CMD`` and exits with its status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import grp
+import json
+import logging
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from .management import ManagementClient, ManagementError
+
+__all__ = [
+    "BrokerError",
+    "BrokerHandle",
+    "PrivateNode",
+    "ensure_rabbitmq_installed",
+    "mask_url",
+    "provision_broker",
+    "main",
+]
+
+log = logging.getLogger(__name__)
+
+ENV_AMQP_URL = "OJS_AMQP_URL"
+ENV_MANAGEMENT_URL = "OJS_MANAGEMENT_URL"
+ENV_MANAGEMENT_USER = "OJS_MANAGEMENT_USER"
+ENV_MANAGEMENT_PASSWORD = "OJS_MANAGEMENT_PASSWORD"
+DOCKER_IMAGE = "rabbitmq:3.13-management"
+GUEST = "guest"
+STATE_FILE = "node.json"
+
+_RABBITMQ_USER = "rabbitmq"
+_DEBIAN_WRAPPER = "rabbitmq-script-wrapper"
+_DEBIAN_TOOLS_DIR = Path("/usr/lib/rabbitmq/bin")
+_TOOL_DIRS = ("/usr/sbin", "/usr/local/sbin", str(_DEBIAN_TOOLS_DIR))
+_POLL = 0.2
+
+
+class BrokerError(RuntimeError):
+    """A broker could not be installed, started or stopped."""
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for log lines."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(cannot read {path}: {exc.strerror})"
+
+
+def _which(tool: str) -> str | None:
+    # /usr/sbin is often missing from a non-root PATH.
+    found = shutil.which(tool)
+    if found:
+        return found
+    for directory in _TOOL_DIRS:
+        candidate = Path(directory, tool)
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+# -- installation ------------------------------------------------------------
+
+
+def ensure_rabbitmq_installed() -> None:
+    """Make sure ``rabbitmq-server`` and ``rabbitmqctl`` exist; install them with apt when root.
+
+    Raises :class:`BrokerError` (saying what to install) when they are
+    missing and cannot be installed.
+    """
+    if _which("rabbitmq-server") and _which("rabbitmqctl"):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise BrokerError(
+            "RabbitMQ is not installed: install the `rabbitmq-server` package "
+            "(e.g. `sudo apt-get install rabbitmq-server`), start a Docker engine, "
+            f"or point {ENV_AMQP_URL} at an existing broker"
+        )
+    log.info("rabbitmq-server not found; installing it with apt-get")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "rabbitmq-server"]):
+        done = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if done.returncode != 0:
+            output = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+            raise BrokerError(f"`{' '.join(cmd)}` failed with exit code {done.returncode}:\n{output}")
+    if not (_which("rabbitmq-server") and _which("rabbitmqctl")):
+        raise BrokerError("apt-get installed rabbitmq-server but rabbitmq-server/rabbitmqctl are still not found")
+
+
+@dataclass(frozen=True)
+class _Tools:
+    """How to run the RabbitMQ scripts, and as whom the node runs."""
+
+    server: str
+    ctl: str
+    epmd: str | None
+    # (uid, gid, user name) the node runs as when that is not us; its files must belong to it.
+    owner: tuple[int, int, str] | None
+
+
+def _tools() -> _Tools:
+    ensure_rabbitmq_installed()
+    server, ctl = _which("rabbitmq-server"), _which("rabbitmqctl")
+    assert server and ctl
+    epmd = _which("epmd") or next((str(p) for p in Path("/usr/lib/erlang/bin").glob("epmd")), None)
+    owner = None
+    if Path(server).resolve().name == _DEBIAN_WRAPPER:
+        if os.geteuid() == 0:
+            # Debian's wrapper runs every tool as `rabbitmq` (su, HOME=/var/lib/rabbitmq), so the
+            # node and rabbitmqctl share that user's Erlang cookie.
+            entry = pwd.getpwnam(_RABBITMQ_USER)
+            owner = (entry.pw_uid, entry.pw_gid, _RABBITMQ_USER)
+        else:
+            # The wrapper refuses other users; the scripts it wraps run as anyone, with $HOME's cookie.
+            server, ctl = str(_DEBIAN_TOOLS_DIR / "rabbitmq-server"), str(_DEBIAN_TOOLS_DIR / "rabbitmqctl")
+    return _Tools(server=server, ctl=ctl, epmd=epmd, owner=owner)
+
+
+# -- private node ------------------------------------------------------------
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 right now."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _traversable(path: Path, uid: int, gid: int, user: str) -> bool:
+    """Whether ``user`` may enter ``path`` and every parent of it."""
+    groups = {gid} | {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
+    for directory in (path, *path.parents):
+        st = directory.stat()
+        if st.st_uid == uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid in groups:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+def _default_base_dir() -> Path:
+    return Path.cwd() / ".cache" / "rabbitmq"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class PrivateNode:
+    """A RabbitMQ node of our own, beside any other broker on the machine.
+
+    Everything it uses is its own: node name, AMQP / distribution /
+    management / epmd ports (free ports on 127.0.0.1, kept across
+    :meth:`restart`) and a directory ``<base_dir>/<short node name>`` holding
+    the data (mnesia), logs, pid file, config and enabled-plugins files.
+    ``base_dir`` defaults to ``<cwd>/.cache/rabbitmq``; when the node runs as
+    the ``rabbitmq`` user (Debian's wrapper, called as root) and cannot enter
+    ``base_dir``, a directory under the system temp dir is used instead.
+
+    Use it as a context manager (start, then :meth:`cleanup`) or call
+    :meth:`start` / :meth:`stop` / :meth:`restart` / :meth:`cleanup`.
+    The user is ``guest``/``guest`` on vhost ``/``.
+    """
+
+    def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, node_name: str | None = None):
+        self._tools = _tools()
+        self.node_name = node_name or f"ojs-{secrets.token_hex(4)}@localhost"
+        self.amqp_port, self.dist_port, self.management_port, self.epmd_port = _free_ports(4)
+        self.dir = self._usable_base_dir(Path(base_dir) if base_dir else _default_base_dir()) / self.short_name
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # -- identity ---------------------------------------------------------
+
+    @property
+    def short_name(self) -> str:
+        """The node name without ``@host``; also the name of its directory."""
+        return self.node_name.split("@", 1)[0]
+
+    @property
+    def url(self) -> str:
+        """AMQP URL of the node (user ``guest``, vhost ``/``)."""
+        return f"amqp://{GUEST}:{GUEST}@127.0.0.1:{self.amqp_port}//"
+
+    @property
+    def management_url(self) -> str:
+        """Root URL of the node's management HTTP API."""
+        return f"http://127.0.0.1:{self.management_port}"
+
+    @property
+    def log_file(self) -> Path:
+        """The node's main log file."""
+        return self.dir / "log" / f"{self.node_name}.log"
+
+    @property
+    def startup_log(self) -> Path:
+        """Standard output/error of ``rabbitmq-server`` (early boot errors land here)."""
+        return self.dir / "startup.log"
+
+    @property
+    def pid_file(self) -> Path:
+        """Pid file written by the node (pid of its Erlang VM)."""
+        return self.dir / "node.pid"
+
+    def management(self) -> ManagementClient:
+        """A :class:`ManagementClient` for this node."""
+        return ManagementClient(self.management_url, GUEST, GUEST)
+
+    def __repr__(self) -> str:
+        return f"PrivateNode({self.node_name!r}, amqp_port={self.amqp_port}, dir={str(self.dir)!r})"
+
+    # -- state file (used by the CLI) -------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything needed to find this node again (see :meth:`from_dict`)."""
+        return {
+            "node_name": self.node_name,
+            "amqp_port": self.amqp_port,
+            "dist_port": self.dist_port,
+            "management_port": self.management_port,
+            "epmd_port": self.epmd_port,
+            "dir": str(self.dir),
+            "url": self.url,
+            "management_url": self.management_url,
+            "log_file": str(self.log_file),
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> PrivateNode:
+        """The node described by ``state`` (from :meth:`to_dict`), without starting anything."""
+        node = cls.__new__(cls)
+        node._tools = _tools()
+        node.node_name = state["node_name"]
+        node.amqp_port = state["amqp_port"]
+        node.dist_port = state["dist_port"]
+        node.management_port = state["management_port"]
+        node.epmd_port = state["epmd_port"]
+        node.dir = Path(state["dir"])
+        node._proc = None
+        return node
+
+    # -- lifecycle --------------------------------------------------------
+
+    def __enter__(self) -> PrivateNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.cleanup()
+
+    def is_running(self) -> bool:
+        """Whether this node's Erlang VM is alive."""
+        return self._pid() is not None
+
+    def start(self, timeout: float = 90) -> None:
+        """Start the node (no-op if running) and wait until it serves AMQP and the management API.
+
+        Ready means: the AMQP port accepts a TCP connection, ``GET
+        /api/overview`` answers, and ``rabbitmqctl -n <node> await_startup``
+        succeeds.  Raises :class:`BrokerError` with the tail of the node's
+        logs if it fails or ``timeout`` seconds pass (the node is stopped then).
+        """
+        if self.is_running():
+            return
+        began = time.monotonic()
+        deadline = began + timeout
+        self._prepare_dir()
+        with open(self.startup_log, "ab") as out:
+            self._proc = subprocess.Popen(
+                [self._tools.server],
+                env=self._env(),
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # no terminal signals; outlives us when started from the CLI
+            )
+        try:
+            self._wait_until_ready(deadline)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.stop(timeout=30)
+            raise
+        log.info(
+            "RabbitMQ node %s ready in %.1fs: %s (management %s, dir %s)",
+            self.node_name, time.monotonic() - began, mask_url(self.url), self.management_url, self.dir,
+        )
+
+    def stop(self, timeout: float = 60) -> None:
+        """Stop the node with ``rabbitmqctl -n <node> stop`` and wait until it has exited.
+
+        Idempotent.  Data stays on disk (see :meth:`cleanup`).  If the node
+        does not stop in time, its own VM (checked by pid file and
+        environment) is terminated.
+        """
+        deadline = time.monotonic() + timeout
+        pid = self._pid()
+        if pid is not None:
+            log.info("stopping RabbitMQ node %s", self.node_name)
+            done = self._ctl("stop", timeout=max(5.0, deadline - time.monotonic()))
+            if done is not None and done.returncode != 0:
+                log.warning("rabbitmqctl stop failed for %s: %s", self.node_name, (done.stdout + done.stderr).strip())
+            if not self._wait_for_exit(pid, deadline):
+                log.warning("node %s did not stop in time; terminating its VM (pid %s)", self.node_name, pid)
+                self._signal(pid, signal.SIGTERM, time.monotonic() + 10) or self._signal(
+                    pid, signal.SIGKILL, time.monotonic() + 5
+                )
+        if self._proc is not None:
+            if pid is None and self._proc.poll() is None:
+                # Stopped while booting, before the VM wrote its pid file: end what we launched
+                # (its own session: su, the start script and the VM).
+                self._kill_session(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._kill_session(signal.SIGKILL)
+                self._proc.wait()
+            self._proc = None
+        self._stop_epmd()
+
+    def restart(self, timeout: float = 90) -> None:
+        """Stop then start the node with the same name, ports and data (durable state survives)."""
+        self.stop()
+        self.start(timeout=timeout)
+
+    def cleanup(self) -> None:
+        """Stop the node and delete its directory."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- internals --------------------------------------------------------
+
+    def _usable_base_dir(self, base: Path) -> Path:
+        base = base.absolute()
+        base.mkdir(parents=True, exist_ok=True)
+        owner = self._tools.owner
+        if owner is None or _traversable(base, *owner):
+            return base
+        fallback = Path(tempfile.gettempdir()) / "ojs-rabbitmq"
+        fallback.mkdir(mode=0o755, exist_ok=True)
+        log.warning("user %s cannot enter %s; keeping RabbitMQ node data under %s", owner[2], base, fallback)
+        return fallback
+
+    def _prepare_dir(self) -> None:
+        (self.dir / "mnesia").mkdir(parents=True, exist_ok=True)
+        (self.dir / "log").mkdir(exist_ok=True)
+        (self.dir / "enabled_plugins").write_text("[rabbitmq_management].\n")
+        (self.dir / "rabbitmq-env.conf").write_text("# empty: keeps /etc/rabbitmq/rabbitmq-env.conf out\n")
+        (self.dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.amqp_port}\n"
+            f"management.tcp.ip = 127.0.0.1\n"
+            f"management.tcp.port = {self.management_port}\n"
+            "loopback_users = none\n"
+            "log.console = false\n"
+            "log.file.level = info\n"
+            # Management counters (queue lengths ...) are sampled every 5 s by default; sample
+            # every second so tests wait less.  All three policies must be set together.
+            "collect_statistics_interval = 1000\n"
+            "management.sample_retention_policies.global.minute = 1\n"
+            "management.sample_retention_policies.global.hour = 60\n"
+            "management.sample_retention_policies.basic.minute = 1\n"
+            "management.sample_retention_policies.basic.hour = 60\n"
+            "management.sample_retention_policies.detailed.10 = 1\n"
+        )
+        self.startup_log.touch()
+        if self._tools.owner is not None:
+            uid, gid, _ = self._tools.owner
+            for path in (self.dir, *self.dir.rglob("*")):
+                os.chown(path, uid, gid, follow_symlinks=False)
+
+    def _env(self) -> dict[str, str]:
+        # Inherited RABBITMQ_* / ERL_EPMD_* settings would point at some other node.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_EPMD_"))}
+        env.update(
+            RABBITMQ_NODENAME=self.node_name,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.amqp_port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_MNESIA_BASE=str(self.dir / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.dir / "log"),
+            RABBITMQ_PID_FILE=str(self.pid_file),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.dir / "enabled_plugins"),
+            RABBITMQ_CONFIG_FILE=str(self.dir / "rabbitmq"),  # without ".conf"
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(self.dir / "advanced.config"),  # absent on purpose
+            RABBITMQ_CONF_ENV_FILE=str(self.dir / "rabbitmq-env.conf"),
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            # A private epmd: the node is registered nowhere else, and stopping it leaves nothing behind.
+            ERL_EPMD_PORT=str(self.epmd_port),
+            ERL_EPMD_ADDRESS="127.0.0.1",
+        )
+        return env
+
+    def _ctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str] | None:
+        """``rabbitmqctl -n <node> args...``; ``None`` if it timed out."""
+        try:
+            return subprocess.run(
+                [self._tools.ctl, "-n", self.node_name, *args],
+                env=self._env(),
+                cwd=self.dir if self.dir.is_dir() else None,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _pid(self) -> int | None:
+        """Pid of this node's live VM, from its pid file, or ``None``."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if not _process_alive(pid) or not self._is_our_vm(pid):
+            return None
+        return pid
+
+    def _is_our_vm(self, pid: int) -> bool:
+        # Guards against a stale pid file whose pid now belongs to an unrelated process.
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return not Path("/proc/self").exists()  # no procfs: trust the pid file
+        return f"RABBITMQ_NODENAME={self.node_name}".encode() in environ or (
+            b"-epmd_port" in cmdline and str(self.epmd_port).encode() in cmdline
+        )
+
+    def _wait_for_exit(self, pid: int, deadline: float) -> bool:
+        while _process_alive(pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL)
+        return True
+
+    def _signal(self, pid: int, sig: signal.Signals, deadline: float) -> bool:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        return self._wait_for_exit(pid, deadline)
+
+    def _kill_session(self, sig: signal.Signals) -> None:
+        assert self._proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, sig)
+
+    def _stop_epmd(self) -> None:
+        if self._tools.epmd and _port_open(self.epmd_port):
+            subprocess.run(
+                [self._tools.epmd, "-port", str(self.epmd_port), "-kill"],
+                stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False,
+            )
+
+    def _wait_until_ready(self, deadline: float) -> None:
+        management = self.management()
+        amqp_ok = api_ok = False
+        last_ctl = ""
+        while True:
+            assert self._proc is not None
+            code = self._proc.poll()
+            if code is not None:
+                raise self._startup_error(f"rabbitmq-server exited with code {code} during startup")
+            amqp_ok = amqp_ok or _port_open(self.amqp_port)
+            if amqp_ok and not api_ok:
+                with contextlib.suppress(ManagementError):
+                    api_ok = bool(management.overview())
+            if amqp_ok and api_ok:
+                left = max(1, int(deadline - time.monotonic()))
+                done = self._ctl("await_startup", "--timeout", str(left), timeout=left + 10)
+                if done is not None and done.returncode == 0:
+                    return
+                last_ctl = "" if done is None else (done.stdout + done.stderr).strip()
+            if time.monotonic() >= deadline:
+                waiting_for = (
+                    "the AMQP port" if not amqp_ok
+                    else "the management API" if not api_ok
+                    else f"`rabbitmqctl -n {self.node_name} await_startup` ({last_ctl or 'timed out'})"
+                )
+                raise self._startup_error(f"timed out waiting for {waiting_for}")
+            time.sleep(_POLL)
+
+    def _startup_error(self, reason: str) -> BrokerError:
+        return BrokerError(
+            f"RabbitMQ node {self.node_name} failed to start: {reason}\n"
+            f"--- {self.startup_log} (tail) ---\n{_tail(self.startup_log)}\n"
+            f"--- {self.log_file} (tail) ---\n{_tail(self.log_file)}"
+        )
+
+
+# -- provisioning ------------------------------------------------------------
+
+
+@dataclass
+class BrokerHandle:
+    """A broker ready for use: where to reach it, and the private node behind it if any."""
+
+    url: str
+    management_url: str | None
+    management_user: str = GUEST
+    management_password: str = GUEST
+    node: PrivateNode | None = None
+
+    def management(self) -> ManagementClient:
+        """A :class:`ManagementClient` for this broker (vhost ``/``)."""
+        if self.management_url is None:
+            raise BrokerError("this broker has no known management URL")
+        return ManagementClient(self.management_url, self.management_user, self.management_password)
+
+    def env(self) -> dict[str, str]:
+        """The ``OJS_*`` environment variables describing this broker (for child processes)."""
+        env = {ENV_AMQP_URL: self.url}
+        if self.management_url:
+            env[ENV_MANAGEMENT_URL] = self.management_url
+            env[ENV_MANAGEMENT_USER] = self.management_user
+            env[ENV_MANAGEMENT_PASSWORD] = self.management_password
+        return env
+
+
+def _external_handle(url: str) -> BrokerHandle:
+    """The broker named by ``OJS_AMQP_URL``; its management API is guessed when not given."""
+    first = urlsplit(url.split(";")[0].strip())  # kombu failover lists use ";"
+    user = unquote(first.username) if first.username else GUEST
+    password = unquote(first.password) if first.password else GUEST
+    management_url = os.environ.get(ENV_MANAGEMENT_URL)
+    if management_url:
+        given = urlsplit(management_url)
+        if given.username:
+            user, password = unquote(given.username), unquote(given.password or "")
+            host = f"[{given.hostname}]" if given.hostname and ":" in given.hostname else given.hostname or ""
+            management_url = urlunsplit(given._replace(netloc=host + (f":{given.port}" if given.port else "")))
+    else:
+        host = first.hostname or "127.0.0.1"
+        management_url = f"http://{f'[{host}]' if ':' in host else host}:15672"
+    user = os.environ.get(ENV_MANAGEMENT_USER, user)
+    password = os.environ.get(ENV_MANAGEMENT_PASSWORD, password)
+    log.info("using the broker from %s: %s (management %s)", ENV_AMQP_URL, mask_url(url), management_url)
+    return BrokerHandle(url, management_url.rstrip("/"), user, password, None)
+
+
+def _docker_available(timeout: float = 5.0) -> bool:
+    """Whether a Docker engine answers (``docker info``, else the Docker SDK's ping)."""
+    cli = shutil.which("docker")
+    if cli:
+        try:
+            return subprocess.run(
+                [cli, "info"], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout
+            ).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        client = docker.from_env(timeout=int(timeout))
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # no SDK, no socket, bad DOCKER_HOST ...: all mean "no engine"
+        return False
+
+
+def _container_class() -> Any:
+    try:
+        from testcontainers.community.rabbitmq import RabbitMqContainer  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from testcontainers.rabbitmq import RabbitMqContainer  # type: ignore[import-not-found]
+        except ImportError:
+            return None
+    return RabbitMqContainer
+
+
+def _wait_for_management(client: ManagementClient, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.overview()
+            return
+        except ManagementError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(_POLL)
+
+
+@contextlib.contextmanager
+def _container_broker(container_class: Any, image: str = DOCKER_IMAGE) -> Iterator[BrokerHandle]:
+    container = container_class(image, port=5672, username=GUEST, password=GUEST).with_exposed_ports(15672)
+    log.info("starting a RabbitMQ container (%s)", image)
+    with container:
+        host = container.get_container_host_ip()
+        url = f"amqp://{GUEST}:{GUEST}@{host}:{container.get_exposed_port(5672)}//"
+        handle = BrokerHandle(url, f"http://{host}:{container.get_exposed_port(15672)}")
+        _wait_for_management(handle.management(), timeout=60)
+        log.info("RabbitMQ container ready: %s (management %s)", mask_url(url), handle.management_url)
+        yield handle
+
+
+@contextlib.contextmanager
+def _private_broker(base_dir: str | os.PathLike[str] | None) -> Iterator[BrokerHandle]:
+    node = PrivateNode(base_dir)
+    try:
+        node.start()
+    except BaseException:
+        log.error("RabbitMQ node %s did not start; its files are kept in %s", node.node_name, node.dir)
+        raise
+    try:
+        yield BrokerHandle(node.url, node.management_url, GUEST, GUEST, node)
+    finally:
+        node.cleanup()
+
+
+@contextlib.contextmanager
+def provision_broker(base_dir: str | os.PathLike[str] | None = None) -> Iterator[BrokerHandle]:
+    """Provide a running broker for the ``with`` block, and tear down whatever was started.
+
+    Uses ``OJS_AMQP_URL`` when set (management API from ``OJS_MANAGEMENT_URL``
+    or guessed as ``http://<host>:15672``; nothing is started or stopped),
+    else a testcontainers RabbitMQ container when a Docker engine answers,
+    else a :class:`PrivateNode` under ``base_dir``.
+    """
+    external = os.environ.get(ENV_AMQP_URL)
+    if external:
+        yield _external_handle(external)
+        return
+    if _docker_available():
+        container_class = _container_class()
+        if container_class is not None:
+            with _container_broker(container_class) as handle:
+                yield handle
+            return
+        log.warning("a Docker engine answers but testcontainers is not installed; using a private node")
+    with _private_broker(base_dir) as handle:
+        yield handle
+
+
+# -- command line ------------------------------------------------------------
+
+
+def _state_path(directory: str | None) -> Path:
+    return (Path(directory) if directory else _default_base_dir()).absolute() / STATE_FILE
+
+
+def _load_node(state_path: Path) -> PrivateNode | None:
+    try:
+        return PrivateNode.from_dict(json.loads(state_path.read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    state_path = _state_path(args.dir)
+    node = _load_node(state_path)
+    if node is not None and node.is_running():
+        log.info("node %s recorded in %s is already running", node.node_name, state_path)
+    else:
+        node = PrivateNode(state_path.parent)
+        node.start()
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        state_path.write_text(json.dumps(node.to_dict(), indent=2) + "\n")
+    print(node.url)
+    return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    state_path = _state_path(args.dir)
+    node = _load_node(state_path)
+    if node is None:
+        log.info("no node recorded in %s; nothing to stop", state_path)
+        return 0
+    node.cleanup()
+    state_path.unlink(missing_ok=True)
+    log.info("stopped and removed node %s", node.node_name)
+    return 0
+
+
+def _cmd_url(args: argparse.Namespace) -> int:
+    state_path = _state_path(args.dir)
+    node = _load_node(state_path)
+    if node is None or not node.is_running():
+        log.error("no running node recorded in %s (run `start` first)", state_path)
+        return 1
+    print(node.url)
+    return 0
+
+
+def _raise_system_exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        log.error("run needs a command: run [--dir D] -- CMD ...")
+        return 2
+    # Turn SIGTERM (CI timeouts, `kill`) into an exception so the broker is still torn down.
+    signal.signal(signal.SIGTERM, _raise_system_exit)
+    with provision_broker(args.dir) as handle:
+        try:
+            return subprocess.call(command, env={**os.environ, **handle.env()})
+        except FileNotFoundError:
+            log.error("command not found: %s", command[0])
+            return 127
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m ojs_kombu.testing.broker``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m ojs_kombu.testing.broker", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    dir_help = "directory for node data and node.json (default: ./.cache/rabbitmq)"
+    for name, help_text in (
+        ("start", "start a private node in the background; print its AMQP URL"),
+        ("stop", "stop the node recorded in node.json and delete its files"),
+        ("url", "print the AMQP URL of the node recorded in node.json"),
+        ("run", "provision a broker, run CMD with OJS_AMQP_URL set, tear down"),
+    ):
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("--dir", help=dir_help)
+        if name == "run":
+            command.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    handler = {"start": _cmd_start, "stop": _cmd_stop, "url": _cmd_url, "run": _cmd_run}[args.action]
+    try:
+        return handler(args)
+    except BrokerError as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""A small client for the RabbitMQ management HTTP API, for tests and demos.
+
+It uses only the standard library so that it works wherever the broker
+helpers work.  Every call is scoped to one virtual host (``/`` by default).
+
+The management API's counters (``messages``, ``messages_ready``,
+``consumers`` ...) come from periodic statistics samples and lag behind the
+broker by up to one sample interval (5 s by default, 1 s on a
+:class:`~ojs_kombu.testing.broker.PrivateNode`); a queue declared a moment ago
+has no counters at all yet.  Use :meth:`ManagementClient.wait_for_queue`
+rather than asserting on one sample.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+from urllib.parse import quote
+
+__all__ = ["ManagementClient", "ManagementError"]
+
+
+class ManagementError(RuntimeError):
+    """A management API request failed.
+
+    ``status`` is the HTTP status code, or ``None`` when no HTTP answer
+    arrived (connection refused, timeout ...).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, method: str = "", path: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.method = method
+        self.path = path
+
+
+def _quote(segment: str) -> str:
+    # Names may contain "/", spaces, "->" (connection names) ...; the vhost "/" becomes "%2F".
+    return quote(segment, safe="")
+
+
+def _starts_with(prefix: str | None) -> Callable[[dict[str, Any]], bool]:
+    return lambda item: prefix is None or str(item.get("name", "")).startswith(prefix)
+
+
+class ManagementClient:
+    """Client for one virtual host of a RabbitMQ management API.
+
+    ``base_url`` is the API's root, e.g. ``http://127.0.0.1:15672``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        user: str = "guest",
+        password: str = "guest",
+        vhost: str = "/",
+        *,
+        timeout: float = 10.0,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.user = user
+        self.vhost = vhost
+        self.timeout = timeout
+        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        self._auth_header = f"Basic {token}"
+
+    def __repr__(self) -> str:
+        return f"ManagementClient({self.base_url!r}, user={self.user!r}, vhost={self.vhost!r})"
+
+    # -- plumbing ---------------------------------------------------------
+
+    def request(self, method: str, path: str, *, headers: dict[str, str] | None = None) -> Any:
+        """Send ``method path`` (``path`` starts with ``/api``) and return the decoded JSON body.
+
+        Returns ``None`` for an empty body; raises :class:`ManagementError`
+        for any non-2xx answer or transport failure.
+        """
+        req = urllib.request.Request(self.base_url + path, method=method)
+        req.add_header("Authorization", self._auth_header)
+        req.add_header("Accept", "application/json")
+        for name, value in (headers or {}).items():
+            req.add_header(name, value)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                body = resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode("utf-8", "replace")[:500]
+            raise ManagementError(
+                f"{method} {path} -> HTTP {exc.code}: {detail}", status=exc.code, method=method, path=path
+            ) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ManagementError(
+                f"{method} {self.base_url}{path} failed: {reason}", method=method, path=path
+            ) from None
+        return json.loads(body) if body.strip() else None
+
+    def _get_or_none(self, path: str) -> Any:
+        try:
+            return self.request("GET", path)
+        except ManagementError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _delete(self, path: str, headers: dict[str, str] | None = None) -> bool:
+        try:
+            self.request("DELETE", path, headers=headers)
+        except ManagementError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    @property
+    def _vh(self) -> str:
+        return _quote(self.vhost)
+
+    # -- read -------------------------------------------------------------
+
+    def overview(self) -> dict[str, Any]:
+        """``GET /api/overview``: versions, listeners, global counters."""
+        return self.request("GET", "/api/overview")
+
+    def queue(self, name: str) -> dict[str, Any] | None:
+        """The queue ``name`` (``durable``, ``arguments``, ``messages``, ``consumers`` ...), or ``None``.
+
+        The counters are missing until the queue's first statistics sample.
+        """
+        return self._get_or_none(f"/api/queues/{self._vh}/{_quote(name)}")
+
+    def exchange(self, name: str) -> dict[str, Any] | None:
+        """The exchange ``name`` (``type``, ``durable``, ``arguments`` ...), or ``None``."""
+        return self._get_or_none(f"/api/exchanges/{self._vh}/{_quote(name)}")
+
+    def queues(self, prefix: str | None = None) -> list[dict[str, Any]]:
+        """Every queue of the vhost, optionally only those whose name starts with ``prefix``."""
+        return list(filter(_starts_with(prefix), self.request("GET", f"/api/queues/{self._vh}")))
+
+    def exchanges(self, prefix: str | None = None) -> list[dict[str, Any]]:
+        """Every exchange of the vhost (the default exchange is named ``""``), optionally by ``prefix``."""
+        return list(filter(_starts_with(prefix), self.request("GET", f"/api/exchanges/{self._vh}")))
+
+    def bindings(self, source: str | None = None, destination: str | None = None) -> list[dict[str, Any]]:
+        """Bindings of the vhost, optionally only those from ``source`` and/or to ``destination``.
+
+        Each binding has ``source``, ``destination``, ``destination_type``
+        (``"queue"`` or ``"exchange"``), ``routing_key`` and ``arguments``.
+        """
+        return [
+            b
+            for b in self.request("GET", f"/api/bindings/{self._vh}")
+            if (source is None or b["source"] == source) and (destination is None or b["destination"] == destination)
+        ]
+
+    def connections(self) -> list[dict[str, Any]]:
+        """Client connections to the vhost; each has a ``name`` usable with :meth:`close_connection`."""
+        return self.request("GET", f"/api/vhosts/{self._vh}/connections")
+
+    def wait_for_queue(
+        self,
+        name: str,
+        predicate: Callable[[dict[str, Any] | None], bool] = lambda q: q is not None,
+        timeout: float = 15.0,
+        interval: float = 0.25,
+    ) -> dict[str, Any] | None:
+        """Poll :meth:`queue` until ``predicate(queue_or_None)`` is true; return that sample.
+
+        The management statistics lag, so use this rather than one
+        :meth:`queue` call, e.g.
+        ``wait_for_queue("q", lambda q: q is not None and q.get("messages") == 3)``.
+        Raises :class:`TimeoutError` (with the last sample) when ``timeout`` passes.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            sample = self.queue(name)
+            if predicate(sample):
+                return sample
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"queue {name!r} did not reach the expected state in {timeout}s; last: {sample!r}")
+            time.sleep(interval)
+
+    # -- write ------------------------------------------------------------
+
+    def delete_queue(self, name: str) -> bool:
+        """Delete the queue ``name``; return ``False`` if it did not exist."""
+        return self._delete(f"/api/queues/{self._vh}/{_quote(name)}")
+
+    def delete_exchange(self, name: str) -> bool:
+        """Delete the exchange ``name``; return ``False`` if it did not exist."""
+        return self._delete(f"/api/exchanges/{self._vh}/{_quote(name)}")
+
+    def delete_by_prefix(self, prefix: str) -> int:
+        """Delete every queue and exchange whose name starts with ``prefix``; return how many.
+
+        ``prefix`` must not be empty, and the built-in ``amq.*`` exchanges are
+        never touched (the broker refuses to delete them).
+        """
+        if not prefix:
+            raise ValueError("delete_by_prefix needs a non-empty prefix")
+        deleted = sum(self.delete_queue(q["name"]) for q in self.queues(prefix))
+        deleted += sum(
+            self.delete_exchange(e["name"]) for e in self.exchanges(prefix) if not e["name"].startswith("amq.")
+        )
+        return deleted
+
+    def close_connection(self, name: str, reason: str = "closed by ojs_kombu.testing") -> bool:
+        """Force-close the client connection ``name`` (simulates a dropped connection).
+
+        Returns ``False`` if no such connection exists.
+        """
+        return self._delete(f"/api/connections/{_quote(name)}", headers={"X-Reason": reason})

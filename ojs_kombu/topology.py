@@ -1,0 +1,335 @@
+"""Declaring the binding's exchanges, queues and bindings (binding §4, §7; DESIGN §4).
+
+:class:`Topology` knows which entities a job queue needs (the direct and dead
+letter exchanges, ``ojs.queue.{q}`` with its dead-letter arguments, the dead
+letter queue ``ojs.queue.dlx.{q}`` and both bindings), declares them eagerly
+(:meth:`Topology.declare_queue`) or lazily on first use
+(:meth:`Topology.ensure_queue`), remembers everything it declared, and
+re-declares it in order after a reconnect (:meth:`Topology.redeclare`).
+
+A queue that already exists with other arguments makes RabbitMQ answer
+``406 PRECONDITION_FAILED`` and close the channel.  The binding says never to
+re-declare with other arguments, so the topology records a
+:class:`~ojs_kombu.errors.TopologyConflictError` naming the differing
+arguments, logs it, checks the queue exists with a passive declare on a fresh
+channel and uses it as it is (``on_conflict="use-existing"``, the default), or
+raises (``on_conflict="raise"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal
+
+from amqp.exceptions import PreconditionFailed
+
+from .errors import ArgumentDifference, TopologyConflictError, TopologyError, ValidationError
+from .naming import Names, validate_queue_name
+
+logger = logging.getLogger(__name__)
+
+Overflow = Literal["drop-head", "reject-publish", "reject-publish-dlx"]
+QueueType = Literal["classic", "quorum"]
+
+
+@dataclass(frozen=True)
+class QueueOptions:
+    """Optional job queue arguments (binding §7.2).  Unset options are not sent.
+
+    ``max_priority`` enables AMQP priorities (OJS priority clamped to 0..9 is
+    sent as the message priority, DESIGN §8); ``queue_type="quorum"`` is the
+    durable choice on a cluster (AMQP-032).
+    """
+
+    max_priority: int | None = None
+    max_length: int | None = None
+    max_length_bytes: int | None = None
+    overflow: Overflow | None = None
+    message_ttl: int | None = None
+    queue_type: QueueType | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_priority", "max_length", "max_length_bytes", "message_ttl"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValidationError(f"{name} must be a non-negative integer, got {value!r}", field=name)
+        if self.max_priority is not None and not 1 <= self.max_priority <= 255:
+            raise ValidationError("max_priority must be between 1 and 255 (10 is the OJS choice)",
+                                  field="max_priority")
+        if self.overflow not in (None, "drop-head", "reject-publish", "reject-publish-dlx"):
+            raise ValidationError(f"unknown overflow behaviour {self.overflow!r}", field="overflow")
+        if self.queue_type not in (None, "classic", "quorum"):
+            raise ValidationError(f"unknown queue type {self.queue_type!r}", field="queue_type")
+        if self.queue_type == "quorum" and self.max_priority is not None:
+            raise ValidationError("quorum queues do not support x-max-priority on RabbitMQ 3.x",
+                                  field="max_priority")
+
+    def arguments(self) -> dict[str, Any]:
+        """The ``x-*`` queue arguments these options stand for."""
+        args: dict[str, Any] = {}
+        for key, value in (
+            ("x-max-priority", self.max_priority),
+            ("x-max-length", self.max_length),
+            ("x-max-length-bytes", self.max_length_bytes),
+            ("x-overflow", self.overflow),
+            ("x-message-ttl", self.message_ttl),
+            ("x-queue-type", self.queue_type),
+        ):
+            if value is not None:
+                args[key] = value
+        return args
+
+
+def _frozen(arguments: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((arguments or {}).items()))
+
+
+@dataclass(frozen=True)
+class ExchangeSpec:
+    """A durable exchange to declare."""
+
+    name: str
+    type: str = "direct"
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """A durable, non-exclusive, non-auto-delete queue to declare, with its arguments."""
+
+    name: str
+    arguments: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def argument_dict(self) -> dict[str, Any]:
+        """The arguments as a dict."""
+        return dict(self.arguments)
+
+
+@dataclass(frozen=True)
+class BindingSpec:
+    """A binding of ``destination`` (a queue, or an exchange if ``to_exchange``) to ``exchange``."""
+
+    destination: str
+    exchange: str
+    routing_key: str
+    to_exchange: bool = False
+
+
+Spec = ExchangeSpec | QueueSpec | BindingSpec
+
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<arg>[^']+)' for (?:queue|exchange) '(?P<name>[^']+)' in vhost '[^']*': "
+    r"received (?P<requested>.+?) but current is (?P<existing>.+)$"
+)
+
+
+def parse_precondition_failed(entity: str, reply_text: str) -> TopologyConflictError:
+    """Turn RabbitMQ's 406 reply text into a TopologyConflictError naming the differing argument."""
+    differences = []
+    match = _INEQUIVALENT.search(reply_text or "")
+    if match:
+        differences.append(ArgumentDifference(match["arg"], match["requested"], match["existing"]))
+    return TopologyConflictError(entity, differences, reply_text or "")
+
+
+class Topology:
+    """Declares and remembers the OJS entities of one deployment (one prefix).
+
+    ``queue_options`` apply to every job queue; ``per_queue`` overrides them for
+    named queues.  Thread-safe: declarations are serialised by a lock.
+    """
+
+    def __init__(self, names: Names | None = None, *, queue_options: QueueOptions | None = None,
+                 per_queue: dict[str, QueueOptions] | None = None,
+                 on_conflict: Literal["use-existing", "raise"] = "use-existing"):
+        if on_conflict not in ("use-existing", "raise"):
+            raise ValidationError(f"on_conflict must be 'use-existing' or 'raise', got {on_conflict!r}",
+                                  field="on_conflict")
+        self.names = names or Names()
+        self.queue_options = queue_options or QueueOptions()
+        self.per_queue = dict(per_queue or {})
+        self.on_conflict = on_conflict
+        self.conflicts: list[TopologyConflictError] = []
+        self._declared: dict[Spec, None] = {}  # insertion-ordered set
+        self._lock = threading.RLock()
+
+    # -- what a queue needs --------------------------------------------------------------------
+
+    def options_for(self, queue: str) -> QueueOptions:
+        """The queue options that apply to ``queue``."""
+        return self.per_queue.get(queue, self.queue_options)
+
+    def job_queue_arguments(self, queue: str) -> dict[str, Any]:
+        """The exact arguments ``ojs.queue.{queue}`` is declared with."""
+        args = {
+            "x-dead-letter-exchange": self.names.dead_letter_exchange,
+            "x-dead-letter-routing-key": queue,
+        }
+        args.update(self.options_for(queue).arguments())
+        return args
+
+    def dead_letter_queue_arguments(self, queue: str) -> dict[str, Any]:
+        """Arguments of ``ojs.queue.dlx.{queue}``: only the queue type, so a quorum deployment stays quorum."""
+        queue_type = self.options_for(queue).queue_type
+        return {"x-queue-type": queue_type} if queue_type else {}
+
+    def base_specs(self) -> list[Spec]:
+        """The exchanges every deployment has: direct, dead letter and retry."""
+        n = self.names
+        return [ExchangeSpec(n.direct_exchange), ExchangeSpec(n.dead_letter_exchange), ExchangeSpec(n.retry_exchange)]
+
+    def queue_specs(self, queue: str) -> list[Spec]:
+        """Everything one job queue needs, in declaration order."""
+        validate_queue_name(queue)
+        n = self.names
+        return [
+            *self.base_specs(),
+            QueueSpec(n.job_queue(queue), _frozen(self.job_queue_arguments(queue))),
+            QueueSpec(n.dead_letter_queue(queue), _frozen(self.dead_letter_queue_arguments(queue))),
+            BindingSpec(n.job_queue(queue), n.direct_exchange, queue),
+            BindingSpec(n.dead_letter_queue(queue), n.dead_letter_exchange, queue),
+        ]
+
+    def retry_queue_specs(self, queue: str, delay_ms: int) -> list[Spec]:
+        """A retry delay queue with exactly the arguments of binding §8.2, and its binding."""
+        validate_queue_name(queue)
+        n = self.names
+        name = n.retry_queue(queue, delay_ms)
+        args = {
+            "x-dead-letter-exchange": n.direct_exchange,
+            "x-dead-letter-routing-key": queue,
+            "x-message-ttl": int(delay_ms),
+        }
+        return [
+            *self.base_specs(),
+            QueueSpec(name, _frozen(args)),
+            BindingSpec(name, n.retry_exchange, n.retry_routing_key(queue, delay_ms)),
+        ]
+
+    # -- declaring -----------------------------------------------------------------------------
+
+    def declare_queue(self, connection, queue: str) -> None:
+        """Eagerly declare ``queue`` (job queue, DLQ, exchanges, bindings), even if cached."""
+        self.declare(connection, self.queue_specs(queue), force=True)
+
+    def ensure_queue(self, connection, queue: str) -> None:
+        """Lazily declare ``queue``: only what this topology has not declared yet."""
+        self.declare(connection, self.queue_specs(queue))
+
+    def ensure_retry_queue(self, connection, queue: str, delay_ms: int) -> None:
+        """Lazily declare the retry queue ``ojs.queue.retry.{queue}.{delay_ms}``."""
+        self.declare(connection, self.retry_queue_specs(queue, delay_ms))
+
+    def ensure_scheduling(self, connection, queue: str, cascade) -> None:
+        """Lazily declare ``queue``, the scheduling cascade (a
+        :class:`~ojs_kombu.schedule.Cascade`) and the binding that delivers
+        scheduled jobs into ``ojs.queue.{queue}``."""
+        self.declare(connection, [*self.queue_specs(queue), *cascade.specs(), cascade.queue_binding(queue)])
+
+    def is_declared(self, queue: str) -> bool:
+        """Whether the job queue ``queue`` has been declared by this topology."""
+        return QueueSpec(self.names.job_queue(queue), _frozen(self.job_queue_arguments(queue))) in self._declared
+
+    def forget(self, queue: str | None = None) -> None:
+        """Forget declarations (all, or those of one job queue) so they are declared again."""
+        with self._lock:
+            if queue is None:
+                self._declared.clear()
+            else:
+                for spec in self.queue_specs(queue)[3:]:
+                    self._declared.pop(spec, None)
+
+    def delete_declared(self, connection) -> int:
+        """Delete every queue and exchange this topology declared (messages included!).
+
+        For tests, demos and tearing down a tenant; returns how many entities went.
+        """
+        with self._lock:
+            specs = list(self._declared)
+            self._declared.clear()
+        channel = connection.channel()
+        try:
+            for spec in specs:
+                if isinstance(spec, QueueSpec):
+                    channel.queue_delete(spec.name)
+                elif isinstance(spec, ExchangeSpec):
+                    channel.exchange_delete(spec.name)
+        finally:
+            _close_quietly(channel)
+        return sum(not isinstance(s, BindingSpec) for s in specs)
+
+    def redeclare(self, connection) -> None:
+        """Re-declare everything declared so far: exchanges, then queues, then bindings."""
+        with self._lock:
+            specs = list(self._declared)
+            ordered = ([s for s in specs if isinstance(s, ExchangeSpec)]
+                       + [s for s in specs if isinstance(s, QueueSpec)]
+                       + [s for s in specs if isinstance(s, BindingSpec)])
+            self.declare(connection, ordered, force=True)
+
+    def declare(self, connection, specs: Iterable[Spec], *, force: bool = False) -> None:
+        """Declare ``specs`` in order on a channel of ``connection`` (a py-amqp/kombu connection)."""
+        with self._lock:
+            todo = [s for s in specs if force or s not in self._declared]
+            if not todo:
+                return
+            channel = connection.channel()
+            try:
+                for spec in todo:
+                    channel = self._declare_one(connection, channel, spec)
+                    self._declared[spec] = None
+            finally:
+                _close_quietly(channel)
+
+    def _declare_one(self, connection, channel, spec: Spec):
+        if isinstance(spec, BindingSpec):
+            if spec.to_exchange:
+                channel.exchange_bind(destination=spec.destination, source=spec.exchange,
+                                      routing_key=spec.routing_key)
+            else:
+                channel.queue_bind(queue=spec.destination, exchange=spec.exchange, routing_key=spec.routing_key)
+            return channel
+        try:
+            if isinstance(spec, ExchangeSpec):
+                channel.exchange_declare(spec.name, spec.type, durable=True, auto_delete=False)
+            else:
+                channel.queue_declare(spec.name, durable=True, exclusive=False, auto_delete=False,
+                                      arguments=spec.argument_dict or None)
+            return channel
+        except PreconditionFailed as exc:
+            conflict = parse_precondition_failed(spec.name, getattr(exc, "reply_text", str(exc)))
+            self.conflicts.append(conflict)
+            if self.on_conflict == "raise":
+                raise conflict from None
+            logger.warning("%s; using the existing entity as it is (never re-declared with other arguments)",
+                           conflict)
+            # The 406 closed the channel: confirm the entity exists on a fresh one.
+            channel = connection.channel()
+            try:
+                if isinstance(spec, ExchangeSpec):
+                    channel.exchange_declare(spec.name, spec.type, passive=True)
+                else:
+                    channel.queue_declare(spec.name, passive=True)
+            except Exception as passive_exc:  # noqa: BLE001
+                raise TopologyError(f"{spec.name!r} could not be declared nor found: {passive_exc}") from passive_exc
+            return channel
+
+
+def _close_quietly(channel) -> None:
+    try:
+        channel.close()
+    except Exception:  # noqa: BLE001 - the channel may already be closed by the broker
+        pass
+
+
+__all__ = [
+    "BindingSpec",
+    "ExchangeSpec",
+    "QueueOptions",
+    "QueueSpec",
+    "Topology",
+    "parse_precondition_failed",
+]

@@ -1,0 +1,64 @@
+"""Test-side helpers that talk to the broker directly (pika), independent of the library."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pika
+
+
+def pika_parameters(amqp_url: str) -> pika.URLParameters:
+    """pika parameters for a kombu-style URL (``amqp://u:p@h:port//`` means vhost ``/``)."""
+    parts = urlsplit(amqp_url.replace("ojs://", "amqp://", 1))
+    vhost = parts.path[1:] if parts.path.startswith("/") else parts.path
+    vhost = vhost or "/"
+    return pika.URLParameters(urlunsplit(("amqp", parts.netloc, "/" + quote(vhost, safe=""), "", "")))
+
+
+@contextmanager
+def raw_channel(amqp_url: str) -> Iterator[pika.adapters.blocking_connection.BlockingChannel]:
+    """A pika channel on its own connection, closed afterwards."""
+    connection = pika.BlockingConnection(pika_parameters(amqp_url))
+    try:
+        yield connection.channel()
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def get_messages(amqp_url: str, queue: str, count: int, timeout: float = 10.0, *, ack: bool = True) -> list:
+    """Fetch ``count`` messages from ``queue`` (test-side inspection), waiting up to ``timeout``.
+
+    Returns ``(method, properties, body)`` tuples; fewer if the time ran out.
+    """
+    found = []
+    deadline = time.monotonic() + timeout
+    with raw_channel(amqp_url) as channel:
+        while len(found) < count and time.monotonic() < deadline:
+            method, properties, body = channel.basic_get(queue, auto_ack=ack)
+            if method is None:
+                time.sleep(0.02)
+                continue
+            found.append((method, properties, body))
+    return found
+
+
+def message_count(amqp_url: str, queue: str) -> int:
+    """Ready messages in ``queue`` right now (passive declare, exact and immediate)."""
+    with raw_channel(amqp_url) as channel:
+        return channel.queue_declare(queue, passive=True).method.message_count
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, message: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)

@@ -1,0 +1,78 @@
+"""Entity names (binding §4.1) and the framework-name -> job-type mapping (DESIGN §3)."""
+
+import pytest
+
+from ojs_kombu import Names, ValidationError, job_type_for
+from ojs_kombu.naming import JOB_TYPE_RE, validate_job_type, validate_queue_name
+
+
+def test_spec_names_without_prefix():
+    n = Names()
+    assert n.direct_exchange == "ojs.exchange.direct"
+    assert n.dead_letter_exchange == "ojs.exchange.dlx"
+    assert n.retry_exchange == "ojs.exchange.retry"
+    assert n.delayed_exchange == "ojs.exchange.delayed"
+    assert n.job_queue("email") == "ojs.queue.email"
+    assert n.dead_letter_queue("email") == "ojs.queue.dlx.email"
+    assert n.retry_queue("email", 5000) == "ojs.queue.retry.email.5000"
+    assert n.retry_routing_key("email", 5000) == "email.5000"
+    assert n.control_queue("email") == "ojs.queue.control.email"
+
+
+def test_prefix_applies_to_every_entity():
+    n = Names("tenant1")
+    assert n.job_queue("email") == "tenant1.ojs.queue.email"
+    assert n.direct_exchange == "tenant1.ojs.exchange.direct"
+    assert n.retry_queue("a.b", 10) == "tenant1.ojs.queue.retry.a.b.10"
+
+
+@pytest.mark.parametrize("prefix", ["has space", ".dot", "a/b"])
+def test_bad_prefix_refused(prefix):
+    with pytest.raises(ValidationError):
+        Names(prefix)
+
+
+@pytest.mark.parametrize("queue", ["default", "email", "high-priority", "a.b.c", "0queue"])
+def test_valid_queue_names(queue):
+    assert validate_queue_name(queue) == queue
+
+
+@pytest.mark.parametrize("queue", ["", "Email", "-x", ".x", "a b", "x" * 129, "dlx.email", "retry.email.5", "control.x"])
+def test_invalid_or_reserved_queue_names(queue):
+    with pytest.raises(ValidationError) as info:
+        validate_queue_name(queue)
+    assert info.value.field == "queue"
+
+
+def test_reserved_prefix_message_explains_the_collision():
+    with pytest.raises(ValidationError, match="reserved"):
+        validate_queue_name("dlx.email")
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("email.send", "email.send"),
+    ("Reports.BuildPDF", "reports.build_pdf"),
+    ("LegacyActor", "legacy_actor"),
+    ("send-email", "send_email"),
+    ("tasks.2fa", "tasks.x2fa"),
+    ("myapp.tasks.HTTPRequest", "myapp.tasks.http_request"),
+    ("a..b", "a.b"),
+    ("__main__.add", "main.add"),
+])
+def test_job_type_for_maps_framework_names(name, expected):
+    assert job_type_for(name) == expected
+    assert JOB_TYPE_RE.match(job_type_for(name))
+
+
+def test_job_type_for_is_deterministic_and_always_valid():
+    for name in ["ÄÖÜ.task", "!!!", "x" * 400, "A.B.C", "9", "_"]:
+        mapped = job_type_for(name)
+        assert mapped == job_type_for(name)
+        assert validate_job_type(mapped) == mapped
+
+
+def test_queue_from_job_queue():
+    n = Names("p")
+    assert n.queue_from_job_queue("p.ojs.queue.email") == "email"
+    assert n.queue_from_job_queue("p.ojs.queue.dlx.email") is None
+    assert n.queue_from_job_queue("ojs.queue.email") is None
