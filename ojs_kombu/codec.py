@@ -94,7 +94,7 @@ def encode(job: Job, *, app_id: str | None = None, headers: Mapping[str, Any] | 
         "app_id": app_id or DEFAULT_APP_ID,
     }
     if created is not None:
-        properties["timestamp"] = created
+        properties["timestamp"] = int(created.timestamp())  # epoch seconds (binding §6.1)
     priority = amqp_priority(job.priority)
     if priority is not None:
         properties["priority"] = priority
@@ -188,8 +188,10 @@ def _fill_from_properties(data: dict[str, Any], properties: Mapping[str, Any], h
         created = headers.get(Header.CREATED_AT)
         if isinstance(created, str):
             data["created_at"] = created
-        elif isinstance(properties.get("timestamp"), datetime):
-            ts = properties["timestamp"]  # py-amqp decodes it as a naive UTC datetime
+        elif isinstance(properties.get("timestamp"), (int, datetime)) and not isinstance(properties["timestamp"], bool):
+            ts = properties["timestamp"]  # epoch seconds (py-amqp), or a datetime (other clients)
+            if isinstance(ts, int):
+                ts = datetime.fromtimestamp(ts, tz=timezone.utc)
             data["created_at"] = format_timestamp(ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc))
 
 

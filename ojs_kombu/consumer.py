@@ -169,6 +169,8 @@ class Consumer:
             os.write(self._wake_w, b"x")
         except BlockingIOError:
             pass  # the pipe is full: the loop is awake anyway
+        except OSError:
+            pass  # closed: the loop has ended; the request is moot (the broker redelivers)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -197,8 +199,14 @@ class Consumer:
         finally:
             self._drain_requests_after_disconnect()
             self._disconnect()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+
+    def close(self) -> None:
+        """Release the wake-up pipe, once the loop has ended and no thread makes requests."""
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _connect(self) -> None:
         self._kombu.connect()
@@ -253,7 +261,7 @@ class Consumer:
                     self._clear_wake()
             self._read_available(connection)
             if self.heartbeat:
-                connection.heartbeat_check()
+                self._kombu.heartbeat_check()
         self._execute_requests()
         if self._publisher is not None:
             self._publisher.wait_all(timeout=10)  # republishes settle (ack or nack) before we go

@@ -177,6 +177,7 @@ class Worker:
         self._consumer_thread.join(timeout=max(5.0, deadline - time.monotonic()))
         for thread in self._threads:
             thread.join(timeout=0.5)
+        self.consumer.close()
         self._stopped.set()
 
     def teardown(self) -> int:

@@ -36,13 +36,19 @@ def get_messages(amqp_url: str, queue: str, count: int, timeout: float = 10.0, *
     """
     found = []
     deadline = time.monotonic() + timeout
-    with raw_channel(amqp_url) as channel:
-        while len(found) < count and time.monotonic() < deadline:
-            method, properties, body = channel.basic_get(queue, auto_ack=ack)
-            if method is None:
-                time.sleep(0.02)
-                continue
-            found.append((method, properties, body))
+    while len(found) < count and time.monotonic() < deadline:
+        try:
+            with raw_channel(amqp_url) as channel:
+                while len(found) < count and time.monotonic() < deadline:
+                    method, properties, body = channel.basic_get(queue, auto_ack=ack)
+                    if method is None:
+                        time.sleep(0.02)
+                        continue
+                    found.append((method, properties, body))
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != 404:  # the queue may not exist yet (declared lazily)
+                raise
+            time.sleep(0.05)
     return found
 
 

@@ -57,7 +57,7 @@ __all__ = [
     "main",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ojs_kombu.testing.broker")  # not "__main__" under `python -m`
 
 ENV_AMQP_URL = "OJS_AMQP_URL"
 ENV_MANAGEMENT_URL = "OJS_MANAGEMENT_URL"
@@ -379,9 +379,8 @@ class PrivateNode:
                 log.warning("rabbitmqctl stop failed for %s: %s", self.node_name, (done.stdout + done.stderr).strip())
             if not self._wait_for_exit(pid, deadline):
                 log.warning("node %s did not stop in time; terminating its VM (pid %s)", self.node_name, pid)
-                self._signal(pid, signal.SIGTERM, time.monotonic() + 10) or self._signal(
-                    pid, signal.SIGKILL, time.monotonic() + 5
-                )
+                if not self._signal(pid, signal.SIGTERM, time.monotonic() + 10):
+                    self._signal(pid, signal.SIGKILL, time.monotonic() + 5)
         if self._proc is not None:
             if pid is None and self._proc.poll() is None:
                 # Stopped while booting, before the VM wrote its pid file: end what we launched
@@ -425,7 +424,7 @@ class PrivateNode:
         (self.dir / "rabbitmq-env.conf").write_text("# empty: keeps /etc/rabbitmq/rabbitmq-env.conf out\n")
         (self.dir / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = 127.0.0.1:{self.amqp_port}\n"
-            f"management.tcp.ip = 127.0.0.1\n"
+            "management.tcp.ip = 127.0.0.1\n"
             f"management.tcp.port = {self.management_port}\n"
             "loopback_users = none\n"
             "log.console = false\n"
@@ -575,6 +574,12 @@ class BrokerHandle:
     management_user: str = GUEST
     management_password: str = GUEST
     node: PrivateNode | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"BrokerHandle(url={mask_url(self.url)!r}, management_url={self.management_url!r}, "
+            f"management_user={self.management_user!r}, node={self.node!r})"
+        )
 
     def management(self) -> ManagementClient:
         """A :class:`ManagementClient` for this broker (vhost ``/``)."""
@@ -759,6 +764,16 @@ def _cmd_url(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_install(args: argparse.Namespace) -> int:
+    if os.environ.get("OJS_AMQP_URL"):
+        log.info("OJS_AMQP_URL is set: using that broker, nothing to install")
+    elif _docker_available():
+        log.info("a Docker engine answers: brokers will run in containers, nothing to install")
+    else:
+        ensure_rabbitmq_installed()
+    return 0
+
+
 def _raise_system_exit(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -768,6 +783,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not command:
         log.error("run needs a command: run [--dir D] -- CMD ...")
         return 2
+    if shutil.which(command[0]) is None:
+        log.error("command not found: %s", command[0])
+        return 127
     # Turn SIGTERM (CI timeouts, `kill`) into an exception so the broker is still torn down.
     signal.signal(signal.SIGTERM, _raise_system_exit)
     with provision_broker(args.dir) as handle:
@@ -788,6 +806,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("stop", "stop the node recorded in node.json and delete its files"),
         ("url", "print the AMQP URL of the node recorded in node.json"),
         ("run", "provision a broker, run CMD with OJS_AMQP_URL set, tear down"),
+        ("install", "install rabbitmq-server (apt) unless OJS_AMQP_URL or Docker provides a broker"),
     ):
         command = sub.add_parser(name, help=help_text)
         command.add_argument("--dir", help=dir_help)
@@ -795,7 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             command.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
-    handler = {"start": _cmd_start, "stop": _cmd_stop, "url": _cmd_url, "run": _cmd_run}[args.action]
+    handler = {"start": _cmd_start, "stop": _cmd_stop, "url": _cmd_url, "run": _cmd_run,
+               "install": _cmd_install}[args.action]
     try:
         return handler(args)
     except BrokerError as exc:

@@ -162,6 +162,11 @@ class ManagementClient:
         """Client connections to the vhost; each has a ``name`` usable with :meth:`close_connection`."""
         return self.request("GET", f"/api/vhosts/{self._vh}/connections")
 
+    def channels(self) -> list[dict[str, Any]]:
+        """Channels of the vhost; each has ``confirm`` (publisher confirms on), ``prefetch_count``,
+        and ``connection_details``."""
+        return self.request("GET", f"/api/vhosts/{self._vh}/channels")
+
     def wait_for_queue(
         self,
         name: str,

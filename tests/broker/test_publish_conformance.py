@@ -116,13 +116,17 @@ def test_amqp_014_publisher_confirms_reject_publish_nack(client, names):
     assert message_count(client.url, names.job_queue("tiny")) == 2
 
 
-def test_amqp_014_confirm_mode_visible_on_the_broker(client, management):
-    _enqueue_one(client)
-    channels = wait_until(
-        lambda: [c for c in management.channels() if c.get("confirm")],
-        timeout=15, message="a channel in confirm mode",
-    )
-    assert channels
+def test_amqp_014_confirm_mode_visible_on_the_broker(amqp_url, prefix, management):
+    name = f"{prefix} confirms"
+    with Client(amqp_url, prefix=prefix, connection_name=name) as client:
+        _enqueue_one(client)
+        def our_confirm_channels():
+            connections = {c["name"] for c in management.connections()
+                           if c.get("client_properties", {}).get("connection_name") == name}
+            return [c for c in management.channels()
+                    if c.get("connection_details", {}).get("name") in connections and c.get("confirm")]
+
+        assert wait_until(our_confirm_channels, timeout=15, message="our channel in confirm mode")
 
 
 def test_amqp_015_016_unroutable_job_raises_for_that_job_only(amqp_url, prefix, names):
