@@ -1,0 +1,177 @@
+"""``ojs-amqp``: enqueue jobs, declare queues, inspect and replay dead letters, run a worker.
+
+::
+
+    ojs-amqp enqueue email.send '["ada@example.com", "welcome"]' --queue email --delay 30
+    ojs-amqp declare email --max-priority 10
+    ojs-amqp dlq list email
+    ojs-amqp dlq replay email [--id JOB_ID ...] [--limit N]
+    ojs-amqp dlq purge email --yes
+    ojs-amqp worker myapp.jobs:worker
+
+Every command takes ``--url`` (default ``$OJS_AMQP_URL``) and ``--prefix``.
+Output is one JSON document per line where it is data, so it pipes into ``jq``.
+Passwords are never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from datetime import timedelta
+from importlib import import_module
+from typing import Any, Sequence
+
+from .client import Client
+from .errors import OjsError
+from .worker import Worker
+
+
+def _json_arg(text: str | None, kind: type, what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise SystemExit(f"ojs-amqp: {what} is not JSON: {exc}") from None
+    if not isinstance(value, kind):
+        raise SystemExit(f"ojs-amqp: {what} must be a JSON {kind.__name__}")
+    return value
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.url, prefix=args.prefix)
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    """Enqueue one job and print it."""
+    options: dict[str, Any] = {"queue": args.queue}
+    if args.kwargs:
+        options["kwargs"] = _json_arg(args.kwargs, dict, "--kwargs")
+    if args.delay:
+        options["scheduled_at"] = timedelta(seconds=args.delay)
+    if args.priority is not None:
+        options["priority"] = args.priority
+    if args.max_attempts is not None:
+        options["retry"] = {"max_attempts": args.max_attempts}
+    with _client(args) as client:
+        job = client.enqueue(args.type, _json_arg(args.args, list, "ARGS") or [], **options)
+    print(job.to_json())
+    return 0
+
+
+def cmd_declare(args: argparse.Namespace) -> int:
+    """Declare a job queue and its dead letter queue."""
+    options = {k: v for k, v in (("max_priority", args.max_priority), ("max_length", args.max_length),
+                                 ("overflow", args.overflow),
+                                 ("queue_type", "quorum" if args.quorum else None)) if v is not None}
+    with _client(args) as client:
+        print(client.declare_queue(args.queue, **options))
+    return 0
+
+
+def cmd_dlq_list(args: argparse.Namespace) -> int:
+    """Print the dead letters of a queue, one JSON object per line, without removing them."""
+    with _client(args) as client:
+        for entry in client.dead_letters(args.queue, limit=args.limit):
+            print(json.dumps({
+                "id": entry.job.id if entry.job else entry.message_id,
+                "type": entry.job.type if entry.job else None,
+                "attempt": entry.job.attempt if entry.job else None,
+                "reason": entry.reason,
+                "error_code": entry.error_code,
+                "error_message": entry.error_message,
+                "decode_error": entry.decode_error,
+            }, ensure_ascii=False))
+    return 0
+
+
+def cmd_dlq_replay(args: argparse.Namespace) -> int:
+    """Move dead letters back to their queue (attempt reset)."""
+    with _client(args) as client:
+        replayed = client.replay_dead_letters(args.queue, limit=args.limit, ids=args.id or None)
+    print(json.dumps({"replayed": replayed}))
+    return 0
+
+
+def cmd_dlq_purge(args: argparse.Namespace) -> int:
+    """Delete every dead letter of a queue."""
+    if not args.yes:
+        raise SystemExit("ojs-amqp: purge deletes jobs for good; add --yes")
+    with _client(args) as client:
+        print(json.dumps({"purged": client.purge_dead_letters(args.queue)}))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run the :class:`Worker` found at ``module:attribute`` until SIGTERM/SIGINT."""
+    module_name, _, attribute = args.target.partition(":")
+    worker = getattr(import_module(module_name), attribute or "worker")
+    if not isinstance(worker, Worker):
+        raise SystemExit(f"ojs-amqp: {args.target} is not an ojs_kombu.Worker")
+    worker.run()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``ojs-amqp``."""
+    parser = argparse.ArgumentParser(prog="ojs-amqp", description=__doc__.split("\n\n")[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", help="broker URL (default $OJS_AMQP_URL)")
+    common.add_argument("--prefix", default="", help="entity name prefix (multi-tenancy)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    enqueue = sub.add_parser("enqueue", parents=[common], help="enqueue a job")
+    enqueue.add_argument("type")
+    enqueue.add_argument("args", nargs="?", help="JSON array of positional arguments")
+    enqueue.add_argument("--queue", default="default")
+    enqueue.add_argument("--kwargs", help="JSON object of keyword arguments (meta.kwargs)")
+    enqueue.add_argument("--delay", type=float, help="seconds until the job is due")
+    enqueue.add_argument("--priority", type=int)
+    enqueue.add_argument("--max-attempts", type=int)
+    enqueue.set_defaults(func=cmd_enqueue)
+
+    declare = sub.add_parser("declare", parents=[common], help="declare a job queue and its DLQ")
+    declare.add_argument("queue")
+    declare.add_argument("--max-priority", type=int)
+    declare.add_argument("--max-length", type=int)
+    declare.add_argument("--overflow", choices=["drop-head", "reject-publish", "reject-publish-dlx"])
+    declare.add_argument("--quorum", action="store_true")
+    declare.set_defaults(func=cmd_declare)
+
+    dlq = sub.add_parser("dlq", help="dead letter queues").add_subparsers(dest="dlq_command", required=True)
+    listing = dlq.add_parser("list", parents=[common], help="list dead letters (non-destructive)")
+    listing.add_argument("queue")
+    listing.add_argument("--limit", type=int, default=100)
+    listing.set_defaults(func=cmd_dlq_list)
+    replay = dlq.add_parser("replay", parents=[common], help="move dead letters back to their queue")
+    replay.add_argument("queue")
+    replay.add_argument("--id", action="append", help="replay only this job id (repeatable)")
+    replay.add_argument("--limit", type=int)
+    replay.set_defaults(func=cmd_dlq_replay)
+    purge = dlq.add_parser("purge", parents=[common], help="delete every dead letter")
+    purge.add_argument("queue")
+    purge.add_argument("--yes", action="store_true")
+    purge.set_defaults(func=cmd_dlq_purge)
+
+    worker = sub.add_parser("worker", help="run an ojs_kombu.Worker: module:attribute")
+    worker.add_argument("target")
+    worker.set_defaults(func=cmd_worker)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``ojs-amqp``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except OjsError as exc:
+        print(f"ojs-amqp: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
