@@ -8,6 +8,8 @@ the library calls the small recording methods, never the Prometheus objects.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -44,6 +46,7 @@ class Metrics:
             "ojs_amqp_publish_confirm_latency_seconds", "Publisher confirm latency",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=registry)
+        self._published: dict[str, Any] = {}
         self.reconnections = Counter(
             "ojs_amqp_reconnections_total", "Total reconnection attempts", registry=registry)
         self.consumer_cancellations = Counter(
@@ -52,7 +55,10 @@ class Metrics:
 
     def published(self, queue: str) -> None:
         """A job message was published to ``queue``."""
-        self.messages_published.labels(queue).inc()
+        counter = self._published.get(queue)
+        if counter is None:  # labels() costs more than the increment: keep the children
+            counter = self._published[queue] = self.messages_published.labels(queue)
+        counter.inc()
 
     def confirmed(self, latency: float) -> None:
         """A publish was confirmed ``latency`` seconds after it was sent."""
