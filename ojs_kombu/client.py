@@ -38,6 +38,7 @@ from .naming import Names, validate_queue_name
 from .publisher import ConfirmedPublisher
 from .schedule import Cascade, check_delay, delay_ms_until, routing_key
 from .topology import QueueOptions, Topology, _close_quietly
+from .tracing import with_trace_context
 from .transport import DEFAULT_HEARTBEAT, register_aliases
 
 logger = logging.getLogger(__name__)
@@ -296,6 +297,7 @@ class Client:
         return message, self.names.direct_exchange, job.queue
 
     def _publish_jobs(self, jobs: list[Job]) -> list[EnqueueResult]:
+        jobs = [with_trace_context(job) if isinstance(job, Job) else job for job in jobs]
         results: list[EnqueueResult | None] = [None] * len(jobs)
         routes: dict[int, tuple[OutgoingMessage, str, str]] = {}
         for index, job in enumerate(jobs):
