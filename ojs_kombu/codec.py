@@ -152,11 +152,13 @@ def decode(body: bytes | str, properties: Mapping[str, Any] | None = None,
             f"envelope is {len(body)} bytes; the limit is {MAX_ENVELOPE_BYTES}", code="envelope_too_large"
         )
     try:
-        data = json.loads(body.decode("utf-8"))
+        data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError as exc:
         raise DecodeError(f"body is not valid UTF-8: {exc}", code="decode_error") from None
     except ValueError as exc:
         raise DecodeError(f"body is not JSON: {exc}", code="decode_error") from None
+    except RecursionError:
+        raise DecodeError("body is not usable JSON: nested too deeply", code="decode_error") from None
     if not isinstance(data, dict):
         raise DecodeError("envelope must be a JSON object", code="invalid_envelope")
     _fill_from_properties(data, properties, headers)
@@ -168,9 +170,14 @@ def decode(body: bytes | str, properties: Mapping[str, Any] | None = None,
     except ValidationError as exc:
         raise DecodeError(str(exc), code="invalid_envelope", field=exc.field) from None
     max_attempts = _int_header(headers, Header.MAX_ATTEMPTS, minimum=0)
-    if max_attempts is not None and job.retry is None:
+    if max_attempts is not None and job.retry is None and max_attempts != DEFAULT_MAX_ATTEMPTS:
         job = job.model_copy(update={"retry": RetryPolicy(max_attempts=max_attempts)})
     return job
+
+
+def _refuse_constant(name: str) -> Any:
+    # Python's json accepts NaN and +-Infinity; JSON (RFC 8259), hence OJS, does not.
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _fill_from_properties(data: dict[str, Any], properties: Mapping[str, Any], headers: Mapping[str, Any]) -> None:
