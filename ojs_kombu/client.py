@@ -56,6 +56,20 @@ def safe_url(url: str) -> str:
     return kombu.Connection(url).as_uri(include_password=False) if url else url
 
 
+def connect_once(conn: kombu.Connection) -> Any:
+    """Make one connection attempt, without kombu's own retries and sleeps.
+
+    The caller owns the back-off (DESIGN §9); kombu's ``connect()`` would add a
+    fixed 2 s retry of its own to every attempt.  After a failure the next URL
+    of a failover list is selected for the next attempt.
+    """
+    try:
+        return conn.ensure_connection(max_retries=0, reraise_as_library_errors=False)
+    except conn.recoverable_connection_errors:
+        conn.maybe_switch_next()
+        raise
+
+
 @dataclass
 class EnqueueResult:
     """The outcome of one job of :meth:`Client.enqueue_many`."""
@@ -78,8 +92,8 @@ class EnqueueResult:
 class _Session:
     """The publisher living on one pooled connection."""
 
-    def __init__(self, connection: kombu.Connection):
-        self.publisher = ConfirmedPublisher(connection.connection)
+    def __init__(self, connection: kombu.Connection, window: int):
+        self.publisher = ConfirmedPublisher(connection.connection, window=window)
         self.last_used = time.monotonic()
 
 
@@ -293,7 +307,7 @@ class Client:
         scheduled = job.scheduled_datetime
         delay_ms = delay_ms_until(scheduled) if scheduled is not None else 0
         if delay_ms > 0:
-            return message, self.cascade.top_exchange, routing_key(check_delay(delay_ms), job.queue)
+            return message, self.cascade.entry_exchange(delay_ms), routing_key(check_delay(delay_ms), job.queue)
         return message, self.names.direct_exchange, job.queue
 
     def _publish_jobs(self, jobs: list[Job]) -> list[EnqueueResult]:
@@ -353,8 +367,8 @@ class Client:
             session = None
         if session is None or not session.publisher.is_open:
             if not conn.connected:
-                conn.connect()
-            session = _Session(conn)
+                connect_once(conn)
+            session = _Session(conn, self.window)
             conn._ojs_session = session  # type: ignore[attr-defined]
         return session
 
@@ -408,4 +422,4 @@ class Client:
                 conn.release()
 
 
-__all__ = ["Client", "DEFAULT_URL", "EnqueueResult", "resolve_url", "safe_url"]
+__all__ = ["Client", "DEFAULT_URL", "EnqueueResult", "connect_once", "resolve_url", "safe_url"]

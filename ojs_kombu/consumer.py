@@ -34,7 +34,7 @@ from amqp import spec
 from amqp.basic_message import Message
 
 from .backoff import reconnect_delay
-from .client import safe_url
+from .client import connect_once, safe_url
 from .codec import OutgoingMessage
 from .metrics import METRICS
 from .publisher import ConfirmedPublisher, PublishTicket
@@ -107,6 +107,8 @@ class Consumer:
         self._kombu = kombu.Connection(url, heartbeat=heartbeat, ssl=ssl, transport_options=options)
         self._requests: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
+        self._wake_pending = False  # a byte is (about to be) in the pipe: the loop will wake
+        self._metric_children: dict[tuple[Any, str], Any] = {}
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._stop = threading.Event()
@@ -156,6 +158,11 @@ class Consumer:
         return self._kombu.clone()
 
     @property
+    def consuming(self) -> bool:
+        """Whether a consumer is registered; False once :meth:`stop_consuming` has been carried out."""
+        return self._consuming.is_set()
+
+    @property
     def generation(self) -> int:
         """Incremented on every (re)connection; deliveries of older generations cannot be settled."""
         return self._generation
@@ -165,6 +172,11 @@ class Consumer:
         self._wake()
 
     def _wake(self) -> None:
+        # One byte per wake-up, not per request: the loop clears the flag after it has read the
+        # pipe, then executes every request made so far (see _clear_wake and _loop).
+        if self._wake_pending:
+            return
+        self._wake_pending = True
         try:
             os.write(self._wake_w, b"x")
         except BlockingIOError:
@@ -209,7 +221,7 @@ class Consumer:
                 pass
 
     def _connect(self) -> None:
-        self._kombu.connect()
+        connect_once(self._kombu)
         connection = self._kombu.connection
         self._generation += 1
         self.topology.redeclare(connection)
@@ -221,6 +233,7 @@ class Consumer:
         channel.basic_qos(0, self.prefetch, False)
         self._channel = channel
         self._consumer_tags.clear()
+        self._recancelled.clear()  # a new channel consumes every queue; a pending re-consume would double it
         if not self._cancel_wanted.is_set():
             for amqp_queue in self.queues:
                 self._consume(amqp_queue)
@@ -239,6 +252,7 @@ class Consumer:
         if self.connected.is_set():
             METRICS.connections_active.dec()
         self.connected.clear()
+        self._consuming.clear()  # no consumer outlives its channel
         self._channel = None
         self._publisher = None
         try:
@@ -251,7 +265,7 @@ class Consumer:
         sock = connection.sock
         interval = min(1.0, self.heartbeat / 4) if self.heartbeat else 1.0
         while not self._stop.is_set():
-            if self._cancel_wanted.is_set() and self._consumer_tags:
+            if self._cancel_wanted.is_set() and self._consuming.is_set():
                 self._cancel_all()
             self._execute_requests()
             self._reconsume_cancelled()
@@ -284,6 +298,9 @@ class Consumer:
                 pass
         except BlockingIOError:
             pass
+        # Only now: a byte written before this point may just have been read.  A request made
+        # while the flag was still set is executed by the loop's next _execute_requests.
+        self._wake_pending = False
 
     def _on_message(self, message: Message) -> None:
         info = message.delivery_info
@@ -291,7 +308,7 @@ class Consumer:
         headers = dict(properties.pop("application_headers", None) or {})
         amqp_queue = next((q for q, t in self._consumer_tags.items() if t == info["consumer_tag"]), "")
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
-        METRICS.messages_consumed.labels(self.queues.get(amqp_queue, amqp_queue)).inc()
+        self._metric(METRICS.messages_consumed, self.queues.get(amqp_queue, amqp_queue)).inc()
         self.on_delivery(Delivery(
             body=body, properties=properties, headers=headers, delivery_tag=info["delivery_tag"],
             redelivered=bool(info["redelivered"]), exchange=info["exchange"], routing_key=info["routing_key"],
@@ -370,12 +387,19 @@ class Consumer:
 
     def _ack(self, delivery: Delivery) -> None:
         self._channel.basic_ack(delivery.delivery_tag, multiple=False)
-        METRICS.messages_acked.labels(delivery.queue).inc()
+        self._metric(METRICS.messages_acked, delivery.queue).inc()
 
     def _nack(self, delivery: Delivery) -> None:
         # py-amqp has no basic_nack: send the real method (requeue=False -> dead-lettered).
         self._channel.send_method(spec.Basic.Nack, "Lbb", (delivery.delivery_tag, False, False))
-        METRICS.messages_nacked.labels(delivery.queue).inc()
+        self._metric(METRICS.messages_nacked, delivery.queue).inc()
+
+    def _metric(self, family: Any, queue: str) -> Any:
+        """``family.labels(queue)``, cached: labels() costs more than the increment."""
+        child = self._metric_children.get((family, queue))
+        if child is None:
+            child = self._metric_children[(family, queue)] = family.labels(queue)
+        return child
 
     def _drain_requests_after_disconnect(self) -> None:
         while True:

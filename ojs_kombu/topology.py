@@ -233,6 +233,11 @@ class Topology:
         """Whether the job queue ``queue`` has been declared by this topology."""
         return QueueSpec(self.names.job_queue(queue), _frozen(self.job_queue_arguments(queue))) in self._declared
 
+    def declared_queues(self) -> list[str]:
+        """The AMQP names of every queue this topology has declared, in declaration order."""
+        with self._lock:
+            return [spec.name for spec in self._declared if isinstance(spec, QueueSpec)]
+
     def forget(self, queue: str | None = None) -> None:
         """Forget declarations (all, or those of one job queue) so they are declared again."""
         with self._lock:
@@ -240,6 +245,10 @@ class Topology:
                 self._declared.clear()
             else:
                 for spec in self.queue_specs(queue)[3:]:
+                    self._declared.pop(spec, None)
+                # Other bindings to the job queue (the scheduling cascade's) vanished with it too.
+                job_queue = self.names.job_queue(queue)
+                for spec in [s for s in self._declared if isinstance(s, BindingSpec) and s.destination == job_queue]:
                     self._declared.pop(spec, None)
 
     def delete_declared(self, connection) -> int:

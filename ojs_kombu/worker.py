@@ -50,22 +50,20 @@ import time
 from typing import Any, Callable, Iterable
 
 from .client import resolve_url
-from .codec import Header, OutgoingMessage, decode, encode
 from .consumer import Consumer, Delivery
-from .envelope import Job, utcnow
-from .errors import DecodeError, OjsError, ValidationError
+from .envelope import Job
+from .errors import OjsError, ValidationError
 from .naming import Names, validate_job_type, validate_queue_name
-from .retry import Decision, Failure, Outcome, decide, record_failure
-from .schedule import Cascade, check_delay, delay_ms_until, routing_key
+from .retry import Failure, decide
+from .schedule import Cascade
+from .settle import MAX_ERROR_HEADER, Settler  # noqa: F401 - MAX_ERROR_HEADER kept importable from here
 from .topology import QueueOptions, Topology
+from .tracing import job_span
 from .transport import DEFAULT_HEARTBEAT
 
 logger = logging.getLogger(__name__)
 
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("ojs_current_job", default=None)
-
-#: Longest error message carried in ``x-ojs-error-message``.
-MAX_ERROR_HEADER = 4096
 
 
 def current_job() -> Job:
@@ -113,19 +111,22 @@ class Worker:
         self.topology = Topology(self.names, queue_options=queue_options)
         self.cascade = Cascade(self.names)
         self._handlers: dict[str, Callable[..., Any]] = {}
-        self._work: queue_module.Queue[Delivery | None] = queue_module.Queue()
+        self._work: queue_module.SimpleQueue[Delivery | None] = queue_module.SimpleQueue()  # cheaper hand-off
         self._draining = threading.Event()
         self._stopped = threading.Event()
         self._in_flight = 0
+        self._unsettled = 0  # received and not yet settled (acked, republished, handed back ...)
         self._in_flight_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._consumer_thread: threading.Thread | None = None
         self.consumer = Consumer(
-            self.url, {self.names.job_queue(q): q for q in self.queues}, concurrency, self._work.put,
+            self.url, {self.names.job_queue(q): q for q in self.queues}, concurrency, self._receive,
             topology=self.topology, declare=self._declare, heartbeat=heartbeat,
             connection_name=connection_name or f"ojs_kombu worker {','.join(self.queues)}",
             ssl=ssl, transport_options=transport_options,
         )
+        self.settler = Settler(self.consumer, self.names, self.topology, self.cascade,
+                               dead_letter_mode=dead_letter_mode)
 
     # -- registration --------------------------------------------------------------------------
 
@@ -166,7 +167,11 @@ class Worker:
         deadline = time.monotonic() + grace
         self.consumer.stop_consuming()
         self._draining.set()
-        while time.monotonic() < deadline and (self._in_flight or not self._work.empty()):
+        # Deliveries keep arriving until the broker has confirmed the cancel (Basic.CancelOk).
+        while time.monotonic() < deadline and self.consumer.consuming and self.consumer.connected.is_set():
+            time.sleep(0.01)
+        self._hand_back_waiting()
+        while time.monotonic() < deadline and self._unsettled:
             time.sleep(0.01)
         if self._in_flight:
             logger.warning("%d job(s) still running after %.1fs; the broker will redeliver them",
@@ -225,13 +230,25 @@ class Worker:
 
     # -- handler threads -----------------------------------------------------------------------
 
+    def _receive(self, delivery: Delivery) -> None:
+        with self._in_flight_lock:
+            self._unsettled += 1
+        self._work.put(delivery)
+
+    def _settled(self) -> None:
+        with self._in_flight_lock:
+            self._unsettled -= 1
+
     def _work_loop(self) -> None:
         while True:
             delivery = self._work.get()
             if delivery is None:
                 return
             if self._draining.is_set():
-                self._hand_back(delivery)
+                try:
+                    self._hand_back(delivery)
+                finally:
+                    self._settled()
                 continue
             with self._in_flight_lock:
                 self._in_flight += 1
@@ -243,110 +260,51 @@ class Worker:
             finally:
                 with self._in_flight_lock:
                     self._in_flight -= 1
+                    self._unsettled -= 1
+
+    def _hand_back_waiting(self) -> None:
+        """At shutdown: hand back every delivery no handler thread has taken yet."""
+        while True:
+            try:
+                delivery = self._work.get_nowait()
+            except queue_module.Empty:
+                return
+            if delivery is None:  # a concurrent stop()'s sentinel: leave it for its thread
+                self._work.put(None)
+                return
+            try:
+                self._hand_back(delivery)
+            finally:
+                self._settled()
 
     def _hand_back(self, delivery: Delivery) -> None:
         """An unstarted job at shutdown: republish it unchanged to its queue, then ack."""
-        self.consumer.republish(delivery, delivery.outgoing(), self.names.direct_exchange, delivery.queue,
-                                delivery.queue)
+        self.settler.hand_back(delivery)
 
     def _process(self, delivery: Delivery) -> None:
-        try:
-            job = decode(delivery.body, delivery.properties, delivery.headers)
-        except DecodeError as exc:
-            self._reject_invalid(delivery, exc.code, str(exc))
+        job = self.settler.triage(delivery)
+        if job is None:
             return
         attempt = job.attempt + 1
-        if delivery.redelivered:
-            failure = Failure("worker_lost", "WorkerLost",
-                              f"attempt {attempt} was interrupted: the worker running it was lost")
-            logger.warning("job %s was redelivered: counting attempt %d as failed (worker_lost)", job.id, attempt)
-            self._fail(delivery, job, attempt, failure, decide(job, attempt, error_type="worker_lost"))
-            return
-        now = utcnow()
-        expires = job.expires_datetime
-        if expires is not None and expires <= now:
-            logger.info("job %s expired at %s; discarded without running", job.id, job.expires_at)
-            self.consumer.ack(delivery)
-            return
-        scheduled = job.scheduled_datetime
-        if scheduled is not None and scheduled > now:
-            self._delay(delivery, job, delay_ms_until(scheduled, now))
-            return
         handler = self._handlers.get(job.type)
         if handler is None:
-            self._reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
+            self.settler.reject_invalid(delivery, "unknown_type",
+                                        f"no handler is registered for job type {job.type!r}")
             return
         running = job.model_copy(update={"attempt": attempt})
         token = _current_job.set(running)
         try:
-            handler(*job.args, **job.kwargs)
+            with job_span(job, attempt):
+                handler(*job.args, **job.kwargs)
         except BaseException as exc:  # noqa: BLE001 - any handler failure is a failed attempt
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc)
-            self._fail(delivery, job, attempt, Failure.from_exception(exc), decide(job, attempt, exc))
+            self.settler.fail(delivery, job, attempt, Failure.from_exception(exc), decide(job, attempt, exc))
         else:
             self.consumer.ack(delivery)
         finally:
             _current_job.reset(token)
-
-    # -- outcomes ------------------------------------------------------------------------------
-
-    def _fail(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, decision: Decision) -> None:
-        if decision.outcome is Outcome.RETRY:
-            self._retry(delivery, job, attempt, failure, decision.delay_ms)
-        elif decision.outcome is Outcome.DISCARD:
-            logger.info("job %s discarded: %s", job.id, decision.reason)
-            self.consumer.ack(delivery)
-        elif self.dead_letter_mode == "republish":
-            failed = record_failure(job, attempt, failure)
-            message = self._republished(delivery, failed, failure)
-            self.consumer.republish(delivery, message, self.names.dead_letter_exchange, job.queue, job.queue)
-        else:
-            logger.info("job %s dead-lettered: %s", job.id, decision.reason)
-            self.consumer.nack(delivery)
-
-    def _retry(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, delay_ms: int) -> None:
-        retried = record_failure(job, attempt, failure)
-        message = self._republished(delivery, retried, failure)
-        queue = job.queue
-        self.consumer.republish(
-            delivery, message, self.names.retry_exchange, self.names.retry_routing_key(queue, delay_ms), queue,
-            prepare=lambda connection: self.topology.ensure_retry_queue(connection, queue, delay_ms),
-        )
-
-    def _delay(self, delivery: Delivery, job: Job, delay_ms: int) -> None:
-        """A job that arrived before its ``scheduled_at``: back into the cascade, unchanged."""
-        try:
-            key = routing_key(check_delay(delay_ms), job.queue)
-        except ValidationError as exc:
-            self._reject_invalid(delivery, "invalid_schedule", str(exc))
-            return
-        logger.debug("job %s arrived %d ms early; delaying it again", job.id, delay_ms)
-        self.consumer.republish(delivery, delivery.outgoing(), self.cascade.top_exchange, key, job.queue,
-                                prepare=lambda connection: self.topology.ensure_scheduling(
-                                    connection, job.queue, self.cascade))
-
-    def _republished(self, delivery: Delivery, job: Job, failure: Failure) -> OutgoingMessage:
-        """The retry/dead-letter message: the original's properties and headers, ``x-death*``
-        stripped, the envelope and the ``x-ojs-*`` headers updated, error headers set."""
-        encoded = encode(job)
-        original = delivery.outgoing()
-        properties = {**encoded.properties, **original.properties,
-                      "content_type": encoded.properties["content_type"],
-                      "content_encoding": encoded.properties["content_encoding"]}
-        headers = {**original.headers, **encoded.headers,
-                   Header.ERROR_MESSAGE: failure.message[:MAX_ERROR_HEADER],
-                   Header.ERROR_CODE: failure.code}
-        return OutgoingMessage(encoded.body, properties, headers)
-
-    def _reject_invalid(self, delivery: Delivery, code: str, message: str) -> None:
-        """A message no handler can run: to its DLQ with the reason in the headers, then ack."""
-        logger.warning("message %s on %s sent to the dead letter queue: %s (%s)",
-                       delivery.properties.get("message_id"), delivery.queue, message, code)
-        outgoing = delivery.outgoing({Header.ERROR_CODE: code, Header.ERROR_MESSAGE: message[:MAX_ERROR_HEADER]})
-        self.consumer.republish(delivery, outgoing, self.names.dead_letter_exchange, delivery.queue,
-                                delivery.queue)
 
 
 __all__ = ["Worker", "current_job"]

@@ -47,15 +47,16 @@ def test_delay_beyond_range_is_refused():
     assert info.value.field == "scheduled_at"
 
 
-def simulate(cascade: Cascade, delay_ms: int, queue: str) -> tuple[int, list[str]]:
-    """Follow a message through the declared bindings: (total TTL waited, final queues)."""
+def simulate(cascade: Cascade, delay_ms: int, queue: str, entry: str | None = None) -> tuple[int, list[str]]:
+    """Follow a message published to ``entry`` (default: the top exchange) through the
+    declared bindings: (total TTL waited, final queues)."""
     specs = cascade.specs() + [cascade.queue_binding(queue), cascade.queue_binding("x." + queue)]
     ttl = {s.name: dict(s.arguments)["x-message-ttl"] for s in specs if isinstance(s, QueueSpec)}
     dlx = {s.name: dict(s.arguments)["x-dead-letter-exchange"] for s in specs if isinstance(s, QueueSpec)}
     bindings = [s for s in specs if isinstance(s, BindingSpec)]
     key = routing_key(delay_ms, queue)
     waited, delivered = 0, []
-    frontier = [cascade.top_exchange]
+    frontier = [entry or cascade.top_exchange]
     while frontier:
         exchange = frontier.pop()
         for b in bindings:
@@ -76,6 +77,14 @@ def test_cascade_delivers_after_exactly_the_delay_to_exactly_one_queue(delay):
     waited, delivered = simulate(cascade, delay, "a.b")
     assert waited == delay
     assert delivered == [Names("p").job_queue("a.b")]  # not x.a.b's queue
+
+
+@pytest.mark.parametrize("delay", [1, 2, 3, 1000, 1023, 1024, 9_999, 86_400_000, MAX_DELAY_MS])
+def test_entering_at_the_highest_set_bit_is_the_same_route(delay):
+    cascade = Cascade(Names("p"))
+    entry = cascade.entry_exchange(delay)
+    assert entry == cascade.exchange(delay.bit_length() - 1)
+    assert simulate(cascade, delay, "a.b", entry) == (delay, [Names("p").job_queue("a.b")])
 
 
 def test_cascade_entities():

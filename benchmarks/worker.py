@@ -1,0 +1,132 @@
+"""Consuming throughput: ``ojs_kombu.Worker`` vs a plain pika consumer, in one run.
+
+    python benchmarks/worker.py [--count 10000] [--concurrency 10] [--url amqp://…]
+
+Loads ``--count`` no-op jobs into one queue with ``Client.enqueue_many``, drains
+them with an ``ojs_kombu.Worker`` (``--concurrency`` handler threads, prefetch
+the same), loads the same jobs again and drains them with a plain pika consumer
+(``basic_qos(prefetch_count=concurrency)``, manual ``basic_ack``, no decoding).
+Each rate is jobs / seconds from the first delivery to the last one, so
+connecting and declaring are not counted.  Prints both rates and their ratio.
+Everything is declared under a unique prefix and deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pika
+
+from ojs_kombu import Client, Job, Worker
+from ojs_kombu.client import resolve_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from support import pika_parameters  # noqa: E402 - the tests' kombu-URL -> pika helper
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--url", default=None, help="broker URL (default $OJS_AMQP_URL)")
+    return parser.parse_args()
+
+
+def load(client: Client, jobs: list[Job]) -> None:
+    """Enqueue ``jobs``; exit if any was not confirmed."""
+    failed = sum(not r.ok for r in client.enqueue_many(jobs))
+    if failed:
+        sys.exit(f"{failed} jobs were not enqueued")
+
+
+class Clock:
+    """First and last event times, and a count; ``done`` is set at ``expected`` events."""
+
+    def __init__(self, expected: int):
+        self.expected = expected
+        self.count = 0
+        self.first = self.last = 0.0
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+
+    def tick(self) -> None:
+        """Record one event."""
+        now = time.perf_counter()
+        with self._lock:
+            if not self.count:
+                self.first = now
+            self.count += 1
+            self.last = now
+            if self.count == self.expected:
+                self.done.set()
+
+    @property
+    def rate(self) -> float:
+        """Events per second between the first and the last."""
+        return (self.count - 1) / (self.last - self.first) if self.count > 1 else 0.0
+
+
+def bench_worker(worker: Worker, count: int) -> float:
+    """Drain ``count`` jobs with ``worker``; returns jobs/s."""
+    clock = Clock(count)
+    worker.handler("bench.noop", lambda *_: clock.tick())
+    worker.start()
+    try:
+        if not clock.done.wait(300):
+            sys.exit(f"the worker ran {clock.count} of {count} jobs")
+    finally:
+        worker.stop(timeout=10)
+    return clock.rate
+
+
+def bench_pika(url: str, queue: str, count: int, prefetch: int) -> float:
+    """Drain ``count`` messages of ``queue`` with pika: manual ack, ``prefetch`` unacked."""
+    clock = Clock(count)
+    connection = pika.BlockingConnection(pika_parameters(url))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=prefetch)
+
+    def on_message(ch, method, _properties, _body) -> None:
+        ch.basic_ack(method.delivery_tag)
+        clock.tick()
+        if clock.done.is_set():
+            ch.stop_consuming()
+
+    channel.basic_consume(queue, on_message, auto_ack=False)
+    channel.start_consuming()
+    connection.close()
+    return clock.rate
+
+
+def main() -> None:
+    """Run both phases and print the table."""
+    args = _args()
+    url = resolve_url(args.url)
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    jobs = [Job.create("bench.noop", ["user@example.com", i], queue="bench") for i in range(args.count)]
+    client = Client(url, prefix=prefix)
+    worker = Worker(url, prefix=prefix, queues=["bench"], concurrency=args.concurrency, grace_period=5)
+    try:
+        client.declare_queue("bench")
+        load(client, jobs)
+        worker_rate = bench_worker(worker, args.count)
+        load(client, jobs)
+        pika_rate = bench_pika(url, client.names.job_queue("bench"), args.count, args.concurrency)
+    finally:
+        worker.teardown()  # the worker also declared the scheduling cascade
+        client.teardown()
+        client.close()
+    print(f"{'ojs_kombu.Worker, concurrency ' + str(args.concurrency):<44} {worker_rate:>10,.0f} jobs/s")
+    print(f"{'pika consumer, manual ack, prefetch ' + str(args.concurrency):<44} {pika_rate:>10,.0f} jobs/s")
+    print(f"{'ratio Worker / pika':<44} {worker_rate / pika_rate:>10.2f}x")
+    print(f"({args.count:,} no-op jobs per phase, {os.cpu_count()} cores)")
+
+
+if __name__ == "__main__":
+    main()

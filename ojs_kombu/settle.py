@@ -1,0 +1,168 @@
+"""Settling deliveries that are not simply acked: the outcomes of DESIGN §5, shared by every worker.
+
+:class:`Settler` is what :class:`~ojs_kombu.worker.Worker` (and the Dramatiq
+adapter's consumer) do with a delivery besides ``Basic.Ack``:
+
+* :meth:`Settler.triage` decodes a delivery and settles the ones that must not
+  run: undecodable (to the DLQ with the reason in the headers), redelivered
+  (a worker died running it: a failed attempt, ``worker_lost``), expired
+  (acked, not run) and early (back into the scheduling cascade);
+* :meth:`Settler.fail` carries out a :class:`~ojs_kombu.retry.Decision`:
+  retry (confirmed publish to the retry queue, then ack), dead letter
+  (``Basic.Nack(requeue=False)``, or republish with the error headers),
+  discard (ack);
+* :meth:`Settler.hand_back` returns an unstarted job at shutdown without
+  spending an attempt.
+
+Every republish goes through :meth:`ojs_kombu.consumer.Consumer.republish`:
+published (confirmed) first, acked after.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .codec import Header, OutgoingMessage, decode, encode
+from .consumer import Consumer, Delivery
+from .envelope import Job, utcnow
+from .errors import DecodeError, ValidationError
+from .naming import Names
+from .retry import Decision, Failure, Outcome, decide, record_failure
+from .schedule import Cascade, check_delay, delay_ms_until, routing_key
+from .topology import Topology
+
+logger = logging.getLogger(__name__)
+
+#: Longest error message carried in ``x-ojs-error-message``.
+MAX_ERROR_HEADER = 4096
+
+
+def error_headers(code: str, message: str) -> dict[str, Any]:
+    """``x-ojs-error-code`` and ``x-ojs-error-message`` (truncated to :data:`MAX_ERROR_HEADER`)."""
+    return {Header.ERROR_CODE: code, Header.ERROR_MESSAGE: message[:MAX_ERROR_HEADER]}
+
+
+def failed_message(original: OutgoingMessage, job: Job, failure: Failure) -> OutgoingMessage:
+    """The retry / dead-letter message of a failed attempt.
+
+    ``original`` is the delivered message (``x-death*`` already stripped, see
+    :meth:`Delivery.outgoing`); its properties and headers are kept, the
+    envelope and the ``x-ojs-*`` headers come from ``job`` (as returned by
+    :func:`~ojs_kombu.retry.record_failure`), and the error headers are set.
+    """
+    encoded = encode(job)
+    properties = {**encoded.properties, **original.properties,
+                  "content_type": encoded.properties["content_type"],
+                  "content_encoding": encoded.properties["content_encoding"]}
+    headers = {**original.headers, **encoded.headers, **error_headers(failure.code, failure.message)}
+    return OutgoingMessage(encoded.body, properties, headers)
+
+
+def worker_lost(attempt: int) -> Failure:
+    """The failure recorded for an attempt whose worker died (a redelivered message)."""
+    return Failure("worker_lost", "WorkerLost", f"attempt {attempt} was interrupted: the worker running it was lost")
+
+
+class Settler:
+    """Settles deliveries of one :class:`Consumer` according to DESIGN §5.
+
+    ``dead_letter_mode`` is ``"nack"`` (``Basic.Nack``, the binding's FAIL) or
+    ``"republish"`` (publish to the DLX with the final error headers, then ack).
+    Every method only makes thread-safe requests to the consumer.
+    """
+
+    def __init__(self, consumer: Consumer, names: Names, topology: Topology, cascade: Cascade, *,
+                 dead_letter_mode: str = "nack"):
+        self.consumer = consumer
+        self.names = names
+        self.topology = topology
+        self.cascade = cascade
+        self.dead_letter_mode = dead_letter_mode
+
+    def triage(self, delivery: Delivery) -> Job | None:
+        """Decode ``delivery``; return the job if it is to run now, else settle it and return None.
+
+        The returned job's ``attempt`` is the number of executions before this one.
+        """
+        try:
+            job = decode(delivery.body, delivery.properties, delivery.headers)
+        except DecodeError as exc:
+            self.reject_invalid(delivery, exc.code, str(exc))
+            return None
+        attempt = job.attempt + 1
+        if delivery.redelivered:
+            logger.warning("job %s was redelivered: counting attempt %d as failed (worker_lost)", job.id, attempt)
+            self.fail(delivery, job, attempt, worker_lost(attempt), decide(job, attempt, error_type="worker_lost"))
+            return None
+        now = utcnow()
+        expires = job.expires_datetime
+        if expires is not None and expires <= now:
+            logger.info("job %s expired at %s; discarded without running", job.id, job.expires_at)
+            self.consumer.ack(delivery)
+            return None
+        scheduled = job.scheduled_datetime
+        if scheduled is not None and scheduled > now:
+            self.delay(delivery, job, delay_ms_until(scheduled, now))
+            return None
+        return job
+
+    def fail(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, decision: Decision) -> None:
+        """Carry out ``decision`` for attempt ``attempt`` of ``job`` that failed with ``failure``."""
+        if decision.outcome is Outcome.RETRY:
+            self.retry(delivery, job, attempt, failure, decision.delay_ms)
+        elif decision.outcome is Outcome.DISCARD:
+            logger.info("job %s discarded: %s", job.id, decision.reason)
+            self.consumer.ack(delivery)
+        elif self.dead_letter_mode == "republish":
+            message = failed_message(delivery.outgoing(), record_failure(job, attempt, failure), failure)
+            self.consumer.republish(delivery, message, self.names.dead_letter_exchange, job.queue, job.queue)
+        else:
+            logger.info("job %s dead-lettered: %s", job.id, decision.reason)
+            self.consumer.nack(delivery)
+
+    def retry(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, delay_ms: int) -> None:
+        """Publish ``job`` (attempt+1, error recorded) to ``ojs.queue.retry.{q}.{delay_ms}``, then ack.
+
+        ``delay_ms`` must be a step of :func:`~ojs_kombu.retry.ladder_ms` (one queue per delay).
+        """
+        message = failed_message(delivery.outgoing(), record_failure(job, attempt, failure), failure)
+        queue = job.queue
+        self.consumer.republish(
+            delivery, message, self.names.retry_exchange, self.names.retry_routing_key(queue, delay_ms), queue,
+            prepare=lambda connection: self.topology.ensure_retry_queue(connection, queue, delay_ms),
+        )
+
+    def delay(self, delivery: Delivery, job: Job, delay_ms: int) -> None:
+        """A job that arrived before its ``scheduled_at``: back into the cascade, unchanged."""
+        try:
+            key = routing_key(check_delay(delay_ms), job.queue)
+        except ValidationError as exc:
+            self.reject_invalid(delivery, "invalid_schedule", str(exc))
+            return
+        logger.debug("job %s arrived %d ms early; delaying it again", job.id, delay_ms)
+        self.consumer.republish(delivery, delivery.outgoing(), self.cascade.entry_exchange(delay_ms), key, job.queue,
+                                prepare=lambda connection: self.topology.ensure_scheduling(
+                                    connection, job.queue, self.cascade))
+
+    def reject_invalid(self, delivery: Delivery, code: str, message: str) -> None:
+        """A message no handler can run: to its DLQ with the reason in the headers, then ack."""
+        logger.warning("message %s on %s sent to the dead letter queue: %s (%s)",
+                       delivery.properties.get("message_id"), delivery.queue, message, code)
+        self.consumer.republish(delivery, delivery.outgoing(error_headers(code, message)),
+                                self.names.dead_letter_exchange, delivery.queue, delivery.queue)
+
+    def hand_back(self, delivery: Delivery) -> None:
+        """An unstarted job at shutdown: republish it unchanged to its queue, then ack (no attempt spent).
+
+        A redelivered one already cost its lost worker an attempt: that is
+        recorded (``worker_lost``) rather than forgiven by the hand-back.
+        """
+        if delivery.redelivered:
+            self.triage(delivery)  # settles a redelivery as a failed attempt; never runs it
+            return
+        self.consumer.republish(delivery, delivery.outgoing(), self.names.direct_exchange, delivery.queue,
+                                delivery.queue)
+
+
+__all__ = ["MAX_ERROR_HEADER", "Settler", "error_headers", "failed_message", "worker_lost"]

@@ -1,0 +1,124 @@
+"""The dead letters API of :class:`ojs_kombu.Client` against a real broker: list
+(non-destructive, oldest first), replay (attempt reset, ``x-death*`` stripped,
+by id or all), purge."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterator
+
+import pika
+import pytest
+from support import get_messages, message_count, raw_channel, wait_until
+
+from ojs_kombu import DeadLetter, Job, Names, RetryPolicy, Worker, current_job
+from ojs_kombu.codec import CONTENT_TYPE, Header
+
+
+@pytest.fixture
+def start_worker(amqp_url: str, prefix: str) -> Iterator[Callable[..., Worker]]:
+    """Start a worker on the test's prefix with the given handlers; stopped afterwards."""
+    workers: list[Worker] = []
+
+    def start(**handlers: Callable) -> Worker:
+        worker = Worker(amqp_url, prefix=prefix, concurrency=2, grace_period=5)
+        for job_type, handler in handlers.items():
+            worker.handler(job_type.replace("__", "."), handler)
+        worker.start()
+        assert worker.wait_until_ready(15)
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop(timeout=5)
+
+
+def publish_garbage(amqp_url: str, names: Names, message_id: str, *, exchange: str) -> None:
+    """A message that is not an OJS job, routed with key ``default`` through ``exchange``."""
+    with raw_channel(amqp_url) as channel:
+        channel.confirm_delivery()
+        channel.basic_publish(exchange, "default", b"this is not an OJS job", pika.BasicProperties(
+            content_type=CONTENT_TYPE, message_id=message_id, delivery_mode=2), mandatory=True)
+
+
+def test_dead_letters_lists_oldest_first_without_removing(amqp_url, client, names, start_worker):
+    dead_letter_queue = names.dead_letter_queue("default")
+
+    def doomed() -> None:
+        raise DeadLetter("poison")
+
+    start_worker(doomed__job=doomed)
+    nacked = client.enqueue("doomed.job", [])
+    wait_until(lambda: message_count(amqp_url, dead_letter_queue) == 1, timeout=15, message="1 dead letter")
+    publish_garbage(amqp_url, names, "garbage-1", exchange=names.direct_exchange)
+    wait_until(lambda: message_count(amqp_url, dead_letter_queue) == 2, timeout=15, message="2 dead letters")
+    unknown = client.enqueue("unknown.type", [1])
+    wait_until(lambda: message_count(amqp_url, dead_letter_queue) == 3, timeout=15, message="3 dead letters")
+
+    entries = client.dead_letters("default", limit=10)
+    assert [e.message_id for e in entries] == [nacked.id, "garbage-1", unknown.id]  # oldest first
+    assert message_count(amqp_url, dead_letter_queue) == 3  # listing removed nothing
+    assert [e.message_id for e in client.dead_letters("default", limit=10)] == [e.message_id for e in entries]
+    assert [e.message_id for e in client.dead_letters("default", limit=2)] == [nacked.id, "garbage-1"]
+
+    first, garbage, unknown_entry = entries
+    # Basic.Nack (the binding's FAIL): RabbitMQ records why; the message itself is unchanged.
+    assert first.job.id == nacked.id and first.job.type == "doomed.job"
+    assert first.reason == "rejected" and first.death_count == 1
+    # Messages no handler can run are republished with the reason in x-ojs-error-*.
+    assert garbage.job is None and garbage.decode_error.startswith("decode_error")
+    assert garbage.reason == "republished" and garbage.error_code == "decode_error"
+    assert garbage.error_message.startswith("body is not JSON")
+    assert unknown_entry.job.id == unknown.id and unknown_entry.job.args == [1]
+    assert unknown_entry.error_code == "unknown_type" and "unknown.type" in unknown_entry.error_message
+
+
+def test_replay_resets_the_attempt_strips_x_death_and_honours_ids_and_limit(amqp_url, client, names,
+                                                                           start_worker):
+    dead_letter_queue = names.dead_letter_queue("default")
+    failing = threading.Event()
+    failing.set()
+    attempts: dict[str, list[int]] = {}
+
+    def flaky(_: int) -> None:
+        job = current_job()
+        attempts.setdefault(job.id, []).append(job.attempt)
+        if failing.is_set():
+            raise RuntimeError("not yet")
+
+    first_worker = start_worker(flaky__job=flaky)
+    policy = RetryPolicy(max_attempts=2, initial_interval="PT0.1S", jitter=False)
+    jobs = [client.enqueue("flaky.job", [i], retry=policy) for i in range(3)]
+    wait_until(lambda: message_count(amqp_url, dead_letter_queue) == 3, timeout=20, message="3 dead letters")
+    first_worker.stop(timeout=5)
+    assert all(attempts[job.id] == [1, 2] for job in jobs)
+    publish_garbage(amqp_url, names, "garbage-2", exchange=names.dead_letter_exchange)
+
+    # ids=: only the selected job goes back; the others stay in the DLQ, in order.
+    before = [e.message_id for e in client.dead_letters("default")]
+    remaining = [i for i in before if i != jobs[1].id]
+    assert client.replay_dead_letters("default", ids=[jobs[1].id.upper()]) == [jobs[1].id]
+    assert [e.message_id for e in client.dead_letters("default")] == remaining
+    [(method, properties, body)] = get_messages(amqp_url, names.job_queue("default"), 1)
+    assert properties.message_id == jobs[1].id and method.redelivered is False
+    assert properties.headers[Header.ATTEMPT] == 1
+    assert not [k for k in properties.headers if "death" in k or k in (Header.ERROR_CODE, Header.ERROR_MESSAGE)]
+    replayed = Job.from_json(body)
+    assert replayed.attempt == 0 and replayed.meta["ojs.replay_count"] == 1
+
+    # limit= and then everything: the worker runs each replayed job as attempt 1 again.
+    failing.clear()
+    start_worker(flaky__job=flaky)
+    one, other, _ = remaining
+    assert client.replay_dead_letters("default", limit=1) == [one]  # the oldest
+    assert client.replay_dead_letters("default") == [other]  # the garbage is not a job: it stays
+    assert {one, other} == {jobs[0].id, jobs[2].id}
+    wait_until(lambda: all(len(attempts[i]) == 3 for i in (one, other)), timeout=15, message="replays ran")
+    assert attempts[one] == attempts[other] == [1, 2, 1]
+    [garbage] = client.dead_letters("default")
+    assert garbage.message_id == "garbage-2" and garbage.job is None
+
+    assert client.purge_dead_letters("default") == 1
+    assert message_count(amqp_url, dead_letter_queue) == 0
+    assert client.purge_dead_letters("default") == 0
