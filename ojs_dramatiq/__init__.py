@@ -1,1 +1,36 @@
-"""Dramatiq over the OJS AMQP binding (see the Dramatiq issue; not yet implemented)."""
+"""ojs_dramatiq: existing Dramatiq actors over the Open Job Spec AMQP binding.
+
+::
+
+    import dramatiq
+    from ojs_dramatiq import OjsBroker
+
+    dramatiq.set_broker(OjsBroker("amqp://guest:guest@localhost:5672/%2F"))  # before importing actors
+
+Actors, ``send()``, ``send_with_options(delay=...)``, middleware, pipelines,
+groups, results and the ``dramatiq`` CLI work unchanged; the messages on the
+wire are OJS job envelopes that any OJS worker (``ojs_kombu``, ``ojs_celery``,
+other SDKs) can run, and jobs from any OJS producer reach the actor whose name
+maps to their type.  See the README, "Migrating a Dramatiq project".
+"""
+
+from .broker import OjsBroker, OjsMessageProxy
+from .encoder import (
+    OjsEncoder,
+    job_id_for,
+    job_to_message,
+    message_to_job,
+    ojs_queue_for,
+    retry_policy_for,
+)
+
+__all__ = [
+    "OjsBroker",
+    "OjsEncoder",
+    "OjsMessageProxy",
+    "job_id_for",
+    "job_to_message",
+    "message_to_job",
+    "ojs_queue_for",
+    "retry_policy_for",
+]

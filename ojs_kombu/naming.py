@@ -97,6 +97,19 @@ def job_type_for(name: str) -> str:
     return mapped[:MAX_JOB_TYPE].rstrip("._")
 
 
+def ojs_queue_for(name: str) -> str:
+    """Map a framework queue name (Celery, Dramatiq) onto a valid OJS queue name, deterministically.
+
+    Valid names are returned unchanged; otherwise the name is lowercased and
+    every run of other characters becomes ``-`` (``Reports_High`` -> ``reports-high``).
+    Raises :class:`~ojs_kombu.errors.ValidationError` when nothing usable remains
+    or the result starts with a reserved prefix (``dlx.``, ``retry.``, ``control.``).
+    """
+    if not QUEUE_NAME_RE.fullmatch(name):
+        name = re.sub(r"[^a-z0-9\-.]+", "-", name.lower()).strip("-.")
+    return validate_queue_name(name)
+
+
 @dataclass(frozen=True)
 class Names:
     """The AMQP names of one OJS deployment, with an optional multi-tenant prefix."""
@@ -196,6 +209,7 @@ __all__ = [
     "QUEUE_NAME_RE",
     "RESERVED_QUEUE_PREFIXES",
     "job_type_for",
+    "ojs_queue_for",
     "validate_job_type",
     "validate_queue_name",
 ]

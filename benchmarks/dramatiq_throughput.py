@@ -1,0 +1,208 @@
+"""Dramatiq over OJS vs Dramatiq's own RabbitmqBroker, in one run.
+
+    python benchmarks/dramatiq_throughput.py [--messages 10000] [--delayed 20000] [--threads 8]
+
+1. Throughput: ``--messages`` no-op messages are sent one by one with
+   ``actor.send()`` (enqueue rate), then drained by an in-process
+   ``dramatiq.Worker(worker_threads=--threads)`` (drain rate: from the worker's
+   start until the last message ran), over RabbitmqBroker without and with
+   ``confirm_delivery`` and over OjsBroker (confirms always on).  Also the rate
+   of ``OjsBroker.enqueue_many`` (pipelined confirms).  Targets: OJS drain
+   >= 1.0x stock with confirms and >= 0.9x stock without.
+2. Delayed backlog: ``--delayed`` messages sent with ``delay=600000`` (10 min),
+   then a worker process (same settings) runs for ``--settle`` seconds: its RSS
+   and the number of messages it holds unacknowledged (management API).
+   Stock Dramatiq moves them into worker memory (``.DQ`` prefetch); OJS keeps
+   them in the broker's scheduling cascade.
+
+Needs ``$OJS_AMQP_URL`` and ``$OJS_MANAGEMENT_URL`` (``make bench`` style:
+``python -m ojs_kombu.testing.broker run -- python benchmarks/dramatiq_throughput.py``).
+Every queue the run creates is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import dramatiq
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+from ojs_dramatiq import OjsBroker
+from ojs_kombu.client import resolve_url
+from ojs_kombu.testing.management import ManagementClient
+
+DELAY_MS = 600_000
+
+
+def _args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--delayed", type=int, default=20_000)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--settle", type=float, default=15.0, help="seconds the delayed-backlog worker runs")
+    parser.add_argument("--url", default=None, help="broker URL (default $OJS_AMQP_URL)")
+    parser.add_argument("--child", nargs=3, metavar=("KIND", "NAME", "THREADS"), help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def pika_url(url: str) -> str:
+    """kombu's ``amqp://u:p@h:port//`` -> pika's ``amqp://u:p@h:port/%2F``."""
+    parts = urlsplit(url)
+    vhost = parts.path[1:] or "/"
+    return urlunsplit((parts.scheme, parts.netloc, "/" + quote(vhost, safe=""), "", ""))
+
+
+def make_broker(kind: str, url: str, name: str) -> dramatiq.Broker:
+    """``kind``: ``stock`` / ``stock-confirm`` (RabbitmqBroker, queue ``name``) or ``ojs`` (prefix ``name``)."""
+    if kind == "ojs":
+        return OjsBroker(url, prefix=name)
+    return RabbitmqBroker(url=pika_url(url), confirm_delivery=kind == "stock-confirm")
+
+
+def queue_name(kind: str, name: str) -> str:
+    return "bench" if kind == "ojs" else name
+
+
+class Counter:
+    def __init__(self):
+        self.value = 0
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.target = None
+
+    def incr(self) -> None:
+        with self.lock:
+            self.value += 1
+            if self.value == self.target:
+                self.done.set()
+
+
+def throughput(kind: str, url: str, count: int, threads: int) -> tuple[float, float, str]:
+    name = f"bench{uuid.uuid4().hex[:8]}"
+    broker = make_broker(kind, url, name)
+    counter = Counter()
+    counter.target = count
+    noop = dramatiq.actor(lambda i: counter.incr(), broker=broker, actor_name="noop",
+                          queue_name=queue_name(kind, name), max_retries=0)
+    started = time.perf_counter()
+    for i in range(count):
+        noop.send(i)
+    enqueue_rate = count / (time.perf_counter() - started)
+    worker = dramatiq.Worker(broker, worker_threads=threads)
+    started = time.perf_counter()
+    worker.start()
+    if not counter.done.wait(600):
+        sys.exit(f"{kind}: only {counter.value} of {count} messages ran")
+    drain_rate = count / (time.perf_counter() - started)
+    worker.stop()
+    broker.close()
+    return enqueue_rate, drain_rate, name
+
+
+def enqueue_many_rate(url: str, count: int) -> tuple[float, str]:
+    name = f"bench{uuid.uuid4().hex[:8]}"
+    broker = OjsBroker(url, prefix=name)
+    noop = dramatiq.actor(lambda i: None, broker=broker, actor_name="noop", queue_name="bench")
+    broker.declare_queue("bench", ensure=True)
+    started = time.perf_counter()
+    broker.enqueue_many(noop.message(i) for i in range(count))
+    rate = count / (time.perf_counter() - started)
+    broker.close()
+    return rate, name
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def delayed_backlog(kind: str, url: str, management: ManagementClient, count: int, threads: int,
+                    settle: float) -> tuple[int, int, int, str]:
+    """(worker RSS KiB without backlog, with backlog, messages unacked) for ``count`` messages delayed 10 min."""
+    name = f"bench{uuid.uuid4().hex[:8]}"
+    idle = _worker_rss(kind, url, name, threads, settle / 3, management, name)[0]
+    broker = make_broker(kind, url, name)
+    noop = dramatiq.actor(lambda: None, broker=broker, actor_name="noop", queue_name=queue_name(kind, name))
+    if isinstance(broker, OjsBroker):
+        for start in range(0, count, 5000):
+            broker.enqueue_many([noop.message() for _ in range(start, min(count, start + 5000))], delay=DELAY_MS)
+    else:
+        for _ in range(count):
+            noop.send_with_options(delay=DELAY_MS)
+    broker.close()
+    rss, unacked = _worker_rss(kind, url, name, threads, settle, management, name)
+    return idle, rss, unacked, name
+
+
+def _worker_rss(kind, url, name, threads, settle, management, prefix) -> tuple[int, int]:
+    child = subprocess.Popen([sys.executable, __file__, "--url", url, "--child", kind, name, str(threads)])
+    try:
+        time.sleep(settle)
+        rss = rss_kib(child.pid)
+        unacked = sum(q.get("messages_unacknowledged", 0) for q in management.queues(prefix))
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.wait(120)
+    return rss, unacked
+
+
+def run_child(kind: str, url: str, name: str, threads: int) -> None:
+    broker = make_broker(kind, url, name)
+    dramatiq.actor(lambda: None, broker=broker, actor_name="noop", queue_name=queue_name(kind, name))
+    worker = dramatiq.Worker(broker, worker_threads=threads)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    worker.start()
+    stop.wait()
+    worker.stop(timeout=30_000)
+    broker.close()
+
+
+def main() -> None:
+    args = _args()
+    url = resolve_url(args.url)
+    if args.child:
+        run_child(args.child[0], url, args.child[1], int(args.child[2]))
+        return
+    management = ManagementClient(os.environ.get("OJS_MANAGEMENT_URL", "http://127.0.0.1:15672"),
+                                  os.environ.get("OJS_MANAGEMENT_USER", "guest"),
+                                  os.environ.get("OJS_MANAGEMENT_PASSWORD", "guest"))
+    created: list[str] = []
+    try:
+        print(f"1. {args.messages:,} no-op messages, worker_threads={args.threads}, {os.cpu_count()} cores")
+        print(f"   {'broker':<40} {'enqueue/s':>10} {'drain/s':>10}")
+        rates = {}
+        for kind, label in (("stock", "RabbitmqBroker"), ("stock-confirm", "RabbitmqBroker(confirm_delivery=True)"),
+                            ("ojs", "OjsBroker (confirms always on)")):
+            enqueue, drain, name = throughput(kind, url, args.messages, args.threads)
+            created.append(name)
+            rates[kind] = (enqueue, drain)
+            print(f"   {label:<40} {enqueue:>10,.0f} {drain:>10,.0f}", flush=True)
+        many, name = enqueue_many_rate(url, args.messages)
+        created.append(name)
+        print(f"   {'OjsBroker.enqueue_many':<40} {many:>10,.0f}")
+        for kind, label in (("stock-confirm", "with confirms"), ("stock", "without confirms")):
+            print(f"   OJS / stock {label:<17} drain {rates['ojs'][1] / rates[kind][1]:.2f}x  "
+                  f"enqueue {rates['ojs'][0] / rates[kind][0]:.2f}x (enqueue_many {many / rates[kind][0]:.1f}x)")
+
+        print(f"2. {args.delayed:,} messages delayed 10 min, a worker process running {args.settle:.0f}s")
+        print(f"   {'broker':<40} {'RSS idle':>10} {'RSS':>10} {'unacked':>8}")
+        for kind, label in (("stock", "RabbitmqBroker"), ("ojs", "OjsBroker")):
+            idle, rss, unacked, name = delayed_backlog(kind, url, management, args.delayed, args.threads, args.settle)
+            created.append(name)
+            print(f"   {label:<40} {idle / 1024:>8.1f}MB {rss / 1024:>8.1f}MB {unacked:>8,}", flush=True)
+    finally:
+        for name in created:
+            management.delete_by_prefix(name)
+
+
+if __name__ == "__main__":
+    main()

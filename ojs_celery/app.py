@@ -1,0 +1,119 @@
+"""``ojs_celery.Celery``: a ``celery.Celery`` that speaks the OJS AMQP binding.
+
+::
+
+    from ojs_celery import Celery
+
+    app = Celery("proj", broker="amqp://guest:guest@localhost//", broker_backend="ojs")
+
+    @app.task(bind=True, max_retries=5)
+    def send_email(self, to, *, template="welcome"):
+        ...
+
+``broker_backend="ojs"`` (or ``"ojss"`` for TLS) selects the ``ojs://``
+transport whatever the scheme of ``broker`` is; a ``broker_url="ojs://…"``
+from the configuration (``app.config_from_object``, ``CELERY_BROKER_URL``)
+does the same without the keyword.  The stock ``celery.Celery`` silently
+ignores an unknown ``broker_backend=`` keyword: import this class.
+
+Where the configuration does not set them, the app uses the settings the
+binding needs (DESIGN §5): ``task_acks_late=True`` (a job is acked after it
+ran), ``task_acks_on_failure=False`` and ``task_acks_on_timeout=False`` (a
+failed job is Nacked into its dead letter queue instead of acked and lost), JSON only (``task_serializer``,
+``result_serializer``, ``accept_content``; pickle is refused even when
+configured) and ``worker_prefetch_multiplier=1``.  Every task gets
+:class:`ojs_celery.request.Request` (time limits and lost workers are counted
+attempts), and task ids are UUIDv7.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import celery
+from celery.exceptions import ImproperlyConfigured
+
+from ojs_kombu.envelope import new_job_id
+from ojs_kombu.transport import register_aliases
+
+from .request import REQUEST, STOCK_REQUEST
+
+#: The settings ``ojs_celery.Celery`` uses unless the configuration sets them.
+OJS_DEFAULTS: dict[str, Any] = {
+    "task_acks_late": True,
+    "task_acks_on_failure": False,
+    "task_acks_on_timeout": False,
+    "task_serializer": "json",
+    "result_serializer": "json",
+    "event_serializer": "json",
+    "accept_content": ["json"],
+    "result_accept_content": ["json"],
+    "worker_prefetch_multiplier": 1,
+}
+#: Settings that imply ``task_acks_on_failure`` when the user set them.
+_ALIASES = {"task_acks_on_failure": ("task_acks_on_failure_or_timeout",),
+            "task_acks_on_timeout": ("task_acks_on_failure_or_timeout",)}
+_BACKENDS = {"ojs": "ojs", "ojss": "ojss"}
+_REFUSED_CONTENT = ("pickle", "application/x-python-serialize", "yaml", "application/x-yaml")
+
+
+class Celery(celery.Celery):
+    """A Celery app on the OJS wire; see the module documentation.
+
+    Arguments:
+        broker_backend: ``"ojs"`` or ``"ojss"`` to use the OJS transport with
+            ``broker`` (any AMQP URL); None to rely on ``broker_url`` being ``ojs://``.
+        Everything else as for :class:`celery.Celery`.
+    """
+
+    task_cls = "ojs_celery.task:Task"
+
+    def __init__(self, main: str | None = None, *args: Any, broker_backend: str | None = None,
+                 **kwargs: Any):
+        if broker_backend is not None and broker_backend not in _BACKENDS:
+            raise ImproperlyConfigured(f"broker_backend must be one of {sorted(_BACKENDS)}, got {broker_backend!r}")
+        register_aliases()
+        self.broker_backend = broker_backend
+        super().__init__(main, *args, **kwargs)
+        if broker_backend is not None:
+            self.conf.broker_transport = _BACKENDS[broker_backend]
+        self.on_after_finalize.connect(self._install_request, weak=False)
+
+    def _load_config(self):
+        conf = super()._load_config()
+        for key, value in OJS_DEFAULTS.items():
+            if not any(_user_set(conf, name) for name in (key, *_ALIASES.get(key, ()))):
+                conf[key] = value
+        _refuse_pickle(conf)
+        return conf
+
+    def send_task(self, name, args=None, kwargs=None, countdown=None, eta=None, task_id=None, *more: Any,
+                  **options: Any):
+        """As :meth:`celery.Celery.send_task`, with a UUIDv7 task id by default."""
+        return super().send_task(name, args, kwargs, countdown, eta, task_id or new_job_id(), *more, **options)
+
+    def _install_request(self, sender: Any = None, **_: Any) -> None:
+        # Tasks declared with their own base= class keep Celery's stock Request otherwise.
+        for task in self.tasks.values():
+            if getattr(task, "Request", None) == STOCK_REQUEST:
+                task.Request = REQUEST
+
+
+def _user_set(conf, key: str) -> bool:
+    if key in conf.changes:
+        return True
+    return any(key in layer for layer in conf.defaults[:-1])
+
+
+def _refuse_pickle(conf) -> None:
+    for key in ("task_serializer", "result_serializer", "event_serializer"):
+        if str(conf.get(key) or "").lower() in _REFUSED_CONTENT:
+            raise ImproperlyConfigured(f"{key}={conf.get(key)!r}: the OJS wire is JSON only")
+    for key in ("accept_content", "result_accept_content"):
+        accepted = conf.get(key) or []
+        refused = [c for c in accepted if str(c).lower() in _REFUSED_CONTENT]
+        if refused:
+            raise ImproperlyConfigured(f"{key} includes {refused}: the OJS wire is JSON only (pickle is refused)")
+
+
+__all__ = ["Celery", "OJS_DEFAULTS"]

@@ -1,0 +1,310 @@
+"""Celery task messages (protocol v2) <-> OJS envelopes: the codec of the ``ojs://`` transport.
+
+Publishing (:meth:`CeleryCodec.to_job`), a Celery message ``headers`` /
+``(args, kwargs, embed)`` becomes::
+
+    type        job_type_for(headers["task"])    ("Reports.BuildPDF" -> "reports.build_pdf")
+    id          headers["id"] if it is a UUIDv7, else a new UUIDv7 (the Celery id in meta.celery.id)
+    args        args
+    meta.kwargs kwargs (omitted when empty)
+    meta.celery {"task": name, "id"?, "headers": {...}, "embed": {...}}: every other Celery header
+                (root/parent ids, group, time limits, reprs, custom headers) and the canvas
+                (callbacks, errbacks, chain, chord), so they round-trip exactly
+    attempt     headers["retries"]               (x-ojs-attempt = retries + 1)
+    priority    the message priority
+    scheduled_at headers["eta"];  expires_at headers["expires"]
+    retry       {"max_attempts": task.max_retries + 1} (x-ojs-max-attempts)
+    meta.traceparent / tracestate   from the W3C headers (x-ojs-trace-id / x-ojs-trace-state)
+
+A retry (``retries > 0``) also records the failure: ``error``, ``errors[]`` and
+the ``x-ojs-error-code`` / ``x-ojs-error-message`` headers, from the exception
+being handled when ``Task.retry`` publishes.
+
+Consuming (:meth:`CeleryCodec.from_job`) reverses it.  A job from another
+producer becomes a message for the Celery task whose name maps to its
+``type``; envelope fields Celery has no place for (the OJS id, retry policy,
+error history, foreign ``meta``) travel in the Celery header ``ojs_envelope``,
+which Celery copies into a retry's message, so a retried job keeps its id and
+history.  JSON only: any other content type is refused.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import re
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+from ojs_kombu.codec import CONTENT_ENCODING, Header, OutgoingMessage, encode
+from ojs_kombu.consumer import DEATH_HEADERS
+from ojs_kombu.envelope import Job, RetryPolicy, format_timestamp, new_job_id
+from ojs_kombu.errors import ValidationError
+from ojs_kombu.naming import job_type_for
+from ojs_kombu.retry import Failure, record_failure
+from ojs_kombu.settle import error_headers
+
+#: Celery header carrying the envelope fields Celery does not model, inside Celery only.
+ENVELOPE_HEADER = "ojs_envelope"
+JSON_CONTENT_TYPE = "application/json"
+#: Celery ``max_retries=None`` (retry forever) as ``x-ojs-max-attempts``.
+UNLIMITED_ATTEMPTS = 2**31 - 1
+
+#: The exception a running ``Task.retry(exc=…)`` was given (set by :class:`ojs_celery.Task`).
+retrying_exception: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
+    "ojs_celery_retrying_exception", default=None)
+
+_V7_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+#: Celery headers with a field of their own in the envelope.
+_MAPPED = frozenset({"lang", "task", "id", "eta", "expires", "retries", "traceparent", "tracestate",
+                     ENVELOPE_HEADER})
+#: Envelope fields carried in ``ojs_envelope`` (the rest is rebuilt from Celery's own data).
+_CARRIED = ("id", "created_at", "retry", "timeout", "errors")
+_EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
+
+
+class TaskIndex:
+    """Finds Celery tasks by OJS job type, and their ``max_retries``, in the process's Celery apps."""
+
+    def __init__(self) -> None:
+        self._by_type: dict[str, str] = {}
+
+    @staticmethod
+    def _tasks() -> dict[str, Any]:
+        from celery import _state
+
+        tasks: dict[str, Any] = {}
+        for app in list(_state._get_active_apps()):
+            tasks.update(getattr(app, "_tasks", None) or {})
+        return tasks
+
+    def name_for(self, job_type: str) -> str:
+        """The name of the registered task whose name maps to ``job_type`` (else ``job_type``)."""
+        name = self._by_type.get(job_type)
+        if name is None:
+            self._by_type = {job_type_for(n): n for n in self._tasks() if not n.startswith("celery.")}
+            name = self._by_type.get(job_type, job_type)
+        return name
+
+    def max_attempts(self, name: str) -> int | None:
+        """``max_retries + 1`` of task ``name`` (None when the task is unknown here)."""
+        task = self._tasks().get(name)
+        if task is None:
+            return None
+        max_retries = getattr(task, "max_retries", None)
+        return UNLIMITED_ATTEMPTS if max_retries is None else int(max_retries) + 1
+
+
+class CeleryCodec:
+    """The ``ojs://`` transport's codec for Celery protocol v2 task messages."""
+
+    def __init__(self, tasks: TaskIndex | None = None):
+        self.tasks = tasks or TaskIndex()
+
+    def is_task(self, properties: dict[str, Any], headers: dict[str, Any]) -> bool:
+        """A Celery protocol v2 task message has ``task`` and ``id`` headers."""
+        return "task" in headers and "id" in headers
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def to_job(self, body: bytes, properties: dict[str, Any], headers: dict[str, Any],
+               queue: str) -> tuple[Job, OutgoingMessage]:
+        """The OJS job of a Celery task message for OJS queue ``queue``, and its encoded message."""
+        args, kwargs, embed = _payload(body, properties, headers)
+        name = str(headers["task"])
+        celery_id = str(headers["id"])
+        carried = headers.get(ENVELOPE_HEADER)
+        carried = dict(carried) if isinstance(carried, dict) else {}
+        job_id = _v7(celery_id) or _v7(carried.get("id")) or new_job_id()
+
+        celery_meta: dict[str, Any] = {"task": name}
+        if celery_id != job_id:
+            celery_meta["id"] = celery_id
+        rest = {k: _plain(v) for k, v in headers.items() if k not in _MAPPED and not _is_binding_header(k)
+                and not _empty(v)}
+        if rest:
+            celery_meta["headers"] = rest
+        embedded = {k: v for k, v in (embed or {}).items() if v}
+        if embedded:
+            celery_meta["embed"] = embedded
+        meta = dict(carried.get("meta") or {})
+        meta["celery"] = celery_meta
+        for header in ("traceparent", "tracestate"):
+            if isinstance(headers.get(header), str):
+                meta[header] = headers[header]
+
+        retry = _retry_policy(carried.get("retry"), headers.get(Header.MAX_ATTEMPTS), self.tasks.max_attempts(name))
+        retries = int(headers.get("retries") or 0)
+        job = Job.create(
+            job_type_for(name), list(args), queue=queue, kwargs=dict(kwargs), meta=meta,
+            priority=properties.get("priority"), retry=retry, id=job_id,
+            scheduled_at=_moment(headers.get("eta")), expires_at=_moment(headers.get("expires")),
+        )
+        kept = {k: carried[k] for k in ("created_at", "timeout", "errors") if k in carried}
+        if kept:
+            job = job.model_copy(update=kept)
+        extra: dict[str, Any] = {}
+        if retries > 0:
+            failure = _current_failure()
+            job = record_failure(job, retries, failure)
+            extra = error_headers(failure.code, failure.message)
+        message = encode(job, app_id=properties.get("app_id"), headers=extra)
+        for prop in ("correlation_id", "reply_to"):
+            if properties.get(prop):
+                message.properties[prop] = properties[prop]
+        return job, message
+
+    # -- consuming -----------------------------------------------------------------------------
+
+    def from_job(self, job: Job, properties: dict[str, Any],
+                 headers: dict[str, Any]) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
+        """A delivered OJS job as a Celery protocol v2 message: ``(body, properties, headers)``."""
+        meta = dict(job.meta or {})
+        celery_meta = meta.pop("celery", None) or {}
+        kwargs = meta.pop("kwargs", None) or {}
+        name = celery_meta.get("task") or self.tasks.name_for(job.type)
+        celery_id = celery_meta.get("id") or job.id
+        task_headers: dict[str, Any] = {
+            # The delivery's own headers first (x-ojs-attempt & co.: visible to the task).
+            **{k: v for k, v in headers.items() if k not in DEATH_HEADERS},
+            "lang": "py", "root_id": celery_id, "parent_id": None, "group": None, "group_index": None,
+            "shadow": None, "timelimit": [None, None], "origin": None, "ignore_result": None,
+            **(celery_meta.get("headers") or {}),
+            "task": name,
+            "id": celery_id,
+            "retries": job.attempt,
+            "eta": job.scheduled_at,
+            "expires": job.expires_at,
+        }
+        if "argsrepr" not in task_headers:  # a job from another producer
+            task_headers["argsrepr"] = _repr(job.args)
+            task_headers["kwargsrepr"] = _repr(kwargs)
+        for header in ("traceparent", "tracestate"):
+            if meta.get(header):
+                task_headers[header] = meta[header]
+        envelope = _carried(job)
+        if meta:
+            envelope["meta"] = meta
+        task_headers[ENVELOPE_HEADER] = envelope
+        embed = {key: None for key in _EMBED_KEYS}
+        embed.update(celery_meta.get("embed") or {})
+        body = json.dumps([job.args, kwargs, embed], ensure_ascii=False).encode("utf-8")
+        task_properties = {k: v for k, v in properties.items() if k != "application_headers" and v is not None}
+        task_properties.update(
+            content_type=JSON_CONTENT_TYPE, content_encoding=CONTENT_ENCODING,
+            correlation_id=properties.get("correlation_id") or celery_id,
+            reply_to=properties.get("reply_to") or "",
+        )
+        return body, task_properties, task_headers
+
+
+def _carried(job: Job) -> dict[str, Any]:
+    """The envelope fields that ride along in ``ojs_envelope`` (JSON values, no nulls)."""
+    carried: dict[str, Any] = {"id": job.id}
+    if job.created_at is not None:
+        carried["created_at"] = job.created_at
+    if job.timeout is not None:
+        carried["timeout"] = job.timeout
+    if job.retry is not None:
+        carried["retry"] = job.retry.to_dict() if hasattr(job.retry, "to_dict") else job.retry.model_dump(
+            exclude_none=True)
+    if job.errors:
+        carried["errors"] = _amqp_safe(job.errors)
+    return carried
+
+
+def _payload(body: bytes, properties: dict[str, Any], headers: dict[str, Any]) -> tuple[list, dict, dict]:
+    content_type = (properties.get("content_type") or "").split(";")[0].strip().lower()
+    if content_type != JSON_CONTENT_TYPE:
+        raise ValidationError(
+            f"task {headers.get('task')!r} is serialized as {content_type or 'unknown'!r}; the OJS wire is JSON "
+            "only (set task_serializer='json'; pickle is refused)", field="content_type")
+    if headers.get("compression"):
+        raise ValidationError("compressed task messages are not supported on the OJS wire", field="compression")
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        raise ValidationError(f"task body is not JSON: {exc}", field="args") from None
+    if not (isinstance(payload, list) and len(payload) == 3):
+        raise ValidationError("not a Celery protocol 2 body [args, kwargs, embed] (task_protocol=1 is "
+                              "not supported)", field="args")
+    return payload[0] or [], payload[1] or {}, payload[2] or {}
+
+
+def _v7(value: Any) -> str | None:
+    if isinstance(value, str):
+        lowered = value.lower()
+        if _V7_RE.fullmatch(lowered):
+            return lowered
+    return None
+
+
+def _is_binding_header(key: str) -> bool:
+    return key.startswith("x-ojs-") or key in DEATH_HEADERS
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == {} or value == [] or value == [None, None]
+
+
+def _plain(value: Any) -> Any:
+    """An AMQP header value as JSON (py-amqp decodes tables and arrays; bytes become text)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, datetime):
+        return format_timestamp(value if value.tzinfo else value.replace(tzinfo=timezone.utc))
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _amqp_safe(value: Any) -> Any:
+    """Drop JSON nulls, which AMQP tables carry poorly across clients."""
+    if isinstance(value, dict):
+        return {k: _amqp_safe(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_amqp_safe(v) for v in value]
+    return value
+
+
+def _moment(value: Any) -> str | None:
+    """A Celery ``eta``/``expires`` header (ISO 8601, naive = UTC) as an OJS timestamp."""
+    if value in (None, ""):
+        return None
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment  # Job.create formats it (scheduled_at rounded up)
+
+
+def _retry_policy(carried: Any, header: Any, from_task: int | None) -> RetryPolicy | dict | None:
+    if isinstance(carried, dict) and carried:
+        return carried
+    if isinstance(header, int) and not isinstance(header, bool) and header >= 0:
+        return RetryPolicy(max_attempts=header)
+    if from_task is not None:
+        return RetryPolicy(max_attempts=from_task)
+    return None
+
+
+def _current_failure() -> Failure:
+    """The failure a retry records: ``Task.retry``'s ``exc``, else the exception being handled."""
+    exc = retrying_exception.get() or sys.exc_info()[1]
+    if exc is None:
+        return Failure("retry", "Retry", "the task asked to be retried")
+    return Failure.from_exception(exc)
+
+
+def _repr(value: Any) -> str:
+    try:
+        from celery.utils.saferepr import saferepr
+
+        return saferepr(value, 1024)
+    except ImportError:  # pragma: no cover - the codec is used inside Celery
+        return repr(value)[:1024]
+
+
+__all__ = ["CeleryCodec", "ENVELOPE_HEADER", "TaskIndex", "UNLIMITED_ATTEMPTS"]

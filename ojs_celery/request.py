@@ -1,0 +1,114 @@
+"""The worker-side Request of ``ojs_celery``: time limits and lost workers are counted attempts.
+
+Stock Celery, with ``acks_late``, answers a hard time limit with
+``reject(requeue=True)`` (unless ``acks_on_timeout``) and a lost worker with a
+requeue when ``reject_on_worker_lost`` is set: the broker redelivers at once,
+and a task that always times out or kills its process loops forever.
+
+:class:`Request` treats both as a failed attempt (DESIGN §5):
+
+* attempts left (``retries < max_retries``, or ``max_retries=None``): the task
+  is republished through the OJS retry path (``ojs.queue.retry.{q}.{ms}``,
+  ``x-ojs-attempt`` + 1, after ``default_retry_delay``), marked RETRY, then acked;
+* no attempts left: the usual failure handling, then ``Basic.Nack`` into
+  ``ojs.queue.dlx.{q}`` — never a requeue.
+
+It is installed on every task of an :class:`ojs_celery.Celery` app (the app's
+``Task`` class, and tasks declared with another ``base=`` when the app
+finalizes).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
+from celery.exceptions import Retry, TimeLimitExceeded, WorkerLostError
+from celery.worker import request as celery_request
+from celery.worker.request import task_ready
+
+logger = logging.getLogger(__name__)
+
+STOCK_REQUEST = "celery.worker.request:Request"
+REQUEST = "ojs_celery.request:Request"
+
+
+class Request(celery_request.Request):
+    """A Celery ``Request`` that never requeues: timeouts and lost workers are counted attempts."""
+
+    # A hard time limit reaches the request twice (the pool's timeout handler and
+    # the job's error callback, in either order): the first one settles it.
+    _ojs_counted = False
+    _ojs_exhausted = False
+
+    def on_timeout(self, soft, timeout):
+        """Hard time limit: retry through the retry queue while attempts remain, else dead-letter."""
+        if soft or self._ojs_counted:
+            return None if self._ojs_counted else super().on_timeout(soft, timeout)
+        if self.task.acks_late and self._attempts_left():
+            task_ready(self)
+            logger.error("Hard time limit (%ss) exceeded for %s[%s]; retrying (a counted attempt)",
+                         timeout, self.name, self.id)
+            if self._retry_counted(TimeLimitExceeded(timeout)):
+                return None
+        # Exhausted: Celery's failure handling; its requeue becomes a Nack (see reject()).
+        return super().on_timeout(soft, timeout)
+
+    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+        """A hard time limit or a lost worker (the pool process died) is a counted attempt."""
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if self._ojs_counted:
+            return None
+        counted = isinstance(exc, (WorkerLostError, TimeLimitExceeded)) or (
+            isinstance(exc, (SystemExit, KeyboardInterrupt))
+            and not (self._already_cancelled or self._already_revoked))
+        if counted and self.task.acks_late and not (
+                isinstance(exc, WorkerLostError) and self.task.retry_on_worker_lost) and self._attempts_left():
+            task_ready(self)
+            if self._retry_counted(exc):
+                return None
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def reject(self, requeue=False):
+        """Reject the message; a requeue left after the above (an exhausted task) becomes a Nack."""
+        if requeue and self._ojs_exhausted:
+            requeue = False
+        return super().reject(requeue=requeue)
+
+    def _attempts_left(self) -> bool:
+        max_retries = self.task.max_retries
+        left = max_retries is None or self._context.retries < max_retries
+        self._ojs_exhausted = not left
+        return left
+
+    def _retry_counted(self, exc: BaseException) -> bool:
+        """Republish as the next attempt (retry path), mark RETRY, ack; False if the publish failed."""
+        task, request = self.task, self._context
+        countdown = task.default_retry_delay
+        try:
+            raise exc
+        except BaseException:  # noqa: BLE001 - only to capture the exception info
+            einfo = ExceptionInfo()
+        try:
+            task.signature_from_request(request, countdown=countdown, retries=request.retries + 1).apply_async()
+        except Exception as send_exc:  # noqa: BLE001
+            logger.error("could not retry %s[%s] after %r: %r", self.name, self.id, exc, send_exc)
+            self._ojs_exhausted = True
+            return False
+        self._ojs_counted = True
+        if self.store_errors:
+            task.backend.mark_as_retry(self.id, exc, einfo.traceback, request=request)
+        self.acknowledge()
+        self.send_event("task-retried", exception=repr(exc), traceback=str(einfo.traceback))
+        task.request_stack.push(request)
+        try:
+            task.on_retry(exc, self.id, self.args, self.kwargs, einfo)
+        finally:
+            task.request_stack.pop()
+        logger.info("Task %s[%s] retry: %r", self.name, self.id, Retry(exc=exc, when=countdown))
+        return True
+
+
+__all__ = ["REQUEST", "STOCK_REQUEST", "Request"]

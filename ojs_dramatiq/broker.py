@@ -1,0 +1,530 @@
+"""``OjsBroker``: a Dramatiq broker that speaks the OJS AMQP binding, on ``ojs_kombu``.
+
+::
+
+    import dramatiq
+    from ojs_dramatiq import OjsBroker
+
+    dramatiq.set_broker(OjsBroker("amqp://guest:guest@localhost:5672/%2F"))
+
+    @dramatiq.actor(max_retries=3)
+    def send_email(address, *, template="welcome"):
+        ...
+
+What changes against ``RabbitmqBroker`` (the actors do not):
+
+* the topology is the binding's: ``ojs.queue.{q}`` on ``ojs.exchange.direct``
+  with its dead letter queue ``ojs.queue.dlx.{q}``; no ``.DQ`` / ``.XQ`` queues;
+* every message is an OJS job envelope (see :mod:`ojs_dramatiq.encoder`),
+  published with confirms and ``mandatory`` (both always on);
+* ``delay=`` goes through the scheduling cascade: workers never hold delayed
+  messages, nothing waits unacked, nothing runs early;
+* a retry decided by the stock ``Retries`` middleware is published to
+  ``ojs.queue.retry.{q}.{ms}`` (attempt+1, error headers), confirmed, then the
+  original is acked; a failed message is ``Basic.Nack(requeue=False)``-ed into
+  ``ojs.queue.dlx.{q}``;
+* a message redelivered because its worker died counts as a failed attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_module
+import threading
+import time
+import weakref
+from typing import Any, Iterable, Optional
+
+import dramatiq
+import kombu
+from amqp.exceptions import NotFound
+from dramatiq.broker import Consumer, MessageProxy
+from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
+from dramatiq.message import Message
+from dramatiq.middleware import Middleware, Retries
+
+from ojs_kombu.client import Client
+from ojs_kombu.consumer import Consumer as AmqpConsumer
+from ojs_kombu.consumer import Delivery
+from ojs_kombu.envelope import Job, RetryPolicy
+from ojs_kombu.errors import BrokerConnectionError, DecodeError, UnroutableError
+from ojs_kombu.naming import job_type_for
+from ojs_kombu.retry import Decision, Failure, Outcome, ladder_ms
+from ojs_kombu.settle import Settler
+from ojs_kombu.topology import QueueOptions
+from ojs_kombu.transport import DEFAULT_HEARTBEAT
+
+from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
+
+logger = logging.getLogger(__name__)
+
+#: Options of :class:`ojs_kombu.Client` that ``OjsBroker`` passes through.
+CLIENT_OPTIONS = frozenset({"queue_options", "pool_size", "confirm_timeout", "connect_retries", "app_id",
+                            "on_conflict", "window", "connection_name"})
+
+
+class OjsBroker(dramatiq.Broker):
+    """A Dramatiq broker on RabbitMQ that speaks the OJS AMQP 0-9-1 binding.
+
+    Parameters:
+      url: the broker URL, as given to ``RabbitmqBroker`` (``amqp://u:p@host:5672/%2F``)
+        or to kombu (``amqp://u:p@host//``); ``;``-separated URLs or a list fail over.
+        Default ``$OJS_AMQP_URL``, else ``amqp://guest:guest@localhost:5672//``.
+      prefix: multi-tenant prefix of every entity name (``tenant1.ojs.queue.default``).
+      middleware: the middleware, as for any Dramatiq broker (default: Dramatiq's defaults).
+      max_priority: declare job queues with ``x-max-priority`` (1..255) so that the
+        ``broker_priority`` option orders messages (OJS priority, clamped to 0..9).
+      confirm_delivery: accepted for compatibility with ``RabbitmqBroker``; publisher
+        confirms are always on.
+      dead_letter_mode: how a failed message reaches ``ojs.queue.dlx.{q}``: ``"nack"``
+        (``Basic.Nack(requeue=False)``, the binding's FAIL; RabbitMQ adds ``x-death``) or
+        ``"republish"`` (published there with the final error in the envelope and the
+        ``x-ojs-error-*`` headers, confirmed, then acked).
+      **kombu_options: ``heartbeat``, ``ssl``, ``transport_options`` (kombu connection
+        options) and the :class:`ojs_kombu.Client` options ``queue_options``,
+        ``pool_size``, ``confirm_timeout``, ``connect_retries``, ``app_id``,
+        ``on_conflict``, ``window``, ``connection_name``.
+    """
+
+    def __init__(self, url: Optional[str | list[str]] = None, *, prefix: str = "",
+                 middleware: Optional[list[Middleware]] = None, max_priority: Optional[int] = None,
+                 confirm_delivery: bool = True, dead_letter_mode: str = "nack", **kombu_options: Any):
+        super().__init__(middleware=middleware)
+        if max_priority is not None and not 0 < max_priority <= 255:
+            raise ValueError("max_priority must be a value between 0 and 255")
+        if dead_letter_mode not in ("nack", "republish"):
+            raise ValueError("dead_letter_mode must be 'nack' or 'republish'")
+        self.dead_letter_mode = dead_letter_mode
+        unknown = set(kombu_options) - CLIENT_OPTIONS - {"heartbeat", "ssl", "transport_options"}
+        if unknown:
+            raise TypeError(f"OjsBroker() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+        self.max_priority = max_priority
+        self.heartbeat: float = kombu_options.get("heartbeat", DEFAULT_HEARTBEAT)
+        self.ssl = kombu_options.get("ssl")
+        self.transport_options = kombu_options.get("transport_options")
+        client_options = {k: v for k, v in kombu_options.items() if k in CLIENT_OPTIONS}
+        client_options.setdefault("pool_size", 64)  # one pooled connection per publishing worker thread
+        if max_priority is not None and "queue_options" not in client_options:
+            client_options["queue_options"] = QueueOptions(max_priority=max_priority)
+        self.client = Client(url, prefix=prefix, heartbeat=self.heartbeat, ssl=self.ssl,
+                             transport_options=self.transport_options, **client_options)
+        self.names = self.client.names
+        self.topology = self.client.topology
+        self.cascade = self.client.cascade
+        #: The Dramatiq queue names declared so far (canonical names only: there are no delay queues).
+        self.queues: set[str] = set()
+        self._ojs_queues: dict[str, str] = {}
+        self._actor_names: dict[str, str] = {}
+        self._consumers: dict[str, weakref.WeakSet[_OjsConsumer]] = {}
+        self._admin: kombu.Connection | None = None
+        self._admin_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        """The broker URL (with its password; see :func:`ojs_kombu.client.safe_url`)."""
+        return self.client.url
+
+    def __repr__(self) -> str:
+        return f"<OjsBroker {self.client!r}>"
+
+    # -- declarations ----------------------------------------------------------------------
+
+    def declare_actor(self, actor: dramatiq.Actor) -> None:
+        """Declare ``actor`` and remember which OJS job type reaches it."""
+        super().declare_actor(actor)
+        self._actor_names[job_type_for(actor.actor_name)] = actor.actor_name
+
+    def declare_queue(self, queue_name: str, *, ensure: bool = False) -> None:
+        """Declare Dramatiq queue ``queue_name``: OJS job queue ``ojs.queue.{q}`` and its DLQ.
+
+        The AMQP entities are declared lazily, by the first publish or consumer
+        (``ensure=True``: now).  No delay queue is declared.  Raises
+        :class:`ojs_kombu.ValidationError` (a ``ValueError``) for a name that has no
+        valid OJS queue name (see :func:`~ojs_dramatiq.encoder.ojs_queue_for`).
+        """
+        if queue_name not in self.queues:
+            ojs_queue = ojs_queue_for(queue_name)
+            self.emit_before("declare_queue", queue_name)
+            self._ojs_queues[queue_name] = ojs_queue
+            self.queues.add(queue_name)
+            self.emit_after("declare_queue", queue_name)
+        if ensure:
+            self.client.declare_queue(self._ojs_queues[queue_name])
+
+    def ojs_queue(self, queue_name: str) -> str:
+        """The OJS queue name of Dramatiq queue ``queue_name``."""
+        return self._ojs_queues.get(queue_name) or ojs_queue_for(queue_name)
+
+    def get_declared_queues(self) -> set[str]:
+        """The Dramatiq queues declared so far."""
+        return self.queues.copy()
+
+    # -- producing -------------------------------------------------------------------------
+
+    def enqueue(self, message: Message, *, delay: Optional[int] = None) -> Message:
+        """Publish ``message`` as an OJS job (confirmed); ``delay`` ms ahead through the scheduler.
+
+        The ``Retries`` middleware re-enqueues the message it is retrying with a
+        delay: that becomes the OJS retry path (``ojs.queue.retry.{q}.{ms}``,
+        attempt+1, error headers, confirmed), and the original delivery is acked
+        once the broker has confirmed the retry.
+
+        Raises:
+          ConnectionClosed: when the broker cannot be reached.
+          ojs_kombu.ValidationError: for arguments or options JSON cannot carry.
+          ojs_kombu.PublishError: when the broker did not take the job.
+        """
+        if isinstance(message, OjsMessageProxy) and delay is not None:
+            return self._retry(message, delay)
+        if isinstance(message, MessageProxy):
+            message = message._message
+        self.declare_queue(message.queue_name)
+        self.emit_before("enqueue", message, delay)
+        job = self.job_for(message, delay_ms=delay)
+        try:
+            try:
+                self.client.enqueue_job(job)
+            except UnroutableError:
+                # The queue was deleted behind our back (Dramatiq #832): declare it again, once.
+                logger.warning("job %s was unroutable; declaring queue %r again", job.id, job.queue)
+                self.topology.forget(job.queue)
+                self.client.enqueue_job(job)
+        except BrokerConnectionError as exc:
+            raise ConnectionClosed(exc) from exc
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def enqueue_many(self, messages: Iterable[Message], *, delay: Optional[int] = None) -> list[Message]:
+        """Publish many messages pipelined on one channel, then wait for all confirms.
+
+        Much faster than ``send()`` in a loop (one confirm round trip per message),
+        e.g. ``broker.enqueue_many(actor.message(i) for i in range(10_000))``.
+        Every message is published even if some fail; the first error is then raised.
+        """
+        messages = [m._message if isinstance(m, MessageProxy) else m for m in messages]
+        jobs = []
+        for message in messages:
+            self.declare_queue(message.queue_name)
+            self.emit_before("enqueue", message, delay)
+            jobs.append(self.job_for(message, delay_ms=delay))
+        try:
+            results = self.client.enqueue_many(jobs)
+        except BrokerConnectionError as exc:
+            raise ConnectionClosed(exc) from exc
+        for message, result in zip(messages, results):
+            if result.ok:
+                self.emit_after("enqueue", message, delay)
+        for result in results:
+            result.unwrap()
+        return messages
+
+    def job_for(self, message: Message, *, delay_ms: Optional[int] = None) -> Job:
+        """The OJS job ``message`` is sent as (retry policy and timeout from the actor's options)."""
+        actor = self.actors.get(message.actor_name)
+        actor_options = actor.options if actor is not None else {}
+        return message_to_job(message, retry=self._retry_policy(message, actor_options), delay_ms=delay_ms,
+                              timeout_ms=message.options.get("time_limit", actor_options.get("time_limit")))
+
+    def _retry_policy(self, message: Message, actor_options: dict[str, Any]) -> RetryPolicy:
+        retries = next((m for m in self.middleware if isinstance(m, Retries)), None)
+        if retries is None:
+            return retry_policy_for(0, 1, 1)
+
+        def option(name: str, default: Any) -> Any:
+            return message.options.get(name, actor_options.get(name, default))
+
+        return retry_policy_for(option("max_retries", retries.max_retries), option("min_backoff", retries.min_backoff),
+                                option("max_backoff", retries.max_backoff))
+
+    def _retry(self, message: OjsMessageProxy, delay: int) -> OjsMessageProxy:
+        self.emit_before("enqueue", message, delay)
+        exception = message._exception
+        failure = (Failure.from_exception(exception) if exception is not None
+                   else Failure("handler_error", "Retry", "retry requested"))
+        try:
+            job = updated_job(message.ojs_job, message._message)
+        except Exception:
+            # Middleware put something JSON cannot carry into the options: without this the
+            # worker would ack a message that was never retried.
+            message.fail()
+            raise
+        message.origin.retry(message, job, failure, ladder_ms(delay))
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    # -- consuming -------------------------------------------------------------------------
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> Consumer:
+        """A consumer of ``queue_name`` on its own connection (``Basic.Qos(prefetch)``)."""
+        self.declare_queue(queue_name)
+        consumer = _OjsConsumer(self, queue_name, prefetch, timeout)
+        self._consumers.setdefault(queue_name, weakref.WeakSet()).add(consumer)
+        return consumer
+
+    def _message_for(self, job: Job, queue_name: str) -> Message:
+        return job_to_message(job, queue_name, self._actor_names)
+
+    # -- test helpers (as RabbitmqBroker's) ------------------------------------------------
+
+    def get_queue_message_counts(self, queue_name: str) -> tuple[int, int, int]:
+        """``(ready, delayed, dead)``: ready messages of ``ojs.queue.{q}``; messages in its
+        retry queues plus those in the scheduling cascade (shared by every queue of
+        this prefix); messages in ``ojs.queue.dlx.{q}``.  Meant for tests.
+
+        Retry queues are counted when this process declared them (its consumers did).
+        """
+        ojs_queue = self.ojs_queue(queue_name)
+        retry_queues = self._retry_queues(ojs_queue)
+
+        def count(conn: kombu.Connection) -> tuple[int, int, int]:
+            self.topology.ensure_scheduling(conn.connection, ojs_queue, self.cascade)
+            channel = conn.default_channel
+            ready = self._count(channel, self.names.job_queue(ojs_queue))
+            delayed = sum(self._count(channel, q) for q in retry_queues)
+            delayed += sum(self._count(channel, self.cascade.queue(k)) for k in range(self.cascade.levels))
+            return ready, delayed, self._count(channel, self.names.dead_letter_queue(ojs_queue))
+
+        return self._with_admin(count)
+
+    def flush(self, queue_name: str) -> None:
+        """Drop every message of ``queue_name``: job queue, its retry queues and its DLQ."""
+        ojs_queue = self.ojs_queue(queue_name)
+        names = [self.names.job_queue(ojs_queue), self.names.dead_letter_queue(ojs_queue),
+                 *self._retry_queues(ojs_queue)]
+        self._with_admin(lambda conn: [self._purge(conn, q) for q in names])
+
+    def flush_all(self) -> None:
+        """Drop every message of every declared queue, and every scheduled message of this prefix."""
+        for queue_name in self.queues:
+            self.flush(queue_name)
+        levels = [self.cascade.queue(k) for k in range(self.cascade.levels)]
+        self._with_admin(lambda conn: [self._purge(conn, q) for q in levels])
+
+    def join(self, queue_name: str, min_successes: int = 10, idle_time: int = 100, *,
+             timeout: Optional[int] = None) -> None:
+        """Wait until ``queue_name`` has nothing ready, delayed (retry queues, scheduler)
+        nor in flight in this process, ``min_successes`` polls in a row, ``idle_time`` ms apart.
+
+        Meant for tests.  Messages being processed by a worker in another process
+        are not seen (AMQP does not report unacked counts), hence ``min_successes``.
+
+        Raises:
+          QueueJoinTimeout: when ``timeout`` (ms) passes first.
+        """
+        deadline = timeout and time.monotonic() + timeout / 1000
+        successes = 0
+        while successes < min_successes:
+            if deadline and time.monotonic() >= deadline:
+                raise QueueJoinTimeout(queue_name)
+            ready, delayed, _ = self.get_queue_message_counts(queue_name)
+            if ready + delayed + self.in_flight(queue_name) == 0:
+                successes += 1
+            else:
+                successes = 0
+            time.sleep(idle_time / 1000)
+
+    def in_flight(self, queue_name: str) -> int:
+        """Messages of ``queue_name`` delivered to this process's consumers and not yet settled."""
+        return sum(c.unsettled for c in list(self._consumers.get(queue_name, ())))
+
+    def close(self) -> None:
+        """Close the publishing connections and the inspection connection."""
+        self.client.close()
+        with self._admin_lock:
+            if self._admin is not None:
+                self._admin.release()
+                self._admin = None
+
+    def _retry_queues(self, ojs_queue: str) -> list[str]:
+        head = self.names.retry_queue(ojs_queue, 0)[:-1]
+        return [q for q in self.topology.declared_queues() if q.startswith(head) and q[len(head):].isdigit()]
+
+    @staticmethod
+    def _count(channel, queue: str) -> int:
+        return channel.queue_declare(queue, passive=True).message_count
+
+    @staticmethod
+    def _purge(conn: kombu.Connection, queue: str) -> None:
+        channel = conn.connection.channel()
+        try:
+            channel.queue_purge(queue)
+        except NotFound:
+            pass  # never declared: nothing to purge
+        finally:
+            try:
+                channel.close()
+            except Exception:  # noqa: BLE001 - closed by the broker after a 404
+                pass
+
+    def _with_admin(self, operation):
+        """Run ``operation(conn)`` on the inspection connection, reconnecting once if needed."""
+        with self._admin_lock:
+            for attempt in (1, 2):
+                if self._admin is None:
+                    self._admin = kombu.Connection(self.client.url, heartbeat=0, ssl=self.ssl,
+                                                   transport_options=self.transport_options)
+                try:
+                    return operation(self._admin)
+                except self._admin.connection_errors + self._admin.channel_errors:
+                    self._admin.release()
+                    self._admin = None
+                    if attempt == 2:
+                        raise
+
+
+class OjsMessageProxy(MessageProxy):
+    """A message delivered by :class:`OjsBroker`: the Dramatiq message, plus the OJS job
+    (``ojs_job``, ``attempt`` = executions before this one) and the AMQP delivery."""
+
+    def __init__(self, message: Message, job: Job, delivery: Delivery, origin: _OjsConsumer):
+        super().__init__(message)
+        self.ojs_job = job
+        self.ojs_delivery = delivery
+        self.origin = origin
+        self.settled = False
+
+
+class _OjsConsumer(Consumer):
+    """Consumes one Dramatiq queue through an :class:`ojs_kombu.consumer.Consumer`.
+
+    The AMQP consumer loop runs in its own thread and hands deliveries over
+    through a queue; acks, nacks and republishes from Dramatiq's worker threads
+    are marshalled to that loop (the only user of its connection), which
+    reconnects, re-declares and re-consumes by itself (DESIGN §9).
+    """
+
+    def __init__(self, broker: OjsBroker, queue_name: str, prefetch: int, timeout: int):
+        self.broker = broker
+        self.queue_name = queue_name
+        self.timeout = timeout / 1000
+        ojs_queue = broker.ojs_queue(queue_name)
+        self._deliveries: queue_module.SimpleQueue[Delivery] = queue_module.SimpleQueue()
+        self._lock = threading.Lock()
+        self._unsettled = 0
+        self._error: BaseException | None = None
+        topology, cascade = broker.topology, broker.cascade
+        self.consumer = AmqpConsumer(
+            broker.client.url, {broker.names.job_queue(ojs_queue): ojs_queue}, prefetch, self._on_delivery,
+            topology=topology, declare=lambda conn: topology.ensure_scheduling(conn, ojs_queue, cascade),
+            heartbeat=broker.heartbeat, connection_name=f"ojs_dramatiq consumer {queue_name}",
+            ssl=broker.ssl, transport_options=broker.transport_options,
+        )
+        self.settler = Settler(self.consumer, broker.names, topology, cascade,
+                               dead_letter_mode=broker.dead_letter_mode)
+        self._thread = threading.Thread(target=self._run, name=f"ojs-dramatiq-{queue_name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def unsettled(self) -> int:
+        """Deliveries received and not yet acked, nacked or republished."""
+        return self._unsettled
+
+    def _run(self) -> None:
+        try:
+            self.consumer.run()
+        except BaseException as exc:  # noqa: BLE001 - reported to the ConsumerThread by __next__
+            logger.error("the consumer of %s stopped: %s", self.queue_name, exc)
+            self._error = exc
+
+    def _on_delivery(self, delivery: Delivery) -> None:
+        with self._lock:
+            self._unsettled += 1
+        self._deliveries.put(delivery)
+
+    def _settled(self, proxy: OjsMessageProxy | None = None) -> bool:
+        if proxy is not None:
+            if proxy.settled:
+                return False
+            proxy.settled = True
+        with self._lock:
+            self._unsettled -= 1
+        return True
+
+    def __next__(self) -> Optional[OjsMessageProxy]:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                delivery = self._deliveries.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue_module.Empty:
+                if self._error is not None:
+                    raise ConnectionClosed(self._error) from self._error
+                return None
+            proxy = self._proxy(delivery)
+            if proxy is not None:
+                return proxy
+
+    def _proxy(self, delivery: Delivery) -> Optional[OjsMessageProxy]:
+        if delivery.generation != self.consumer.generation:
+            self._settled()  # its channel is gone and the broker redelivers it: do not run it twice
+            return None
+        job = self.settler.triage(delivery)
+        if job is None:
+            self._settled()
+            return None
+        try:
+            message = self.broker._message_for(job, self.queue_name)
+        except DecodeError as exc:
+            self.settler.reject_invalid(delivery, exc.code, str(exc))
+            self._settled()
+            return None
+        return OjsMessageProxy(message, job, delivery, self)
+
+    def ack(self, message: OjsMessageProxy) -> None:
+        """``Basic.Ack`` (from any thread), unless the message was already retried."""
+        if not isinstance(message, OjsMessageProxy):
+            logger.warning("ignoring an ack of %r: it was not consumed from an OjsBroker", message)
+            return
+        origin = message.origin
+        if origin._settled(message):
+            origin.consumer.ack(message.ojs_delivery)
+
+    def nack(self, message: OjsMessageProxy) -> None:
+        """Into ``ojs.queue.dlx.{q}`` (from any thread), as the broker's ``dead_letter_mode`` says."""
+        if not isinstance(message, OjsMessageProxy):
+            logger.warning("ignoring a nack of %r: it was not consumed from an OjsBroker", message)
+            return
+        origin = message.origin
+        if not origin._settled(message):
+            return
+        if origin.settler.dead_letter_mode == "nack":
+            origin.consumer.nack(message.ojs_delivery)
+            return
+        exception = message._exception
+        failure = (Failure.from_exception(exception) if exception is not None
+                   else Failure("handler_error", "MessageFailed", "the message failed"))
+        job = updated_job(message.ojs_job, message._message)
+        origin.settler.fail(message.ojs_delivery, job, job.attempt + 1, failure,
+                            Decision(Outcome.DEAD_LETTER, reason="failed"))
+
+    def retry(self, message: OjsMessageProxy, job: Job, failure: Failure, delay_ms: int) -> None:
+        """Publish ``job`` to its retry queue (attempt+1, error headers), then ack the delivery."""
+        if self._settled(message):
+            self.settler.retry(message.ojs_delivery, job, job.attempt + 1, failure, delay_ms)
+
+    def requeue(self, messages: Iterable[OjsMessageProxy]) -> None:
+        """Hand unstarted messages back unchanged (confirmed republish, then ack): no attempt is spent."""
+        for message in messages:
+            origin = message.origin
+            if origin._settled(message):
+                origin.settler.hand_back(message.ojs_delivery)
+
+    def close(self) -> None:
+        """Stop consuming, hand back what was received but never started, settle, close."""
+        if self._thread.is_alive():
+            self.consumer.stop_consuming()
+            deadline = time.monotonic() + 5
+            while self.consumer.consuming and self._thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        while True:
+            try:
+                delivery = self._deliveries.get_nowait()
+            except queue_module.Empty:
+                break
+            self.settler.hand_back(delivery)
+            self._settled()
+        self.consumer.stop()
+        self._thread.join(timeout=30)
+        self.consumer.close()
+
+
+__all__ = ["OjsBroker", "OjsMessageProxy"]

@@ -1,0 +1,76 @@
+"""The Celery <-> OJS codec on its own (no broker): the mapping round-trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ojs_celery.protocol import ENVELOPE_HEADER, CeleryCodec
+from ojs_kombu import ValidationError, decode
+from ojs_kombu.testing.schema import validate_job
+
+
+class Tasks:
+    """A stand-in task index: one known task."""
+
+    def name_for(self, job_type):
+        return {"reports.build_pdf": "Reports.BuildPDF"}.get(job_type, job_type)
+
+    def max_attempts(self, name):
+        return 4
+
+
+def celery_message(**headers):
+    base = {"lang": "py", "task": "Reports.BuildPDF", "id": "order-42", "shadow": None, "eta": None,
+            "expires": "2030-01-01T00:00:00+00:00", "group": "g-1", "group_index": 2, "retries": 0,
+            "timelimit": [30, 20], "root_id": "root-1", "parent_id": "parent-1", "argsrepr": "(7,)",
+            "kwargsrepr": "{'paper': 'A4'}", "origin": "gen1@host", "ignore_result": False,
+            "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {}, "x-custom": "kept"}
+    base.update(headers)
+    embed = {"callbacks": [{"task": "notify", "args": [], "kwargs": {}, "options": {}, "subtask_type": None,
+                            "immutable": False}], "errbacks": None, "chain": None, "chord": None}
+    body = json.dumps([[7], {"paper": "A4"}, embed]).encode()
+    return body, {"content_type": "application/json", "content_encoding": "utf-8", "priority": 4,
+                  "correlation_id": "order-42", "reply_to": "reply-q"}, base
+
+
+def test_round_trip_keeps_every_celery_detail():
+    codec = CeleryCodec(Tasks())
+    body, properties, headers = celery_message()
+    job, message = codec.to_job(body, properties, headers, "reports")
+    validate_job(json.loads(message.body))
+    assert job.type == "reports.build_pdf" and job.args == [7] and job.kwargs == {"paper": "A4"}
+    assert job.priority == 4 and job.expires_at == "2030-01-01T00:00:00.000Z"
+    assert message.headers["x-ojs-max-attempts"] == 4 and message.headers["x-ojs-attempt"] == 1
+    assert message.properties["reply_to"] == "reply-q"
+
+    delivered = decode(message.body, message.properties, message.headers)
+    body2, properties2, headers2 = codec.from_job(delivered, message.properties, message.headers)
+    args, kwargs, embed = json.loads(body2)
+    assert (args, kwargs) == ([7], {"paper": "A4"})
+    assert embed["callbacks"][0]["task"] == "notify" and embed["errbacks"] is None
+    for key in ("task", "id", "group", "group_index", "timelimit", "root_id", "parent_id", "argsrepr",
+                "kwargsrepr", "origin", "x-custom"):
+        assert headers2[key] == headers[key], key
+    assert headers2["retries"] == 0 and headers2[ENVELOPE_HEADER]["id"] == job.id
+    assert properties2["content_type"] == "application/json" and properties2["correlation_id"] == "order-42"
+
+
+def test_a_foreign_job_becomes_a_message_for_the_mapped_task():
+    codec = CeleryCodec(Tasks())
+    envelope = {"specversion": "1.0", "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "type": "reports.build_pdf",
+                "queue": "reports", "args": [1], "meta": {"kwargs": {"paper": "Letter"}, "tenant": "acme"},
+                "attempt": 0}
+    job = decode(json.dumps(envelope).encode(), {"content_type": "application/openjobspec+json"}, {})
+    body, properties, headers = codec.from_job(job, {}, {})
+    assert headers["task"] == "Reports.BuildPDF" and headers["id"] == envelope["id"]
+    assert json.loads(body)[:2] == [[1], {"paper": "Letter"}]
+    assert headers[ENVELOPE_HEADER]["meta"] == {"tenant": "acme"}  # foreign meta survives a retry
+
+
+def test_pickle_is_refused():
+    body, properties, headers = celery_message()
+    with pytest.raises(ValidationError, match="JSON only"):
+        CeleryCodec(Tasks()).to_job(b"\x80\x04", {**properties, "content_type": "application/x-python-serialize"},
+                                    headers, "reports")

@@ -1,0 +1,285 @@
+"""A real Celery worker on the real broker, over the ``ojs://`` transport (issue 4, Show list)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery import chain, group
+from celery.exceptions import Reject, TaskRevokedError
+from celery.worker import state as worker_state
+
+from ojs_kombu.testing.schema import validate_job
+from support import get_messages, wait_until
+
+
+
+pytestmark = pytest.mark.broker
+
+
+class Recorder:
+    """What tasks saw, shared between the worker threads and the test."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+        self.lock = threading.Lock()
+
+    def add(self, **seen) -> None:
+        with self.lock:
+            self.calls.append({**seen, "at": time.monotonic()})
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+
+def raw_job_messages(amqp_url, queue_name, count=1):
+    """Take ``count`` messages off an AMQP queue (test-side inspection with pika)."""
+    return get_messages(amqp_url, queue_name, count, timeout=10)
+
+
+def test_kwargs_unicode_and_wire_format(celery_app, worker_factory, amqp_url, names):
+    seen = Recorder()
+
+    @celery_app.task(max_retries=4)
+    def greet(name, *, greeting="hello", punctuation="!"):
+        seen.add(name=name, greeting=greeting)
+        return f"{greeting}, {name}{punctuation}"
+
+    # Nothing consumes yet: inspect the envelope on the wire.
+    result = greet.apply_async(("Zoë 🐍",), {"greeting": "grüß dich"}, priority=3)
+    [(method, properties, body)] = raw_job_messages(amqp_url, names.job_queue("celery"))
+    envelope = json.loads(body)
+    validate_job(envelope)
+    assert envelope["id"] == result.id == properties.message_id
+    assert envelope["type"] == "test_celery_tasks.greet" == properties.type
+    assert envelope["args"] == ["Zoë 🐍"]
+    assert envelope["meta"]["kwargs"] == {"greeting": "grüß dich"}
+    assert envelope["meta"]["celery"]["task"] == "test_celery_tasks.greet"
+    assert envelope["priority"] == 3 and properties.priority == 3
+    assert properties.content_type == "application/openjobspec+json" and properties.app_id == "ojs"
+    assert properties.headers["x-ojs-attempt"] == 1 and properties.headers["x-ojs-max-attempts"] == 5
+    assert properties.headers["x-ojs-queue"] == "celery" and method.routing_key == "celery"
+
+    with worker_factory(celery_app):
+        result = greet.delay("Zoë 🐍", greeting="grüß dich")
+        assert result.get(timeout=20) == "grüß dich, Zoë 🐍!"
+        assert greet.apply_async(("José",), {"punctuation": "?"}).get(timeout=20) == "hello, José?"
+
+
+def test_camel_case_task_name_round_trips(celery_app, worker_factory, amqp_url, names):
+    @celery_app.task(name="Reports.BuildPDF")
+    def build_pdf(report_id):
+        return f"report-{report_id}.pdf"
+
+    build_pdf.delay(7)
+    [(_, properties, body)] = raw_job_messages(amqp_url, names.job_queue("celery"))
+    envelope = json.loads(body)
+    validate_job(envelope)
+    assert envelope["type"] == "reports.build_pdf"
+    assert envelope["meta"]["celery"]["task"] == "Reports.BuildPDF"
+    with worker_factory(celery_app):
+        assert build_pdf.delay(42).get(timeout=20) == "report-42.pdf"
+
+
+def test_self_retry_countdown_goes_through_the_retry_queue(celery_app, worker_factory, management, names):
+    seen = Recorder()
+
+    @celery_app.task(bind=True, max_retries=3)
+    def flaky(self):
+        seen.add(retries=self.request.retries, attempt=(self.request.headers or {}).get("x-ojs-attempt"))
+        if self.request.retries < 2:
+            raise self.retry(countdown=0.5, exc=ConnectionError(f"try {self.request.retries}"))
+        return "done"
+
+    with worker_factory(celery_app):
+        assert flaky.delay().get(timeout=30) == "done"
+    assert [c["retries"] for c in seen.calls] == [0, 1, 2]
+    assert [c["attempt"] for c in seen.calls] == [1, 2, 3]
+    gaps = [b["at"] - a["at"] for a, b in zip(seen.calls, seen.calls[1:])]
+    assert all(gap >= 0.5 for gap in gaps), gaps  # never early
+    retry_queue = management.queue(names.retry_queue("celery", 500))
+    assert retry_queue is not None and retry_queue["arguments"]["x-message-ttl"] == 500
+    assert retry_queue["arguments"]["x-dead-letter-exchange"] == names.direct_exchange
+
+
+def test_retry_carries_error_headers_trace_context_and_a_user_given_id(celery_app, worker_factory, amqp_url,
+                                                                        names):
+    ran = Recorder()
+
+    @celery_app.task(bind=True, max_retries=3)
+    def call_upstream(self):
+        ran.add(retries=self.request.retries)
+        try:
+            raise ValueError("upstream said no")
+        except ValueError as exc:
+            raise self.retry(countdown=30, exc=exc)  # parks the retry in ojs.queue.retry.celery.30000
+
+    with worker_factory(celery_app):
+        call_upstream.apply_async(task_id="order-42", headers={"traceparent": TRACEPARENT})
+        [(_, properties, body)] = raw_job_messages(amqp_url, names.retry_queue("celery", 30000))
+    envelope = json.loads(body)
+    validate_job(envelope)
+    assert properties.headers["x-ojs-attempt"] == 2 and envelope["attempt"] == 1
+    assert properties.headers["x-ojs-max-attempts"] == 4
+    assert properties.headers["x-ojs-error-message"] == "upstream said no"
+    assert properties.headers["x-ojs-error-code"] == "handler_error"
+    assert envelope["error"]["type"] == "ValueError" and envelope["errors"][0]["attempt"] == 1
+    assert properties.headers["x-ojs-trace-id"] == TRACEPARENT == envelope["meta"]["traceparent"]
+    assert envelope["meta"]["celery"]["id"] == "order-42"  # a user-given id round-trips...
+    assert envelope["id"] != "order-42" and envelope["id"] == properties.message_id  # ...beside a UUIDv7
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_autoretry_with_backoff(celery_app, worker_factory, management, names):
+    seen = Recorder()
+
+    @celery_app.task(bind=True, autoretry_for=(KeyError,), retry_backoff=1, retry_jitter=False,
+                     retry_kwargs={"max_retries": 2})
+    def lookup(self, key):
+        seen.add(retries=self.request.retries)
+        if self.request.retries < 2:
+            raise KeyError(key)
+        return key
+
+    with worker_factory(celery_app):
+        assert lookup.delay("k").get(timeout=30) == "k"
+    gaps = [b["at"] - a["at"] for a, b in zip(seen.calls, seen.calls[1:])]
+    assert gaps[0] >= 1.0 and gaps[1] >= 2.0, gaps  # backoff 1 s, then 2 s
+    for delay in (1000, 2000):
+        assert management.queue(names.retry_queue("celery", delay)) is not None
+
+
+def test_exhausted_retries_go_to_the_dead_letter_queue(celery_app, worker_factory, amqp_url, names):
+    @celery_app.task(bind=True, max_retries=1)
+    def doomed(self):
+        raise self.retry(countdown=0.1, exc=RuntimeError(f"attempt {self.request.retries + 1}"))
+
+    with worker_factory(celery_app):
+        result = doomed.delay()
+        with pytest.raises(RuntimeError):
+            result.get(timeout=30)
+        [(_, properties, body)] = raw_job_messages(amqp_url, names.dead_letter_queue("celery"))
+    envelope = json.loads(body)
+    assert envelope["id"] == result.id
+    assert properties.headers["x-ojs-attempt"] == 2
+    assert properties.headers["x-death"][0]["reason"] == "rejected"  # a real Basic.Nack
+    assert envelope["errors"][0]["message"] == "attempt 1"
+
+
+def test_reject(celery_app, worker_factory, amqp_url, names):
+    seen = Recorder()
+
+    @celery_app.task(bind=True)
+    def reject_for_good(self):
+        raise Reject("no thanks", requeue=False)
+
+    @celery_app.task(bind=True)
+    def reject_then_succeed(self):
+        seen.add(redelivered=self.request.delivery_info.get("redelivered"), retries=self.request.retries)
+        if not self.request.delivery_info.get("redelivered"):
+            raise Reject("later", requeue=True)
+        return "second pass"
+
+    with worker_factory(celery_app):
+        result = reject_for_good.delay()
+        with pytest.raises(Reject):
+            result.get(timeout=20)
+        [(_, properties, _)] = raw_job_messages(amqp_url, names.dead_letter_queue("celery"))
+        assert properties.headers["x-death"][0]["reason"] == "rejected"
+        # requeue=True never requeues: a counted attempt through the retry queue.
+        assert reject_then_succeed.delay().get(timeout=30) == "second pass"
+    assert [(c["redelivered"], c["retries"]) for c in seen.calls] == [(False, 0), (True, 1)]
+
+
+def test_countdown_is_never_early_and_nothing_waits_unacked(celery_app, worker_factory, management, names):
+    seen = Recorder()
+
+    @celery_app.task
+    def later(sent_at):
+        seen.add(sent_at=sent_at, ran_at=time.time())
+        return "ran"
+
+    with worker_factory(celery_app):
+        start = time.time()
+        result = later.apply_async((start,), countdown=6)
+        eta_result = later.apply_async((start,), eta=datetime.now(timezone.utc) + timedelta(seconds=6))
+        time.sleep(5.5)  # management statistics are sampled every few seconds
+        assert len(seen) == 0
+        assert not worker_state.reserved_requests  # not held in the worker's memory
+        job_queue = management.queue(names.job_queue("celery"))
+        assert job_queue.get("messages_unacknowledged", 0) == 0 and job_queue.get("messages", 0) == 0
+        assert result.get(timeout=20) == "ran" and eta_result.get(timeout=20) == "ran"
+    for call in seen.calls:
+        assert call["ran_at"] - call["sent_at"] >= 6.0
+
+
+def test_expires(celery_app, worker_factory):
+    release = threading.Event()
+
+    @celery_app.task
+    def block():
+        release.wait(10)
+
+    @celery_app.task
+    def add(x, y):
+        return x + y
+
+    with worker_factory(celery_app, concurrency=1):
+        block.delay()
+        expired = add.apply_async((1, 1), expires=1)
+        time.sleep(1.5)
+        release.set()
+        with pytest.raises(TaskRevokedError):
+            expired.get(timeout=20)
+        assert add.apply_async((2, 2), expires=60).get(timeout=20) == 4
+
+
+def test_chain_group_and_link_error(celery_app, worker_factory):
+    errors = Recorder()
+
+    @celery_app.task
+    def add(x, y):
+        return x + y
+
+    @celery_app.task
+    def mul(x, y):
+        return x * y
+
+    @celery_app.task
+    def explode(x):
+        raise ValueError(f"cannot handle {x}")
+
+    @celery_app.task
+    def on_error(request, exc, traceback):
+        errors.add(task_id=request.id, exc=str(exc))
+
+    with worker_factory(celery_app):
+        assert chain(add.s(1, 2), mul.s(10), add.s(5)).delay().get(timeout=30) == 35
+        assert group(add.s(i, i) for i in range(5)).delay().get(timeout=30) == [0, 2, 4, 6, 8]
+        failing = explode.apply_async((3,), link_error=on_error.s())
+        with pytest.raises(ValueError):
+            failing.get(timeout=20)
+        wait_until(lambda: len(errors) == 1, timeout=20, message="the errback")
+    assert errors.calls[0]["task_id"] == failing.id and "cannot handle 3" in errors.calls[0]["exc"]
+
+
+def test_priority(celery_app, worker_factory, management, names):
+    celery_app.conf.task_queue_max_priority = 10
+    order = Recorder()
+
+    @celery_app.task
+    def record(label):
+        order.add(label=label)
+
+    for label, priority in (("low", 1), ("high", 9), ("mid", 5)):
+        record.apply_async((label,), priority=priority)
+    queue = management.queue(names.job_queue("celery"))
+    assert queue["arguments"]["x-max-priority"] == 10
+    with worker_factory(celery_app, concurrency=1):
+        wait_until(lambda: len(order) == 3, timeout=20, message="three tasks")
+    assert [c["label"] for c in order.calls] == ["high", "mid", "low"]

@@ -1,0 +1,37 @@
+"""The Celery app the subprocess workers of ``tests/celery`` run (``celery -A worker_app worker``).
+
+Broker and prefix come from ``$OJS_AMQP_URL`` and ``$OJS_TEST_PREFIX``; results go
+through ``rpc://``.  The tasks need a process pool: hard time limits and a pool
+process that dies.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ojs_celery import Celery
+
+app = Celery("worker_app", broker=os.environ["OJS_AMQP_URL"], broker_backend="ojs", backend="rpc://",
+             broker_transport_options={"prefix": os.environ["OJS_TEST_PREFIX"]})
+
+
+@app.task(bind=True, time_limit=1, max_retries=1, default_retry_delay=0.2)
+def sleepy(self, seconds):
+    """Sleeps ``seconds`` (over its hard time limit of 1 s unless short); returns its retries count."""
+    time.sleep(seconds if self.request.retries == 0 else 0)
+    return self.request.retries
+
+
+@app.task(bind=True, time_limit=1, max_retries=1, default_retry_delay=0.2)
+def always_slow(self):
+    """Always exceeds its hard time limit: two attempts, then the dead letter queue."""
+    time.sleep(5)
+
+
+@app.task(bind=True, max_retries=1, default_retry_delay=0.2)
+def dies_once(self):
+    """Kills its pool process on the first attempt (a lost worker); succeeds on the second."""
+    if self.request.retries == 0:
+        os._exit(1)
+    return self.request.retries
