@@ -77,7 +77,7 @@ from .codec import ACCEPTED_CONTENT_TYPES, CONTENT_TYPE, Header, OutgoingMessage
 from .envelope import Job, utcnow
 from .errors import DecodeError, ValidationError
 from .metrics import METRICS
-from .naming import Names, ojs_queue_for, validate_queue_name
+from .naming import QUEUE_NAME_RE, Names, ojs_queue_for
 from .publisher import ConfirmedPublisher, PublishTicket
 from .retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure
 from .schedule import Cascade, check_delay, delay_ms_until, routing_key

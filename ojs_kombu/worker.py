@@ -56,7 +56,7 @@ from .errors import OjsError, ValidationError
 from .naming import Names, validate_job_type, validate_queue_name
 from .retry import Failure, decide
 from .schedule import Cascade
-from .settle import MAX_ERROR_HEADER, Settler  # noqa: F401 - MAX_ERROR_HEADER kept importable from here
+from .settle import Settler
 from .topology import QueueOptions, Topology
 from .tracing import job_span
 from .transport import DEFAULT_HEARTBEAT
