@@ -2,9 +2,8 @@
 
 Every app lives under the test's entity prefix (transport option ``prefix``), so
 its queues (``{prefix}.ojs.queue.celery`` & co.) are deleted after the test.
-The in-thread worker uses the ``threads`` pool: Celery's in-thread ``solo``
-worker stalls with ``worker_prefetch_multiplier=1`` and ``acks_late`` (stock
-Celery 5.7 too: the ack is queued on the hub and not run until the next event).
+The in-thread worker uses the ``threads`` pool (see :func:`frameworks.running_worker`,
+shared with the cross-framework tests).
 Time limits and lost workers need a process pool: see :func:`celery_subprocess_worker`.
 """
 
@@ -18,8 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from celery.contrib.testing.worker import start_worker
-from celery.worker import state as worker_state
+from frameworks import ojs_celery_app, running_worker
 
 from ojs_celery import Celery
 
@@ -30,26 +28,8 @@ ROOT = HERE.parent.parent
 @pytest.fixture
 def celery_app(amqp_url: str, prefix: str) -> Iterator[Celery]:
     """An ``ojs_celery.Celery`` app on the session broker under the test's prefix, results via ``rpc://``."""
-    app = Celery("ojs_tests", broker=amqp_url, broker_backend="ojs", backend="rpc://",
-                 broker_transport_options={"prefix": prefix},
-                 broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
-    app.set_current()
-    yield app
-    app.close()
-
-
-@contextmanager
-def running_worker(app: Celery, concurrency: int = 2, **kwargs) -> Iterator[object]:
-    """A Celery worker in this process (``threads`` pool) consuming the app's default queue."""
-    with start_worker(app, pool="threads", concurrency=concurrency, perform_ping_check=False,
-                      loglevel="WARNING", shutdown_timeout=30, **kwargs) as worker:
-        try:
-            yield worker
-        finally:
-            # The hub may sleep up to 10 s in poll(): ask it to stop, then wake it.
-            worker_state.should_terminate = 0
-            if getattr(worker, "hub", None) is not None:
-                worker.hub.call_soon(lambda: None)
+    with ojs_celery_app(amqp_url, prefix) as app:
+        yield app
 
 
 @pytest.fixture

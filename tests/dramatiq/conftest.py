@@ -6,6 +6,7 @@ from typing import Callable, Iterator
 
 import dramatiq
 import pytest
+from frameworks import global_ojs_broker, new_dramatiq_worker
 
 from ojs_dramatiq import OjsBroker
 
@@ -13,13 +14,8 @@ from ojs_dramatiq import OjsBroker
 @pytest.fixture
 def ojs_broker(amqp_url: str, prefix: str) -> Iterator[OjsBroker]:
     """An OjsBroker (Dramatiq's default middleware) under the test's prefix, set as the global broker."""
-    broker = OjsBroker(amqp_url, prefix=prefix)
-    previous = dramatiq.get_broker() if dramatiq.broker.global_broker is not None else None
-    dramatiq.set_broker(broker)
-    broker.emit_after("process_boot")  # what the dramatiq CLI does (starts TimeLimit's timer thread)
-    yield broker
-    broker.close()
-    dramatiq.broker.global_broker = previous
+    with global_ojs_broker(amqp_url, prefix) as broker:
+        yield broker
 
 
 @pytest.fixture
@@ -28,10 +24,7 @@ def start_worker(ojs_broker: OjsBroker) -> Iterator[Callable[..., dramatiq.Worke
     workers: list[dramatiq.Worker] = []
 
     def start(broker: OjsBroker | None = None, **options) -> dramatiq.Worker:
-        options.setdefault("worker_timeout", 100)
-        options.setdefault("worker_threads", 4)
-        worker = dramatiq.Worker(broker or ojs_broker, **options)
-        worker.start()
+        worker = new_dramatiq_worker(broker or ojs_broker, **options)
         workers.append(worker)
         return worker
 
