@@ -36,6 +36,7 @@ from amqp.basic_message import Message
 from .backoff import reconnect_delay
 from .client import connect_once, safe_url
 from .codec import OutgoingMessage
+from .framing import FrameReader, supports as framing_supports
 from .metrics import METRICS
 from .publisher import ConfirmedPublisher, PublishTicket
 from .topology import Topology
@@ -118,6 +119,8 @@ class Consumer:
         self._channel = None
         self._publisher: ConfirmedPublisher | None = None
         self._consumer_tags: dict[str, str] = {}
+        self._queue_by_tag: dict[str, str] = {}  # consumer tag -> amqp queue (for deliveries)
+        self._reader: FrameReader | None = None
         self._recancelled: dict[str, float] = {}
         self.reconnections = 0
         self.cancellations = 0
@@ -223,6 +226,8 @@ class Consumer:
     def _connect(self) -> None:
         connect_once(self._kombu)
         connection = self._kombu.connection
+        # Plain TCP: buffered reads (framing.py).  TLS keeps py-amqp's read path.
+        self._reader = FrameReader(connection) if framing_supports(connection) else None
         self._generation += 1
         self.topology.redeclare(connection)
         if self.declare:
@@ -233,6 +238,7 @@ class Consumer:
         channel.basic_qos(0, self.prefetch, False)
         self._channel = channel
         self._consumer_tags.clear()
+        self._queue_by_tag.clear()
         self._recancelled.clear()  # a new channel consumes every queue; a pending re-consume would double it
         if not self._cancel_wanted.is_set():
             for amqp_queue in self.queues:
@@ -246,6 +252,7 @@ class Consumer:
             on_cancel=lambda consumer_tag, q=amqp_queue: self._on_cancel(q, consumer_tag),
         )
         self._consumer_tags[amqp_queue] = tag
+        self._queue_by_tag[tag] = amqp_queue
         self._consuming.set()
 
     def _disconnect(self) -> None:
@@ -255,6 +262,7 @@ class Consumer:
         self._consuming.clear()  # no consumer outlives its channel
         self._channel = None
         self._publisher = None
+        self._reader = None
         try:
             self._kombu.collect()
         except Exception:  # noqa: BLE001 - the connection is already broken
@@ -263,17 +271,29 @@ class Consumer:
     def _loop(self) -> None:
         connection = self._kombu.connection
         sock = connection.sock
+        reader = self._reader
         interval = min(1.0, self.heartbeat / 4) if self.heartbeat else 1.0
         while not self._stop.is_set():
             if self._cancel_wanted.is_set() and self._consuming.is_set():
                 self._cancel_all()
             self._execute_requests()
             self._reconsume_cancelled()
-            if not self._has_buffered(sock):
-                readable, _, _ = select.select([sock, self._wake_r], [], [], interval)
-                if self._wake_r in readable:
-                    self._clear_wake()
-            self._read_available(connection)
+            if reader is not None:
+                # Frames may already be buffered (read by a drain_events, e.g. while waiting for
+                # confirms): they do not make the socket readable, so do not wait in select then.
+                if not reader.has_frame():
+                    readable, _, _ = select.select([sock, self._wake_r], [], [], interval)
+                    if self._wake_r in readable:
+                        self._clear_wake()
+                    if sock in readable:
+                        reader.fill()
+                reader.dispatch()
+            else:
+                if not self._has_buffered(sock):
+                    readable, _, _ = select.select([sock, self._wake_r], [], [], interval)
+                    if self._wake_r in readable:
+                        self._clear_wake()
+                self._read_available(connection)
             if self.heartbeat:
                 self._kombu.heartbeat_check()
         self._execute_requests()
@@ -306,17 +326,19 @@ class Consumer:
         info = message.delivery_info
         properties = dict(message.properties)
         headers = dict(properties.pop("application_headers", None) or {})
-        amqp_queue = next((q for q, t in self._consumer_tags.items() if t == info["consumer_tag"]), "")
+        amqp_queue = self._queue_by_tag.get(info["consumer_tag"], "")
+        queue = self.queues.get(amqp_queue, amqp_queue)
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
-        self._metric(METRICS.messages_consumed, self.queues.get(amqp_queue, amqp_queue)).inc()
+        self._metric(METRICS.messages_consumed, queue).inc()
         self.on_delivery(Delivery(
             body=body, properties=properties, headers=headers, delivery_tag=info["delivery_tag"],
             redelivered=bool(info["redelivered"]), exchange=info["exchange"], routing_key=info["routing_key"],
-            queue=self.queues.get(amqp_queue, amqp_queue), generation=self._generation,
+            queue=queue, generation=self._generation,
         ))
 
     def _on_cancel(self, amqp_queue: str, consumer_tag: str) -> None:
         self._consumer_tags.pop(amqp_queue, None)
+        self._queue_by_tag.pop(consumer_tag, None)
         self.cancellations += 1
         METRICS.consumer_cancellations.labels(self.queues.get(amqp_queue, amqp_queue)).inc()
         logger.warning("the broker cancelled the consumer of %s (Basic.Cancel); re-consuming in %.1fs",
@@ -348,6 +370,7 @@ class Consumer:
         for amqp_queue, tag in list(self._consumer_tags.items()):
             self._channel.basic_cancel(tag)
             del self._consumer_tags[amqp_queue]
+            self._queue_by_tag.pop(tag, None)
         self._consuming.clear()
 
     # -- settling ------------------------------------------------------------------------------

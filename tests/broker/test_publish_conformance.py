@@ -123,8 +123,11 @@ def test_amqp_014_confirm_mode_visible_on_the_broker(amqp_url, prefix, managemen
         def our_confirm_channels():
             connections = {c["name"] for c in management.connections()
                            if c.get("client_properties", {}).get("connection_name") == name}
-            return [c for c in management.channels()
-                    if c.get("connection_details", {}).get("name") in connections and c.get("confirm")]
+            def connection_of(channel):  # the API gives {} or [] when it has no details yet
+                details = channel.get("connection_details")
+                return details.get("name") if isinstance(details, dict) else None
+
+            return [c for c in management.channels() if connection_of(c) in connections and c.get("confirm")]
 
         assert wait_until(our_confirm_channels, timeout=15, message="our channel in confirm mode")
 

@@ -1,0 +1,219 @@
+"""The consumer's buffered frame reader (ojs_kombu.framing), against py-amqp's own framing.
+
+No broker: frames are produced by py-amqp's frame writer and fed through a socket pair in
+chunks split at awkward places; what comes out must be what py-amqp's frame handler makes
+of them, whichever path (our dispatch or py-amqp's read_frame) consumes them.
+"""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import pytest
+from amqp import spec
+from amqp.basic_message import Message
+from amqp.exceptions import UnexpectedFrame
+from amqp.method_framing import frame_handler, frame_writer
+from amqp.serialization import dumps
+from amqp.transport import TCPTransport
+
+from ojs_kombu.framing import FrameReader
+
+
+class Sink:
+    """A transport stand-in for py-amqp's frame writer: collects the bytes written."""
+
+    def __init__(self):
+        self.data = bytearray()
+
+    def write(self, data):
+        self.data += bytes(data)
+
+
+def encode(frames, frame_max=4096) -> bytes:
+    """Wire bytes of ``frames``: (channel, method_sig, args, content) or ("heartbeat",)."""
+    sink = Sink()
+    writer = frame_writer(SimpleNamespace(frame_max=frame_max, bytes_sent=0), sink)
+    for frame in frames:
+        if frame == ("heartbeat",):
+            writer(8, 0, None, None, None)
+        else:
+            channel, sig, args, content = frame
+            writer(1, channel, sig, args, content)
+    return bytes(sink.data)
+
+
+def deliver(tag: int, body: bytes, channel: int = 1):
+    args = dumps("sLbss", ("ctag", tag, False, "ex", "rk"))
+    return (channel, spec.Basic.Deliver, args, Message(body, content_type="application/json",
+                                                       application_headers={"k": "v"}))
+
+
+WIRE_FRAMES = [
+    deliver(1, b'{"small": 1}'),
+    ("heartbeat",),
+    deliver(2, b"x" * 10_000),  # several body frames at frame_max 4096
+    (2, spec.Basic.Ack, dumps("Lb", (7, True)), None),
+    deliver(3, b""),  # bodyless: method + header only
+    deliver(4, bytes(range(256)) * 3, channel=2),
+]
+
+
+class Harness:
+    """A TCPTransport on one end of a socket pair, a FrameReader on it, py-amqp's frame handler."""
+
+    def __init__(self):
+        self.ours, self.peer = socket.socketpair()
+        self.transport = TCPTransport("localhost:5672")
+        self.transport.sock = self.ours
+        self.transport._setup_transport()
+        self.transport.connected = True
+        self.methods = []
+        self.connection = SimpleNamespace(transport=self.transport, bytes_recv=0)
+        self.connection.on_inbound_frame = frame_handler(self.connection, self._on_method)
+        self.reader = FrameReader(self.connection)
+
+    def _on_method(self, channel, sig, args, content):
+        self.methods.append((channel, sig, bytes(args),
+                             None if content is None else (content.body, dict(content.properties))))
+
+    def close(self):
+        self.ours.close()
+        self.peer.close()
+
+
+def expected_methods(wire: bytes):
+    """What py-amqp's own reader makes of ``wire``."""
+    h = Harness()
+    try:
+        h.transport._read = TCPTransport._read.__get__(h.transport)  # py-amqp's original reader
+        h.peer.sendall(wire)
+        frames = 0
+        while h.transport._read_buffer or frames < wire.count(b"\xce"):
+            try:
+                h.transport.sock.settimeout(0.2)
+                h.connection.on_inbound_frame(h.transport.read_frame())
+                frames += 1
+            except socket.timeout:
+                break
+        return h.methods, h.connection.bytes_recv
+    finally:
+        h.close()
+
+
+@pytest.fixture
+def harness():
+    h = Harness()
+    yield h
+    h.close()
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 8, 13, 100, 4099, 1 << 20])
+def test_chunks_split_anywhere_give_the_same_methods(harness, step):
+    wire = encode(WIRE_FRAMES)
+    want, want_frames = expected_methods(wire)
+    assert len(want) == 5  # 4 deliveries and the Basic.Ack; the heartbeat is no method
+    for start in range(0, len(wire), step):
+        harness.peer.sendall(wire[start:start + step])
+        while harness.reader.fill() == 0:
+            pass
+        harness.reader.dispatch()
+        assert not harness.reader.has_frame()
+    assert harness.methods == want
+    assert harness.connection.bytes_recv == want_frames  # heartbeat_tick counts frames
+    assert harness.reader.buffered == 0
+
+
+def test_drain_events_path_reads_what_dispatch_left(harness):
+    """py-amqp's read_frame (used by RPC waits and confirm waits) consumes the same buffer, in order."""
+    wire = encode(WIRE_FRAMES)
+    want, _ = expected_methods(wire)
+    cut = len(wire) // 2 + 3  # the middle of some frame
+    harness.peer.sendall(wire[:cut])
+    harness.reader.fill()
+    harness.reader.dispatch()
+    got_by_dispatch = len(harness.methods)
+    harness.peer.sendall(wire[cut:])
+    harness.ours.settimeout(1.0)  # as having_timeout would
+    # read_frame finishes the partial frame from the socket, taking more than it needs
+    harness.connection.on_inbound_frame(harness.transport.read_frame())
+    harness.ours.settimeout(None)
+    harness.reader.dispatch()  # the rest is already buffered: no socket read needed
+    assert harness.reader.buffered == 0
+    assert harness.methods == want
+    assert got_by_dispatch < len(want)
+
+
+def test_read_frame_timeout_keeps_the_partial_frame(harness):
+    wire = encode(WIRE_FRAMES[:1])
+    harness.peer.sendall(wire[:10])
+    # drain_events(timeout=0.05).  (With timeout 0, py-amqp itself spins on EAGAIN inside a frame.)
+    harness.ours.settimeout(0.05)
+    with pytest.raises(socket.timeout):
+        harness.transport.read_frame()
+    harness.ours.settimeout(None)
+    assert harness.reader.buffered == 10  # py-amqp pushed the frame's first bytes back
+    assert not harness.reader.has_frame()
+    harness.peer.sendall(wire[10:])
+    harness.reader.fill()
+    harness.reader.dispatch()
+    assert harness.methods == expected_methods(wire)[0]
+
+
+def test_initial_read_with_nothing_buffered_times_out(harness):
+    harness.ours.settimeout(0)
+    with pytest.raises(socket.timeout):
+        harness.transport.read_frame()
+    assert harness.reader.buffered == 0
+
+
+def test_fill_without_data_reads_nothing(harness):
+    assert harness.reader.fill() == 0  # never blocks, whatever the socket mode
+    assert harness.reader.dispatch() == 0
+
+
+def test_peer_close_raises_like_py_amqp(harness):
+    harness.peer.close()
+    with pytest.raises(OSError, match="Server unexpectedly closed connection"):
+        harness.reader.fill()
+    assert harness.transport.connected is False
+
+
+def test_peer_close_during_read_frame(harness):
+    harness.peer.sendall(encode(WIRE_FRAMES[:1])[:5])
+    harness.peer.close()
+    with pytest.raises(OSError, match="Server unexpectedly closed connection"):
+        harness.transport.read_frame()
+    assert harness.transport.connected is False
+
+
+def test_bad_frame_end(harness):
+    wire = bytearray(encode([("heartbeat",)]))
+    wire[-1] = 0
+    harness.peer.sendall(bytes(wire))
+    harness.reader.fill()
+    with pytest.raises(UnexpectedFrame):
+        harness.reader.dispatch()
+
+
+def test_reentrant_read_from_a_handler(harness):
+    """A handler that reads the connection itself (a synchronous wait) moves the buffer on."""
+    wire = encode(WIRE_FRAMES)
+    want, _ = expected_methods(wire)
+    on_frame = harness.connection.on_inbound_frame
+    nested = []
+
+    def handler(frame):
+        done = on_frame(frame)
+        if done and not nested:  # after the first method, read the next frame ourselves
+            nested.append(on_frame(harness.transport.read_frame()))
+        return done
+
+    harness.reader._on_frame = handler
+    harness.peer.sendall(wire)
+    while harness.reader.buffered < len(wire):
+        harness.reader.fill()
+    harness.reader.dispatch()
+    assert harness.methods == want
+
