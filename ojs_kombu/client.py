@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import datetime
 import socket
 import time
 from dataclasses import dataclass
@@ -298,25 +299,33 @@ class Client:
 
     # -- publishing ----------------------------------------------------------------------------
 
-    def _route(self, job: Job) -> tuple[OutgoingMessage, str, str]:
-        """Encode ``job`` and choose where it goes: its queue now, or the scheduler."""
+    def _encode(self, job: Job) -> tuple[OutgoingMessage, datetime | None]:
+        """Encode ``job``; also return its ``scheduled_at`` when that lies ahead (checked against the range)."""
         if not isinstance(job, Job):
             raise ValidationError(f"expected an ojs_kombu.Job, got {type(job).__name__}", field="job")
         validate_queue_name(job.queue)
         message = encode(job, app_id=self.app_id)
         scheduled = job.scheduled_datetime
+        if scheduled is None or check_delay(delay_ms_until(scheduled)) == 0:
+            return message, None
+        return message, scheduled
+
+    def _destination(self, job: Job, scheduled: datetime | None) -> tuple[str, str]:
+        """Exchange and routing key for ``job``, computed right before its publish: the
+        cascade's delay must be measured from the moment the job enters it, or the job is late
+        by however long the batch took to reach it."""
         delay_ms = delay_ms_until(scheduled) if scheduled is not None else 0
         if delay_ms > 0:
-            return message, self.cascade.entry_exchange(delay_ms), routing_key(check_delay(delay_ms), job.queue)
-        return message, self.names.direct_exchange, job.queue
+            return self.cascade.entry_exchange(delay_ms), routing_key(delay_ms, job.queue)
+        return self.names.direct_exchange, job.queue
 
     def _publish_jobs(self, jobs: list[Job]) -> list[EnqueueResult]:
         jobs = [with_trace_context(job) if isinstance(job, Job) else job for job in jobs]
         results: list[EnqueueResult | None] = [None] * len(jobs)
-        routes: dict[int, tuple[OutgoingMessage, str, str]] = {}
+        routes: dict[int, tuple[OutgoingMessage, datetime | None]] = {}
         for index, job in enumerate(jobs):
             try:
-                routes[index] = self._route(job)
+                routes[index] = self._encode(job)
             except ValidationError as exc:
                 results[index] = EnqueueResult(job, exc)
         if len(jobs) == 1 and results[0] is not None:
@@ -328,15 +337,16 @@ class Client:
             nonlocal pending
             session = self._session(conn)
             if self.declare:
-                for queue in {jobs[i].queue for i in pending if routes[i][1] == self.names.direct_exchange}:
+                for queue in {jobs[i].queue for i in pending if routes[i][1] is None}:
                     self.topology.ensure_queue(conn.connection, queue)
-                for queue in {jobs[i].queue for i in pending if routes[i][1] != self.names.direct_exchange}:
+                for queue in {jobs[i].queue for i in pending if routes[i][1] is not None}:
                     self.topology.ensure_scheduling(conn.connection, queue, self.cascade)
             tickets = []
             try:
                 for index in pending:
                     job = jobs[index]
-                    message, exchange, key = routes[index]
+                    message, scheduled = routes[index]
+                    exchange, key = self._destination(job, scheduled)
                     tickets.append((index, session.publisher.publish(
                         message, exchange=exchange, routing_key=key,
                         queue=job.queue, job_id=job.id, confirm_timeout=self.confirm_timeout)))
