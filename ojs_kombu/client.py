@@ -37,7 +37,7 @@ from .errors import BrokerConnectionError, OjsError, PublishError, ValidationErr
 from .metrics import METRICS
 from .naming import Names, validate_queue_name
 from .publisher import ConfirmedPublisher
-from .schedule import Cascade, check_delay, delay_ms_until, routing_key
+from .schedule import Cascade, check_delay, delay_ms_until
 from .topology import QueueOptions, Topology, _close_quietly
 from .tracing import with_trace_context
 from .transport import DEFAULT_HEARTBEAT, register_aliases
@@ -55,6 +55,15 @@ def resolve_url(url: str | None) -> str:
 def safe_url(url: str) -> str:
     """``url`` with any password masked, for logs and error messages."""
     return kombu.Connection(url).as_uri(include_password=False) if url else url
+
+
+def make_connection(url: str, *, heartbeat: float, ssl: Any, transport_options: dict[str, Any] | None,
+                    connection_name: str) -> kombu.Connection:
+    """An unconnected kombu connection; ``connection_name`` shows in the management UI
+    unless ``transport_options`` already carry ``client_properties``."""
+    options = dict(transport_options or {})
+    options.setdefault("client_properties", {"connection_name": connection_name})
+    return kombu.Connection(url, heartbeat=heartbeat, ssl=ssl, transport_options=options)
 
 
 def connect_once(conn: kombu.Connection) -> Any:
@@ -139,9 +148,9 @@ class Client:
         self.app_id = app_id
         self.window = window
         self.connection_name = connection_name or f"ojs_kombu client {socket.gethostname()} pid {os.getpid()}"
-        options = dict(transport_options or {})
-        options.setdefault("client_properties", {"connection_name": self.connection_name})
-        self._connection = kombu.Connection(self.url, heartbeat=heartbeat, ssl=ssl, transport_options=options)
+        self._connection = make_connection(self.url, heartbeat=heartbeat, ssl=ssl,
+                                           transport_options=transport_options,
+                                           connection_name=self.connection_name)
         self._pool = self._connection.Pool(limit=pool_size)
         self._closed = False
         for queue in queues:
@@ -260,17 +269,25 @@ class Client:
 
     # -- topology --------------------------------------------------------------------------------
 
-    def declare_queue(self, name: str, **queue_options: Any) -> str:
+    def declare_queue(self, name: str, *, scheduling: bool = False, **queue_options: Any) -> str:
         """Eagerly declare job queue ``name`` with its DLQ; returns the AMQP queue name.
 
         ``queue_options`` are :class:`QueueOptions` fields (``max_priority=10``,
         ``max_length=…``, ``overflow="reject-publish"``, ``queue_type="quorum"``, …)
-        and replace the client-wide options for this queue.
+        and replace the client-wide options for this queue.  ``scheduling=True``
+        also declares the scheduling cascade and its binding to the queue (else
+        declared by the first scheduled enqueue).
         """
         validate_queue_name(name)
         if queue_options:
             self.topology.per_queue[name] = QueueOptions(**queue_options)
-        self._run(lambda conn: self.topology.declare_queue(conn.connection, name))
+
+        def declare(conn: kombu.Connection) -> None:
+            self.topology.declare_queue(conn.connection, name)
+            if scheduling:
+                self.topology.ensure_scheduling(conn.connection, name, self.cascade)
+
+        self._run(declare)
         return self.names.job_queue(name)
 
     def teardown(self) -> int:
@@ -310,14 +327,15 @@ class Client:
             return message, None
         return message, scheduled
 
-    def _destination(self, job: Job, scheduled: datetime | None) -> tuple[str, str]:
-        """Exchange and routing key for ``job``, computed right before its publish: the
-        cascade's delay must be measured from the moment the job enters it, or the job is late
-        by however long the batch took to reach it."""
+    def _destination(self, message: OutgoingMessage, job: Job,
+                     scheduled: datetime | None) -> tuple[OutgoingMessage, str, str]:
+        """Message, exchange and routing key for ``job``, computed right before its publish:
+        the cascade's delay must be measured from the moment the job enters it, or the job is
+        late by however long the batch took to reach it."""
         delay_ms = delay_ms_until(scheduled) if scheduled is not None else 0
         if delay_ms > 0:
-            return self.cascade.entry_exchange(delay_ms), routing_key(delay_ms, job.queue)
-        return self.names.direct_exchange, job.queue
+            return self.cascade.route(message, delay_ms, job.queue)
+        return message, self.names.direct_exchange, job.queue
 
     def _publish_jobs(self, jobs: list[Job]) -> list[EnqueueResult]:
         jobs = [with_trace_context(job) if isinstance(job, Job) else job for job in jobs]
@@ -346,7 +364,7 @@ class Client:
                 for index in pending:
                     job = jobs[index]
                     message, scheduled = routes[index]
-                    exchange, key = self._destination(job, scheduled)
+                    message, exchange, key = self._destination(message, job, scheduled)
                     tickets.append((index, session.publisher.publish(
                         message, exchange=exchange, routing_key=key,
                         queue=job.queue, job_id=job.id, confirm_timeout=self.confirm_timeout)))

@@ -34,7 +34,7 @@ from amqp import spec
 from amqp.basic_message import Message
 
 from .backoff import reconnect_delay
-from .client import connect_once, safe_url
+from .client import connect_once, make_connection, safe_url
 from .codec import OutgoingMessage
 from .framing import FrameReader, supports as framing_supports
 from .metrics import METRICS
@@ -103,9 +103,8 @@ class Consumer:
         self.heartbeat = heartbeat
         self.connect_retries = connect_retries
         self.cancel_retry_delay = cancel_retry_delay
-        options = dict(transport_options or {})
-        options.setdefault("client_properties", {"connection_name": connection_name})
-        self._kombu = kombu.Connection(url, heartbeat=heartbeat, ssl=ssl, transport_options=options)
+        self._kombu = make_connection(url, heartbeat=heartbeat, ssl=ssl, transport_options=transport_options,
+                                      connection_name=connection_name)
         self._requests: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._wake_pending = False  # a byte is (about to be) in the pipe: the loop will wake

@@ -1,19 +1,30 @@
 """Scheduled jobs through a binary TTL cascade (DESIGN §6; binding §9.1.1).
 
-A job whose ``scheduled_at`` lies ``d`` milliseconds ahead is published to the
-top level of a cascade of ``LEVELS`` topic exchanges and queues shared by all
-job queues of a deployment:
+A job whose ``scheduled_at`` lies ``d`` milliseconds ahead waits in a cascade of
+``LEVELS`` queues shared by all job queues of a deployment:
 
 * level ``k`` has a queue ``ojs.schedule.{k:02d}`` whose messages live exactly
   ``2**k`` ms (``x-message-ttl``), then dead-letter into the exchange of level
   ``k-1`` (level 0 into the delivery exchange ``ojs.exchange.schedule``);
-* the routing key is the delay in binary, one word per level, most significant
-  first, followed by the OJS queue name: ``0.….1.0.1.email``;
-* at each level the word for that level routes the message into the level's
-  queue (bit 1: wait ``2**k`` ms) or straight on to the next exchange (bit 0);
-* the delivery exchange binds each job queue ``ojs.queue.{q}`` with exactly one
-  ``*`` per bit word followed by ``{q}``, so ``a.b`` never receives ``x.a.b``'s
-  jobs (``#.{q}`` would).
+* the delay's set bits travel with the message as routing keys: it is
+  published with routing key ``{queue}`` and a ``BCC`` header listing one key
+  ``bit:{k:02d}`` per set bit ``k`` (RabbitMQ routes on BCC keys, strips the
+  header, and keeps the keys through every dead-lettering);
+* the exchange of level ``k`` is a *direct* exchange binding only ``bit:{k:02d}``
+  to its queue, with the exchange of level ``k-1`` as its ``alternate-exchange``:
+  a message whose bit ``k`` is set waits ``2**k`` ms, any other message falls
+  through to the next level at once;
+* the delivery exchange binds each job queue ``ojs.queue.{q}`` with key ``{q}``
+  (an exact match: ``a.b`` never receives ``x.a.b``'s jobs).  A bit key can
+  never equal a queue name: ``:`` is not allowed in queue names.
+
+A job enters at the exchange of its delay's highest set bit, so it passes only
+the levels below.  DESIGN §6 put the bits *into* a topic routing key instead
+(``0.….1.0.1.{q}``, matched by ``*`` patterns); that costs RabbitMQ 3.10 about
+0.18 ms of CPU per exchange per job for a 36-word key, about 5 ms per job for
+delays of seconds, and a burst of 2,000 scheduled jobs then ran ~0.5 s late.
+Direct matching makes it about 1.9 ms per job for a 13-hop delay
+(``benchmarks/schedule.py`` prints the figures).
 
 Every queue of a level holds messages of one TTL, so head-of-queue expiry is
 exact.  With a 1 ms quantum and 35 levels the range is ``2**35 - 1`` ms (397
@@ -25,8 +36,10 @@ any job that still arrives before its time (clock skew, foreign producers).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime, timedelta
 
+from .codec import OutgoingMessage
 from .envelope import utcnow
 from .errors import ValidationError
 from .naming import Names
@@ -55,11 +68,15 @@ def check_delay(delay_ms: int) -> int:
     return delay_ms
 
 
-def routing_key(delay_ms: int, queue: str, levels: int = LEVELS) -> str:
-    """The cascade routing key: ``levels`` bit words (most significant first), then ``queue``."""
+def bit_key(level: int) -> str:
+    """The routing key that makes level ``level`` hold a message: ``bit:07``."""
+    return f"bit:{level:02d}"
+
+
+def bit_keys(delay_ms: int) -> list[str]:
+    """The ``BCC`` routing keys of a ``delay_ms`` delay: one per set bit, highest first."""
     check_delay(delay_ms)
-    bits = format(delay_ms, f"0{levels}b")
-    return ".".join(bits) + "." + queue
+    return [bit_key(k) for k in range(delay_ms.bit_length() - 1, -1, -1) if delay_ms >> k & 1]
 
 
 class Cascade:
@@ -80,14 +97,16 @@ class Cascade:
         return self.names.schedule_delivery_exchange
 
     def entry_exchange(self, delay_ms: int) -> str:
-        """Where a job delayed ``delay_ms`` (> 0) enters: the exchange of its highest set bit.
-
-        The levels above it would only pass the job on (their bits are 0), and
-        each hop costs the broker a topic match of the whole routing key, the
-        dearest at the top levels: entering here is the same route, ~7x cheaper
-        for delays of seconds than entering at :attr:`top_exchange`.
-        """
+        """Where a job delayed ``delay_ms`` (> 0) enters: the exchange of its highest set bit
+        (the levels above it would only pass the job on)."""
         return self.exchange(max(1, delay_ms).bit_length() - 1)
+
+    def route(self, message: OutgoingMessage, delay_ms: int, queue: str) -> tuple[OutgoingMessage, str, str]:
+        """``(message, exchange, routing_key)`` that deliver ``message`` to job queue ``queue``
+        ``delay_ms`` (> 0) milliseconds after its publish; the returned message carries the
+        delay's bits in its ``BCC`` header.  Raises ValidationError beyond the range."""
+        headers = {**message.headers, "BCC": bit_keys(delay_ms)}
+        return replace(message, headers=headers), self.entry_exchange(delay_ms), queue
 
     def exchange(self, level: int) -> str:
         """The topic exchange of ``level``."""
@@ -100,24 +119,21 @@ class Cascade:
     def specs(self) -> list[Spec]:
         """Every exchange, queue and binding of the cascade, in declaration order."""
         n = self.levels
-        specs: list[Spec] = [ExchangeSpec(self.delivery_exchange, "topic")]
-        specs += [ExchangeSpec(self.exchange(k), "topic") for k in range(n)]
-        for k in range(n):
-            dead_letter_to = self.exchange(k - 1) if k else self.delivery_exchange
-            specs.append(QueueSpec(self.queue(k), (
-                ("x-dead-letter-exchange", dead_letter_to),
-                ("x-message-ttl", 2**k * QUANTUM_MS),
-            )))
-        for k in range(n):
-            skip = "*." * (n - 1 - k)
-            specs.append(BindingSpec(self.queue(k), self.exchange(k), skip + "1.#"))
-            next_hop = self.exchange(k - 1) if k else self.delivery_exchange
-            specs.append(BindingSpec(next_hop, self.exchange(k), skip + "0.#", to_exchange=True))
+        specs: list[Spec] = [ExchangeSpec(self.delivery_exchange)]
+        specs += [ExchangeSpec(self.exchange(k), arguments=(("alternate-exchange", self._next_hop(k)),))
+                  for k in range(n)]
+        specs += [QueueSpec(self.queue(k), (("x-dead-letter-exchange", self._next_hop(k)),
+                                            ("x-message-ttl", 2**k * QUANTUM_MS)))
+                  for k in range(n)]
+        specs += [BindingSpec(self.queue(k), self.exchange(k), bit_key(k)) for k in range(n)]
         return specs
+
+    def _next_hop(self, level: int) -> str:
+        return self.exchange(level - 1) if level else self.delivery_exchange
 
     def queue_binding(self, queue: str) -> BindingSpec:
         """The binding that delivers ``queue``'s scheduled jobs into ``ojs.queue.{queue}``."""
-        return BindingSpec(self.names.job_queue(queue), self.delivery_exchange, "*." * self.levels + queue)
+        return BindingSpec(self.names.job_queue(queue), self.delivery_exchange, queue)
 
 
-__all__ = ["Cascade", "LEVELS", "MAX_DELAY_MS", "QUANTUM_MS", "check_delay", "delay_ms_until", "routing_key"]
+__all__ = ["Cascade", "LEVELS", "MAX_DELAY_MS", "QUANTUM_MS", "bit_key", "bit_keys", "check_delay", "delay_ms_until"]

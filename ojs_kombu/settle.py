@@ -29,7 +29,7 @@ from .envelope import Job, utcnow
 from .errors import DecodeError, ValidationError
 from .naming import Names
 from .retry import Decision, Failure, Outcome, decide, record_failure
-from .schedule import Cascade, check_delay, delay_ms_until, routing_key
+from .schedule import Cascade, delay_ms_until
 from .topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -136,12 +136,12 @@ class Settler:
     def delay(self, delivery: Delivery, job: Job, delay_ms: int) -> None:
         """A job that arrived before its ``scheduled_at``: back into the cascade, unchanged."""
         try:
-            key = routing_key(check_delay(delay_ms), job.queue)
+            message, exchange, key = self.cascade.route(delivery.outgoing(), delay_ms, job.queue)
         except ValidationError as exc:
             self.reject_invalid(delivery, "invalid_schedule", str(exc))
             return
         logger.debug("job %s arrived %d ms early; delaying it again", job.id, delay_ms)
-        self.consumer.republish(delivery, delivery.outgoing(), self.cascade.entry_exchange(delay_ms), key, job.queue,
+        self.consumer.republish(delivery, message, exchange, key, job.queue,
                                 prepare=lambda connection: self.topology.ensure_scheduling(
                                     connection, job.queue, self.cascade))
 

@@ -89,10 +89,11 @@ def _frozen(arguments: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
 
 @dataclass(frozen=True)
 class ExchangeSpec:
-    """A durable exchange to declare."""
+    """A durable exchange to declare, with its arguments (e.g. ``alternate-exchange``)."""
 
     name: str
     type: str = "direct"
+    arguments: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -303,7 +304,8 @@ class Topology:
             return channel
         try:
             if isinstance(spec, ExchangeSpec):
-                channel.exchange_declare(spec.name, spec.type, durable=True, auto_delete=False)
+                channel.exchange_declare(spec.name, spec.type, durable=True, auto_delete=False,
+                                         arguments=dict(spec.arguments) or None)
             else:
                 channel.queue_declare(spec.name, durable=True, exclusive=False, auto_delete=False,
                                       arguments=spec.argument_dict or None)

@@ -85,13 +85,16 @@ def wait_for_disconnect(management, connection_name: str) -> None:
 
 @pytest.mark.broker
 def test_broker_restart_every_confirmed_job_runs_and_the_worker_resumes():
-    """Stop and start the broker while a stream of jobs is published and consumed."""
+    """Stop and start the broker while a stream of jobs is published and consumed, and
+    scheduled jobs wait in the cascade (their delay's bits travel as routing keys, which
+    must survive the restart)."""
     total = 300
     with PrivateNode() as node:
         ran: set[str] = set()
         ran_lock = threading.Lock()
         confirmed: set[str] = set()
         enqueue_errors: list[OjsError] = []
+        early: list[str] = []
 
         worker = Worker(node.url, prefix="restart", concurrency=4, grace_period=5)
 
@@ -100,11 +103,23 @@ def test_broker_restart_every_confirmed_job_runs_and_the_worker_resumes():
             with ran_lock:
                 ran.add(current_job().id)
 
+        @worker.handler("stream.scheduled")
+        def record_scheduled(_: int) -> None:
+            job = current_job()
+            if time.time() < job.scheduled_datetime.timestamp():
+                early.append(job.id)
+            with ran_lock:
+                ran.add(job.id)
+
         worker.start()
         assert worker.wait_until_ready(30)
         # connect_retries: the back-off 1, 2, 4, 8, 16 … s rides out a restart of ~20 s many times over.
         with Client(node.url, prefix="restart", connect_retries=10, confirm_timeout=15) as client:
             client.declare_queue("default")
+            # Due from before the restart (waiting in the cascade while the node is down) until well after it.
+            scheduled = [Job.create("stream.scheduled", [i], scheduled_at=timedelta(seconds=2 + i))
+                         for i in range(40)]
+            assert all(r.ok for r in client.enqueue_many(scheduled))
 
             def publish() -> None:
                 for i in range(total):
@@ -127,9 +142,13 @@ def test_broker_restart_every_confirmed_job_runs_and_the_worker_resumes():
             publisher.join(timeout=120)
             assert not publisher.is_alive(), "the publisher did not finish after the restart"
             assert len(confirmed) == total
+            confirmed |= {job.id for job in scheduled}
 
-            wait_until(lambda: confirmed <= ran, timeout=60, interval=0.2,
-                       message=f"every confirmed job to run ({len(confirmed - ran)} missing)")
+            scheduled_ids = {job.id for job in scheduled}
+            wait_until(lambda: confirmed <= ran, timeout=120, interval=0.2,
+                       message=f"every confirmed job to run ({len(confirmed - ran - scheduled_ids)} of the stream "
+                               f"and {len(scheduled_ids - ran)} scheduled missing)")
+            assert early == []
             assert worker.consumer.reconnections >= 1
             assert worker.wait_until_ready(1)  # it is connected again, by itself
             # Jobs the restart interrupted were retried (worker_lost), none was dead-lettered.

@@ -1,23 +1,14 @@
 """The scheduling cascade's arithmetic and topology (DESIGN §6), without a broker."""
 
-import fnmatch
-import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from ojs_kombu import Names, ValidationError
-from ojs_kombu.schedule import LEVELS, MAX_DELAY_MS, Cascade, delay_ms_until, routing_key
+from ojs_kombu.codec import OutgoingMessage
+from ojs_kombu.naming import QUEUE_NAME_RE
+from ojs_kombu.schedule import LEVELS, MAX_DELAY_MS, Cascade, bit_key, bit_keys, delay_ms_until
 from ojs_kombu.topology import BindingSpec, ExchangeSpec, QueueSpec
-
-
-def topic_match(pattern: str, key: str) -> bool:
-    """AMQP topic matching: * is one word, # is zero or more words."""
-    regex = "^" + r"\.".join(
-        "[^.]+" if w == "*" else ".*" if w == "#" else re.escape(w) for w in pattern.split(".")
-    ) + "$"
-    regex = regex.replace(r"\..*", r"(\..*)?").replace(r".*\.", r"(.*\.)?")
-    return re.match(regex, key) is not None
 
 
 def test_range_covers_a_year():
@@ -33,45 +24,62 @@ def test_delay_rounds_up_never_early():
     assert delay_ms_until(now - timedelta(seconds=2), now) == 0
 
 
-def test_routing_key_is_bits_then_queue():
-    key = routing_key(5, "a.b")
-    words = key.split(".")
-    assert len(words) == LEVELS + 2
-    assert "".join(words[:LEVELS]) == format(5, f"0{LEVELS}b")
-    assert words[LEVELS:] == ["a", "b"]
+def test_bit_keys_are_the_set_bits_highest_first():
+    assert bit_keys(5) == ["bit:02", "bit:00"]
+    assert bit_keys(1024) == ["bit:10"]
+    assert sum(2 ** int(k.split(":")[1]) for k in bit_keys(86_400_000)) == 86_400_000
+
+
+def test_bit_keys_can_never_be_a_queue_name():
+    assert not any(QUEUE_NAME_RE.fullmatch(bit_key(k)) for k in range(LEVELS))
 
 
 def test_delay_beyond_range_is_refused():
+    cascade = Cascade(Names("p"))
     with pytest.raises(ValidationError) as info:
-        routing_key(MAX_DELAY_MS + 1, "q")
+        cascade.route(OutgoingMessage(b"{}", {}), MAX_DELAY_MS + 1, "q")
     assert info.value.field == "scheduled_at"
 
 
-def simulate(cascade: Cascade, delay_ms: int, queue: str, entry: str | None = None) -> tuple[int, list[str]]:
-    """Follow a message published to ``entry`` (default: the top exchange) through the
-    declared bindings: (total TTL waited, final queues)."""
+def test_route_adds_the_bits_and_keeps_the_message():
+    cascade = Cascade(Names("p"))
+    original = OutgoingMessage(b"{}", {"message_id": "m"}, {"x-ojs-attempt": 0})
+    message, exchange, key = cascade.route(original, 6, "a.b")
+    assert (exchange, key) == (cascade.exchange(2), "a.b")
+    assert message.headers == {"x-ojs-attempt": 0, "BCC": ["bit:02", "bit:01"]}
+    assert message.properties == original.properties and message.body == original.body
+    assert "BCC" not in original.headers
+
+
+def simulate(cascade: Cascade, delay_ms: int, queue: str) -> tuple[int, list[str]]:
+    """Follow a message through the declared entities as RabbitMQ routes it: direct
+    matching on the routing key plus the BCC keys, the alternate exchange when nothing
+    matches, dead-lettering (same keys) when a queue's TTL runs out.  Returns
+    (total TTL waited, final queues)."""
     specs = cascade.specs() + [cascade.queue_binding(queue), cascade.queue_binding("x." + queue)]
-    ttl = {s.name: dict(s.arguments)["x-message-ttl"] for s in specs if isinstance(s, QueueSpec)}
-    dlx = {s.name: dict(s.arguments)["x-dead-letter-exchange"] for s in specs if isinstance(s, QueueSpec)}
+    ttl = {s.name: s.argument_dict["x-message-ttl"] for s in specs if isinstance(s, QueueSpec)}
+    dlx = {s.name: s.argument_dict["x-dead-letter-exchange"] for s in specs if isinstance(s, QueueSpec)}
+    alternate = {s.name: dict(s.arguments).get("alternate-exchange") for s in specs if isinstance(s, ExchangeSpec)}
     bindings = [s for s in specs if isinstance(s, BindingSpec)]
-    key = routing_key(delay_ms, queue)
+    message, exchange, key = cascade.route(OutgoingMessage(b"", {}), delay_ms, queue)
+    keys = {key, *message.headers["BCC"]}
     waited, delivered = 0, []
-    frontier = [entry or cascade.top_exchange]
-    while frontier:
-        exchange = frontier.pop()
-        for b in bindings:
-            if b.exchange == exchange and topic_match(b.routing_key, key):
-                if b.to_exchange:
-                    frontier.append(b.destination)
-                elif b.destination in ttl:
-                    waited += ttl[b.destination]
-                    frontier.append(dlx[b.destination])
-                else:
-                    delivered.append(b.destination)
+    while exchange is not None:
+        matched = [b.destination for b in bindings if b.exchange == exchange and b.routing_key in keys]
+        assert not any(b.to_exchange for b in bindings)
+        assert len(matched) <= 1, f"{exchange} would copy the message to {matched}"
+        if not matched:
+            exchange = alternate.get(exchange)
+        elif matched[0] in ttl:
+            waited += ttl[matched[0]]
+            exchange = dlx[matched[0]]
+        else:
+            delivered.append(matched[0])
+            exchange = None
     return waited, delivered
 
 
-@pytest.mark.parametrize("delay", [0, 1, 2, 3, 1000, 1500, 86_400_000, MAX_DELAY_MS])
+@pytest.mark.parametrize("delay", [1, 2, 3, 1000, 1023, 1024, 1500, 9_999, 86_400_000, MAX_DELAY_MS])
 def test_cascade_delivers_after_exactly_the_delay_to_exactly_one_queue(delay):
     cascade = Cascade(Names("p"))
     waited, delivered = simulate(cascade, delay, "a.b")
@@ -79,22 +87,17 @@ def test_cascade_delivers_after_exactly_the_delay_to_exactly_one_queue(delay):
     assert delivered == [Names("p").job_queue("a.b")]  # not x.a.b's queue
 
 
-@pytest.mark.parametrize("delay", [1, 2, 3, 1000, 1023, 1024, 9_999, 86_400_000, MAX_DELAY_MS])
-def test_entering_at_the_highest_set_bit_is_the_same_route(delay):
-    cascade = Cascade(Names("p"))
-    entry = cascade.entry_exchange(delay)
-    assert entry == cascade.exchange(delay.bit_length() - 1)
-    assert simulate(cascade, delay, "a.b", entry) == (delay, [Names("p").job_queue("a.b")])
-
-
 def test_cascade_entities():
     cascade = Cascade(Names())
     specs = cascade.specs()
     exchanges = [s for s in specs if isinstance(s, ExchangeSpec)]
     queues = [s for s in specs if isinstance(s, QueueSpec)]
-    assert len(exchanges) == LEVELS + 1 and all(e.type == "topic" for e in exchanges)
+    assert len(exchanges) == LEVELS + 1 and all(e.type == "direct" for e in exchanges)
+    assert dict(exchanges[1].arguments) == {"alternate-exchange": cascade.delivery_exchange}
     assert len(queues) == LEVELS
     assert dict(queues[10].arguments)["x-message-ttl"] == 1024
+    assert dict(queues[10].arguments)["x-dead-letter-exchange"] == cascade.exchange(9)
     assert cascade.queue(3) == "ojs.schedule.03"
     assert cascade.exchange(34) == cascade.top_exchange == "ojs.exchange.schedule.34"
-    assert cascade.queue_binding("email").routing_key == "*." * LEVELS + "email"
+    assert cascade.entry_exchange(1500) == cascade.exchange(10)
+    assert cascade.queue_binding("email").routing_key == "email"
