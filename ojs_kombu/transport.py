@@ -69,18 +69,19 @@ from typing import Any, Callable, Protocol
 
 import amqp
 from amqp import spec
-from amqp.exceptions import ConsumerCancelled, MessageNacked
+from amqp.exceptions import ConsumerCancelled, MessageNacked, RecoverableConnectionError
 from kombu.transport import TRANSPORT_ALIASES, pyamqp
 from kombu.utils.imports import symbol_by_name
 
 from .codec import ACCEPTED_CONTENT_TYPES, CONTENT_TYPE, Header, OutgoingMessage, decode
 from .envelope import Job, utcnow
 from .errors import DecodeError, ValidationError
+from .framing import FrameReader, supports as framing_supports
 from .metrics import METRICS
 from .naming import QUEUE_NAME_RE, Names, ojs_queue_for
 from .publisher import ConfirmedPublisher, PublishTicket
 from .retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure
-from .schedule import Cascade, check_delay, delay_ms_until, routing_key
+from .schedule import Cascade, delay_ms_until
 from .topology import QueueOptions, Topology
 
 logger = logging.getLogger(__name__)
@@ -442,13 +443,12 @@ class Channel(pyamqp.Channel):
     def _delay(self, raw: amqp.Message, job: Job, queue: str, delay_ms: int) -> None:
         """A job that arrived before its ``scheduled_at``: back into the cascade, unchanged, then ack."""
         try:
-            key = routing_key(check_delay(delay_ms), queue)
+            message, exchange, key = self.ojs.cascade.route(_outgoing(raw), delay_ms, queue)
         except ValidationError as exc:
             return self._dead_letter_invalid(raw, queue, "invalid_schedule", str(exc))
         self.ojs.ensure_scheduling(queue)
         logger.debug("job %s arrived %d ms early; delaying it again", job.id, delay_ms)
-        self._republish_then_ack(raw.delivery_tag, _outgoing(raw), self.ojs.cascade.entry_exchange(delay_ms), key,
-                                 queue)
+        self._republish_then_ack(raw.delivery_tag, message, exchange, key, queue)
         return None
 
     def _dead_letter_invalid(self, raw: amqp.Message, queue: str, code: str, text: str) -> None:
@@ -600,12 +600,12 @@ class _ConnectionState:
         properties = {k: v for k, v in msg.properties.items() if k != "application_headers"}
         headers = dict(msg.properties.get("application_headers") or {})
         job, message = self.codec.to_job(body, properties, headers, queue)
-        exchange, key = self._destination(job, queue)
+        message, exchange, key = self._destination(message, job, queue)
         ticket = self.publisher.publish(message, exchange=exchange, routing_key=key, queue=queue, job_id=job.id)
         self.publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
         ticket.raise_for_error()
 
-    def _destination(self, job: Job, queue: str) -> tuple[str, str]:
+    def _destination(self, message: OutgoingMessage, job: Job, queue: str) -> tuple[OutgoingMessage, str, str]:
         """Where a job goes: its retry queue (a retry), the cascade (a future ETA) or its queue."""
         scheduled = job.scheduled_datetime
         delay_ms = delay_ms_until(scheduled) if scheduled is not None else 0
@@ -613,13 +613,13 @@ class _ConnectionState:
             delay_ms = ladder_ms(delay_ms)
             self.ensure_queue(queue)
             self.ensure_retry_queue(queue, delay_ms)
-            return self.names.retry_exchange, self.names.retry_routing_key(queue, delay_ms)
+            return message, self.names.retry_exchange, self.names.retry_routing_key(queue, delay_ms)
         self.ensure_queue(queue)
         if delay_ms > 0:
-            key = routing_key(check_delay(delay_ms), queue)
+            scheduled = self.cascade.route(message, delay_ms, queue)
             self.ensure_scheduling(queue)
-            return self.cascade.entry_exchange(delay_ms), key
-        return self.names.direct_exchange, queue
+            return scheduled
+        return message, self.names.direct_exchange, queue
 
 
 def _fields_of(options: QueueOptions) -> dict[str, Any]:
@@ -635,6 +635,8 @@ class Connection(pyamqp.Connection):
     def __init__(self, *args, ojs_settings: Settings, **kwargs):
         super().__init__(*args, **kwargs)
         self.ojs = _ConnectionState(self, ojs_settings)
+        #: Buffered frame reading (plain TCP), attached by the transport once connected.
+        self.frame_reader: FrameReader | None = None
 
 
 class Transport(pyamqp.Transport):
@@ -669,7 +671,25 @@ class Transport(pyamqp.Transport):
         conn = self.Connection(ojs_settings=self.settings, **opts)
         conn.client = self.client
         conn.connect()
+        if framing_supports(conn):
+            conn.frame_reader = FrameReader(conn)
         return conn
+
+    def on_readable(self, connection, loop):
+        """The event loop's read callback (Celery's worker): every complete frame the socket
+        holds, from one ``recv`` (framing.py), instead of kombu's one ``drain_events(timeout=0)``
+        per frame; about half the CPU per delivery."""
+        reader = getattr(connection, "frame_reader", None)
+        if reader is None:
+            return super().on_readable(connection, loop)
+        if not connection.connected:
+            raise RecoverableConnectionError("Socket was disconnected")
+        if not reader.has_frame():
+            reader.fill()
+        reader.dispatch()
+        if reader.has_frame():  # a callback read ahead (e.g. a synchronous reply): not signalled by the socket
+            loop.call_soon(self.on_readable, connection, loop)
+        return None
 
     def qos_semantics_matches_spec(self, connection):
         """Per-consumer prefetch: Celery then sends ``global=False`` itself."""
