@@ -3,7 +3,8 @@
 1. **Throughput.**  ``--tasks`` (10,000) no-op tasks are published, then one
    ``celery worker`` (a subprocess, ``threads`` pool) drains them with identical
    settings for both transports: concurrency, prefetch multiplier, ``acks_late``,
-   ``ignore_result``.  Prints both drain rates and the ratio (target: OJS >= 1.0x).
+   ``ignore_result``.  Prints both drain rates, the worker's CPU time per task
+   (steadier than the rate on a shared machine) and the ratio (target: OJS >= 1.0x).
 2. **Countdown.**  ``--eta-tasks`` (20,000) tasks with ``countdown=600`` are
    published, a worker runs for ``--eta-wait`` seconds, then its RSS and the
    queue's unacknowledged count are read: stock Celery prefetches every ETA task
@@ -60,19 +61,25 @@ def run_worker(args) -> None:
     from celery import signals
 
     app = make_app(args.mode, args.url, args.queue, args.prefix, args.concurrency, args.prefetch)
-    state = {"done": 0, "first": None}
+    state = {"done": 0, "first": None, "cpu": 0.0}
+
+    def cpu_seconds() -> float:
+        times = os.times()
+        return times.user + times.system
 
     @signals.task_prerun.connect
     def started(**_):
         if state["first"] is None:
             state["first"] = time.perf_counter()
+            state["cpu"] = cpu_seconds()
 
     @signals.task_postrun.connect
     def finished(**_):
         state["done"] += 1
         if state["done"] == args.count:
             # The worker redirects sys.stdout to its logger: write to the pipe itself.
-            os.write(1, f"DRAINED {time.perf_counter() - state['first']:.4f}\n".encode())
+            os.write(1, f"DRAINED {time.perf_counter() - state['first']:.4f} "
+                        f"{cpu_seconds() - state['cpu']:.4f}\n".encode())
             os._exit(0)
 
     print("READY", flush=True)
@@ -104,14 +111,15 @@ def throughput(mode, url, management, args) -> float:
         elapsed = publish(app, args.tasks)
         print(f"  {mode:5s} published {args.tasks} in {elapsed:.1f}s ({args.tasks / elapsed:,.0f}/s)")
         worker = spawn_worker(mode, url, queue, prefix, args.concurrency, args.prefetch, args.tasks)
-        drained = None
+        drained = cpu = None
         for line in worker.stdout:
             if line.startswith("DRAINED"):
-                drained = float(line.split()[1])
+                drained, cpu = (float(word) for word in line.split()[1:3])
                 break
         worker.wait(timeout=60)
         rate = args.tasks / drained
-        print(f"  {mode:5s} drained   {args.tasks} in {drained:.2f}s ({rate:,.0f} tasks/s)")
+        print(f"  {mode:5s} drained   {args.tasks} in {drained:.2f}s ({rate:,.0f} tasks/s; "
+              f"worker CPU {cpu / args.tasks * 1e6:.0f} µs per task)")
         return rate
     finally:
         cleanup(management, mode, prefix, queue)
