@@ -147,3 +147,16 @@ def test_transport_aliases_are_registered():
     assert kombu.Connection("ojs://guest@localhost//").transport_cls == "ojs"
     assert type(kombu.Connection("ojs://guest@localhost//").transport).__name__ == "Transport"
     assert type(kombu.Connection("ojss://guest@localhost//").transport).__name__ == "SSLTransport"
+
+
+def test_declare_queue_with_scheduling_declares_the_cascade(client, names, management):
+    client.declare_queue("later", scheduling=True)
+    cascade = client.cascade
+    top = management.exchange(cascade.exchange(34))
+    assert top is not None and top["type"] == "direct"
+    assert top["arguments"] == {"alternate-exchange": cascade.exchange(33)}
+    level = management.queue(cascade.queue(12))
+    assert level is not None and level["arguments"]["x-message-ttl"] == 4096
+    assert level["arguments"]["x-dead-letter-exchange"] == cascade.exchange(11)
+    deliveries = management.bindings(source=cascade.delivery_exchange)
+    assert [(b["destination"], b["routing_key"]) for b in deliveries] == [(names.job_queue("later"), "later")]
