@@ -1,6 +1,7 @@
 # The two commands of the README:  `make demo`  and  `make test`.
 # Both create the virtual environment, install the project and provision a
-# RabbitMQ broker ($OJS_AMQP_URL, else Docker, else a private local node).
+# RabbitMQ broker ($OJS_AMQP_URL, else Docker, else a private local node);
+# `setup` also installs redis-server (Celery's Redis result backend in the tests).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,celery,dramatiq]'
 	$(PY) -m ojs_kombu.testing.broker install
+	$(PY) -m ojs_kombu.testing.redis install
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: setup

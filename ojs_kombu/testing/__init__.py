@@ -3,9 +3,13 @@
 * :func:`provision_broker` yields a :class:`BrokerHandle` for the broker named by
   ``OJS_AMQP_URL``, a Docker container, or a :class:`PrivateNode` started from the
   local ``rabbitmq-server`` beside any other broker, and tears down what it started.
+* :func:`provision_redis` yields the URL of ``OJS_REDIS_URL`` or of a :class:`PrivateRedis`
+  (a ``redis-server`` of our own on a free port, no persistence) for Celery's Redis result
+  backend, and stops what it started.
 * :class:`ManagementClient` inspects and cleans up queues, exchanges, bindings and
   connections through the management HTTP API (standard library only).
-* ``python -m ojs_kombu.testing.broker {start,stop,url,run}`` does the same from a shell.
+* ``python -m ojs_kombu.testing.broker {start,stop,url,run}`` and
+  ``python -m ojs_kombu.testing.redis {install,start,stop,url}`` do the same from a shell.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
         provision_broker,
     )
     from .management import ManagementClient, ManagementError
+    from .redis import PrivateRedis, RedisServerError, ensure_redis_installed, provision_redis
 
 # Imported lazily (PEP 562) so that `python -m ojs_kombu.testing.broker` does not load the
 # module twice (runpy warns when a package has already imported the module it runs).
@@ -36,6 +41,10 @@ _EXPORTS = {
     "provision_broker": ".broker",
     "ManagementClient": ".management",
     "ManagementError": ".management",
+    "PrivateRedis": ".redis",
+    "RedisServerError": ".redis",
+    "ensure_redis_installed": ".redis",
+    "provision_redis": ".redis",
 }
 
 __all__ = sorted(_EXPORTS)

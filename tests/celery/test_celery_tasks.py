@@ -8,8 +8,8 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from celery import chain, group
-from celery.exceptions import Reject, TaskRevokedError
+from celery import chain, chord, group
+from celery.exceptions import ChordError, Reject, TaskRevokedError
 from celery.worker import state as worker_state
 
 from ojs_kombu.testing.schema import validate_job
@@ -266,6 +266,31 @@ def test_chain_group_and_link_error(celery_app, worker_factory):
             failing.get(timeout=20)
         wait_until(lambda: len(errors) == 1, timeout=20, message="the errback")
     assert errors.calls[0]["task_id"] == failing.id and "cannot handle 3" in errors.calls[0]["exc"]
+
+
+def test_chords_with_the_redis_result_backend(celery_redis_app, worker_factory):
+    app = celery_redis_app
+
+    @app.task(name="chords.add")
+    def add(x, y):
+        return x + y
+
+    @app.task(name="chords.total")
+    def total(values):
+        return sum(values)
+
+    @app.task(name="chords.explode")
+    def explode(x):
+        raise ValueError(f"cannot handle {x}")
+
+    with worker_factory(app):
+        assert chord(add.s(i, i) for i in range(5))(total.s()).get(timeout=30) == 20
+        # A group followed by a task inside a chain is upgraded to a chord.
+        assert chain(add.s(1, 1), group(add.s(1), add.s(2)), total.s()).delay().get(timeout=30) == 7
+        # A failing header task fails the body with a ChordError naming the cause.
+        body = chord([add.s(1, 1), explode.s(3)])(total.s())
+        error = body.get(timeout=30, propagate=False)
+        assert body.state == "FAILURE" and isinstance(error, ChordError) and "cannot handle 3" in str(error)
 
 
 def test_priority(celery_app, worker_factory, management, names):

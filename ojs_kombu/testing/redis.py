@@ -1,0 +1,475 @@
+"""Provision a private Redis server for tests (Celery's Redis result backend: chords, canvases).
+
+Two sources, tried in this order by :func:`provision_redis`:
+
+1. ``OJS_REDIS_URL`` is set: use that server as is (nothing is started or stopped);
+2. otherwise: a :class:`PrivateRedis`, a ``redis-server`` of our own started beside any other
+   Redis on the machine: on 127.0.0.1, on a free port, with its own directory
+   ``<base_dir>/<name>`` (default ``.cache/redis``), no persistence (``--save ''``,
+   ``--appendonly no``) and ``--daemonize no``, so it is our child process.  Stopping it ends
+   that process only, and deletes that directory only.
+
+``redis-server`` comes from Debian's package, installed with ``apt-get`` when missing and we are
+root (:func:`ensure_redis_installed`).  A system Redis that the package may run on port 6379 is
+neither used nor touched.
+
+Command line (``make setup`` runs ``install``)::
+
+    python -m ojs_kombu.testing.redis install              # apt-get install redis-server if needed
+    python -m ojs_kombu.testing.redis start [--dir D]      # prints the redis:// URL
+    python -m ojs_kombu.testing.redis url   [--dir D]
+    python -m ojs_kombu.testing.redis stop  [--dir D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .broker import BrokerError, _free_ports, _process_alive, _tail, mask_url
+
+__all__ = [
+    "PrivateRedis",
+    "RedisServerError",
+    "ensure_redis_installed",
+    "ping",
+    "provision_redis",
+    "server_pid",
+    "main",
+]
+
+log = logging.getLogger("ojs_kombu.testing.redis")  # not "__main__" under `python -m`
+
+ENV_REDIS_URL = "OJS_REDIS_URL"
+PACKAGE = "redis-server"
+STATE_FILE = "redis.json"
+
+_TOOL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin")
+_POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+_POLICY_MARK = "# written by ojs_kombu.testing.redis while apt-get runs"
+_START_ATTEMPTS = 3  # a free port may be taken between choosing it and redis binding it
+_POLL = 0.05
+
+
+class RedisServerError(BrokerError):
+    """A Redis server could not be installed, started or stopped."""
+
+
+def _server_binary() -> str | None:
+    """Path of ``redis-server``, also found when a ``sbin`` directory is missing from ``PATH``."""
+    found = shutil.which(PACKAGE)
+    if found:
+        return found
+    candidates = (Path(directory, PACKAGE) for directory in _TOOL_DIRS)
+    return next((str(c) for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
+
+
+# -- installation ------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _services_not_started() -> Iterator[None]:
+    """While the block runs, tell Debian's maintainer scripts not to start services.
+
+    An existing ``/usr/sbin/policy-rc.d`` is left as it is (container images ship one that
+    already forbids starting services); otherwise a temporary one answering 101 ("action
+    forbidden") is written and removed afterwards, if it is still ours.
+    """
+    if _POLICY_RC_D.exists():
+        yield
+        return
+    _POLICY_RC_D.write_text(f"#!/bin/sh\n{_POLICY_MARK}\nexit 101\n")
+    _POLICY_RC_D.chmod(0o755)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if _POLICY_MARK in _POLICY_RC_D.read_text():
+                _POLICY_RC_D.unlink()
+
+
+def _apt_get(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    return subprocess.run(["apt-get", *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+
+
+def ensure_redis_installed() -> str:
+    """Path of ``redis-server``; installs Debian's package with ``apt-get`` when missing and root.
+
+    The package's post-install script is kept from starting the system service (see
+    :func:`_services_not_started`).  Raises :class:`RedisServerError` (saying what to do) when
+    the server is missing and cannot be installed.
+    """
+    found = _server_binary()
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise RedisServerError(
+            "Redis is not installed: install the `redis-server` package "
+            f"(e.g. `sudo apt-get install redis-server`) or point {ENV_REDIS_URL} at a Redis server"
+        )
+    log.info("redis-server not found; installing it with apt-get")
+    began = time.monotonic()
+    with _services_not_started():
+        done = _apt_get("install", "-y", "--no-install-recommends", PACKAGE)
+        if done.returncode != 0:  # stale or missing package lists: refresh them once
+            _apt_get("update")
+            done = _apt_get("install", "-y", "--no-install-recommends", PACKAGE)
+    if done.returncode != 0:
+        output = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+        raise RedisServerError(f"`apt-get install {PACKAGE}` failed with exit code {done.returncode}:\n{output}")
+    found = _server_binary()
+    if not found:
+        raise RedisServerError(f"apt-get installed {PACKAGE} but redis-server is still not found")
+    log.info("installed %s in %.1fs", PACKAGE, time.monotonic() - began)
+    return found
+
+
+# -- talking to a server -----------------------------------------------------
+
+
+def _request(host: str, port: int, *args: str, timeout: float = 1.0) -> bytes:
+    """Send one command (RESP array) and return its raw reply: a line, or a bulk string's bytes."""
+    command = b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args)
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(f"*{len(args)}\r\n".encode() + command)
+        reply = b""
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise ConnectionError("the server closed the connection")
+            reply += chunk
+            head, sep, body = reply.partition(b"\r\n")
+            if not sep:
+                continue
+            if not head.startswith(b"$"):
+                return head
+            if int(head[1:]) < 0 or len(body) >= int(head[1:]) + 2:
+                return body[: max(0, int(head[1:]))]
+
+
+def ping(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether a Redis server on ``host:port`` answers ``PING`` with ``+PONG`` (raw RESP, no client)."""
+    try:
+        return _request(host, port, "PING", timeout=timeout) == b"+PONG"
+    except OSError:
+        return False
+
+
+def server_pid(host: str, port: int, timeout: float = 1.0) -> int | None:
+    """``process_id`` of the Redis server on ``host:port`` (``INFO server``), or ``None``."""
+    try:
+        info = _request(host, port, "INFO", "server", timeout=timeout)
+    except OSError:
+        return None
+    for line in info.decode(errors="replace").splitlines():
+        if line.startswith("process_id:"):
+            return int(line.split(":", 1)[1])
+    return None
+
+
+# -- private server ----------------------------------------------------------
+
+
+def _default_base_dir() -> Path:
+    return Path.cwd() / ".cache" / "redis"
+
+
+class PrivateRedis:
+    """A ``redis-server`` of our own on 127.0.0.1, beside any other Redis on the machine.
+
+    It listens on a free port, keeps its log and pid file in ``<base_dir>/<name>``
+    (``base_dir`` defaults to ``<cwd>/.cache/redis``), persists nothing, and runs as a
+    child process (``--daemonize no``, in its own session).  Use it as a context manager
+    (start, then :meth:`cleanup`) or call :meth:`start` / :meth:`stop` / :meth:`cleanup`.
+    :meth:`stop` ends only the process :meth:`start` launched.
+
+    With ``die_with_parent`` (the default; the CLI's ``start`` turns it off) the server also
+    gets SIGTERM when the process that started it dies without cleaning up (a test run
+    killed by a CI timeout), through util-linux's ``setpriv --pdeathsig`` when available.
+    Start it from a thread that lives as long as the server (the main thread): the kernel
+    ties the signal to that thread.
+    """
+
+    host = "127.0.0.1"
+
+    def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, name: str | None = None,
+                 die_with_parent: bool = True):
+        self._server = ensure_redis_installed()
+        self.die_with_parent = die_with_parent
+        self.name = name or f"ojs-redis-{secrets.token_hex(4)}"
+        self.dir = (Path(base_dir) if base_dir else _default_base_dir()).absolute() / self.name
+        self.port = _free_ports(1)[0]
+        self.pid: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://`` URL of the server, database 0."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def log_file(self) -> Path:
+        """The server's log (its standard output and error)."""
+        return self.dir / "redis.log"
+
+    def __repr__(self) -> str:
+        return f"PrivateRedis({self.name!r}, port={self.port}, dir={str(self.dir)!r})"
+
+    # -- state file (used by the CLI) -------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything needed to find this server again (see :meth:`from_dict`)."""
+        return {"name": self.name, "port": self.port, "pid": self.pid, "dir": str(self.dir), "url": self.url}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> PrivateRedis:
+        """The server described by ``state`` (from :meth:`to_dict`), without starting anything."""
+        server = cls.__new__(cls)
+        server._server = _server_binary() or PACKAGE
+        server.die_with_parent = False
+        server.name, server.port, server.pid = state["name"], state["port"], state["pid"]
+        server.dir = Path(state["dir"])
+        server._proc = None
+        return server
+
+    # -- lifecycle --------------------------------------------------------
+
+    def __enter__(self) -> PrivateRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.cleanup()
+
+    def is_running(self) -> bool:
+        """Whether the process this object started (or recorded) is alive and is our server."""
+        return self.pid is not None and _process_alive(self.pid) and self._is_ours(self.pid)
+
+    def start(self, timeout: float = 20) -> None:
+        """Start the server (no-op if running) and wait until it answers ``PING``.
+
+        Raises :class:`RedisServerError` with the tail of its log if it exits or does not
+        answer within ``timeout`` seconds (what was started is stopped then).
+        """
+        if self.is_running():
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        began = time.monotonic()
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            self._launch()
+            try:
+                self._wait_until_ready(began + timeout)
+                break
+            except RedisServerError:
+                self.stop()
+                if attempt == _START_ATTEMPTS or not self._port_was_taken():
+                    raise
+                log.info("port %s was taken before redis-server bound it; trying another", self.port)
+                self.port = _free_ports(1)[0]
+        log.info("Redis %s ready in %.2fs: %s (dir %s)", self.name, time.monotonic() - began, self.url, self.dir)
+
+    def stop(self, timeout: float = 10) -> None:
+        """Stop the server this object started (SIGTERM, then SIGKILL) and wait for it.  Idempotent."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    log.warning("redis-server %s did not stop in time; killing it", self.name)
+                    self._proc.kill()
+                    self._proc.wait()
+            self._proc = None
+        elif self.is_running():  # recorded by the CLI: our pid, checked by command line
+            assert self.pid is not None
+            if not self._signal(signal.SIGTERM, time.monotonic() + timeout):
+                self._signal(signal.SIGKILL, time.monotonic() + 5)
+        self.pid = None
+
+    def cleanup(self) -> None:
+        """Stop the server and delete its directory."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- internals --------------------------------------------------------
+
+    def _command(self) -> list[str]:
+        setpriv = shutil.which("setpriv") if self.die_with_parent else None
+        # setpriv sets the parent-death signal, then execs redis-server (same pid).
+        wrapper = [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
+        return [
+            *wrapper,
+            self._server,
+            "--bind", self.host, "--port", str(self.port), "--protected-mode", "yes",
+            "--dir", str(self.dir), "--pidfile", str(self.dir / "redis.pid"), "--logfile", "",
+            "--save", "", "--appendonly", "no", "--daemonize", "no", "--supervised", "no",
+        ]
+
+    def _launch(self) -> None:
+        with open(self.log_file, "ab") as out:
+            self._proc = subprocess.Popen(
+                self._command(), cwd=self.dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,  # no terminal signals; outlives us when started from the CLI
+            )
+        self.pid = self._proc.pid
+
+    def _wait_until_ready(self, deadline: float) -> None:
+        # Ready when *our* process answers on the port: some other server may have taken the
+        # port between choosing it and our bind (ours then exits with "Address already in use").
+        assert self._proc is not None
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise self._startup_error(f"redis-server exited with code {code} during startup")
+            if ping(self.host, self.port) and server_pid(self.host, self.port) == self._proc.pid:
+                return
+            if time.monotonic() >= deadline:
+                raise self._startup_error("timed out waiting for PING")
+            time.sleep(_POLL)
+
+    def _port_was_taken(self) -> bool:
+        text = _tail(self.log_file, 5)
+        return "Address already in use" in text
+
+    def _is_ours(self, pid: int) -> bool:
+        # Guards against a recorded pid that now belongs to an unrelated process.
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return not Path("/proc/self").exists()  # no procfs: trust the record
+        return b"redis-server" in cmdline and f":{self.port}".encode() in cmdline
+
+    def _signal(self, sig: signal.Signals, deadline: float) -> bool:
+        assert self.pid is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+        while _process_alive(self.pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL)
+        return True
+
+    def _startup_error(self, reason: str) -> RedisServerError:
+        return RedisServerError(
+            f"Redis {self.name} on port {self.port} failed to start: {reason}\n"
+            f"--- {self.log_file} (tail) ---\n{_tail(self.log_file)}"
+        )
+
+
+# -- provisioning ------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def provision_redis(base_dir: str | os.PathLike[str] | None = None) -> Iterator[str]:
+    """Yield the URL of a running Redis server for the ``with`` block; stop what was started.
+
+    ``$OJS_REDIS_URL`` when set (used as is: nothing is started, stopped or flushed),
+    else a :class:`PrivateRedis` under ``base_dir``, deleted afterwards.
+    """
+    external = os.environ.get(ENV_REDIS_URL)
+    if external:
+        log.info("using the Redis server from %s: %s", ENV_REDIS_URL, mask_url(external))
+        yield external
+        return
+    with PrivateRedis(base_dir) as server:
+        yield server.url
+
+
+# -- command line ------------------------------------------------------------
+
+
+def _state_path(directory: str | None) -> Path:
+    return (Path(directory) if directory else _default_base_dir()).absolute() / STATE_FILE
+
+
+def _load(state_path: Path) -> PrivateRedis | None:
+    try:
+        return PrivateRedis.from_dict(json.loads(state_path.read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def _cmd_install(args: argparse.Namespace) -> int:
+    if os.environ.get(ENV_REDIS_URL):
+        log.info("%s is set: using that server, nothing to install", ENV_REDIS_URL)
+    else:
+        log.info("redis-server: %s", ensure_redis_installed())
+    return 0
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    state_path = _state_path(args.dir)
+    server = _load(state_path)
+    if server is not None and server.is_running():
+        log.info("Redis %s recorded in %s is already running", server.name, state_path)
+    else:
+        server = PrivateRedis(state_path.parent, die_with_parent=False)  # outlives this command
+        server.start()
+        state_path.write_text(json.dumps(server.to_dict(), indent=2) + "\n")
+    print(server.url)
+    return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    state_path = _state_path(args.dir)
+    server = _load(state_path)
+    if server is None:
+        log.info("no Redis recorded in %s; nothing to stop", state_path)
+        return 0
+    server.cleanup()
+    state_path.unlink(missing_ok=True)
+    log.info("stopped and removed Redis %s", server.name)
+    return 0
+
+
+def _cmd_url(args: argparse.Namespace) -> int:
+    state_path = _state_path(args.dir)
+    server = _load(state_path)
+    if server is None or not server.is_running():
+        log.error("no running Redis recorded in %s (run `start` first)", state_path)
+        return 1
+    print(server.url)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m ojs_kombu.testing.redis``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m ojs_kombu.testing.redis", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    handlers = {"install": _cmd_install, "start": _cmd_start, "stop": _cmd_stop, "url": _cmd_url}
+    for name, help_text in (
+        ("install", f"install redis-server (apt) unless {ENV_REDIS_URL} names a server"),
+        ("start", "start a private Redis in the background; print its URL"),
+        ("stop", f"stop the Redis recorded in {STATE_FILE} and delete its files"),
+        ("url", f"print the URL of the Redis recorded in {STATE_FILE}"),
+    ):
+        command = sub.add_parser(name, help=help_text)
+        if name != "install":
+            command.add_argument("--dir", help=f"directory for server files and {STATE_FILE} (default: ./.cache/redis)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return handlers[args.action](args)
+    except RedisServerError as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
