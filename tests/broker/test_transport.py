@@ -23,10 +23,7 @@ def test_event_loop_reads_many_frames_per_recv(amqp_url, prefix):
         reader.fill = lambda: fills.append(fill()) or fills[-1]  # count recv()s, change nothing
         # Not a job queue (auto-delete): plain kombu traffic, passed through untouched.
         queue = kombu.Queue(f"{prefix}-plain", durable=False, auto_delete=True)
-        channel = conn.channel()
-        with kombu.Producer(channel) as producer:
-            for i in range(count):
-                producer.publish({"i": i}, routing_key=queue.name, declare=[queue], serializer="json")
+        queue(conn.channel()).declare()
 
         def on_message(body, message):
             received.append(body["i"])
@@ -37,6 +34,11 @@ def test_event_loop_reads_many_frames_per_recv(amqp_url, prefix):
         consumer.consume()
         conn.register_with_event_loop(hub)
         loop = hub.create_loop()
+        # Published from another connection once the consumer waits in the loop, so that no
+        # synchronous reply on this connection (which reads through the same buffer) takes them.
+        with kombu.Connection(amqp_url) as publisher, kombu.Producer(publisher.channel()) as producer:
+            for i in range(count):
+                producer.publish({"i": i}, routing_key=queue.name, serializer="json")
         try:
             wait_until(lambda: next(loop) or len(received) == count, timeout=30, interval=0,
                        message=f"{count} messages through the event loop ({len(received)} so far)")
