@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import grp
-import json
 import logging
 import os
 import pwd
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ._servers import ServerCommands, apt_install, free_ports, process_alive, tail
 from .management import ManagementClient, ManagementError
 
 __all__ = [
@@ -90,12 +90,6 @@ def mask_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(cannot read {path}: {exc.strerror})"
-
 
 def _which(tool: str) -> str | None:
     # /usr/sbin is often missing from a non-root PATH.
@@ -115,26 +109,16 @@ def _which(tool: str) -> str | None:
 def ensure_rabbitmq_installed() -> None:
     """Make sure ``rabbitmq-server`` and ``rabbitmqctl`` exist; install them with apt when root.
 
-    Raises :class:`BrokerError` (saying what to install) when they are
-    missing and cannot be installed.
+    The package's system service is not started.  Raises :class:`BrokerError` (saying what
+    to install) when they are missing and cannot be installed.
     """
-    if _which("rabbitmq-server") and _which("rabbitmqctl"):
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise BrokerError(
-            "RabbitMQ is not installed: install the `rabbitmq-server` package "
-            "(e.g. `sudo apt-get install rabbitmq-server`), start a Docker engine, "
-            f"or point {ENV_AMQP_URL} at an existing broker"
-        )
-    log.info("rabbitmq-server not found; installing it with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "rabbitmq-server"]):
-        done = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        if done.returncode != 0:
-            output = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-            raise BrokerError(f"`{' '.join(cmd)}` failed with exit code {done.returncode}:\n{output}")
-    if not (_which("rabbitmq-server") and _which("rabbitmqctl")):
-        raise BrokerError("apt-get installed rabbitmq-server but rabbitmq-server/rabbitmqctl are still not found")
+    apt_install(
+        "rabbitmq-server", installed=lambda: bool(_which("rabbitmq-server") and _which("rabbitmqctl")),
+        error=BrokerError, log=log,
+        hint="RabbitMQ is not installed: install the `rabbitmq-server` package "
+             "(e.g. `sudo apt-get install rabbitmq-server`), start a Docker engine, "
+             f"or point {ENV_AMQP_URL} at an existing broker",
+    )
 
 
 @dataclass(frozen=True)
@@ -169,19 +153,6 @@ def _tools() -> _Tools:
 # -- private node ------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
 
 def _port_open(port: int) -> bool:
     try:
@@ -211,18 +182,6 @@ def _default_base_dir() -> Path:
     return Path.cwd() / ".cache" / "rabbitmq"
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
 
 class PrivateNode:
     """A RabbitMQ node of our own, beside any other broker on the machine.
@@ -243,11 +202,16 @@ class PrivateNode:
     def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, node_name: str | None = None):
         self._tools = _tools()
         self.node_name = node_name or f"ojs-{secrets.token_hex(4)}@localhost"
-        self.amqp_port, self.dist_port, self.management_port, self.epmd_port = _free_ports(4)
+        self.amqp_port, self.dist_port, self.management_port, self.epmd_port = free_ports(4)
         self.dir = self._usable_base_dir(Path(base_dir) if base_dir else _default_base_dir()) / self.short_name
         self._proc: subprocess.Popen[bytes] | None = None
 
     # -- identity ---------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The node name (``ojs-…@localhost``)."""
+        return self.node_name
 
     @property
     def short_name(self) -> str:
@@ -487,7 +451,7 @@ class PrivateNode:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        if not _process_alive(pid) or not self._is_our_vm(pid):
+        if not process_alive(pid) or not self._is_our_vm(pid):
             return None
         return pid
 
@@ -503,7 +467,7 @@ class PrivateNode:
         )
 
     def _wait_for_exit(self, pid: int, deadline: float) -> bool:
-        while _process_alive(pid):
+        while process_alive(pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(_POLL)
@@ -557,8 +521,8 @@ class PrivateNode:
     def _startup_error(self, reason: str) -> BrokerError:
         return BrokerError(
             f"RabbitMQ node {self.node_name} failed to start: {reason}\n"
-            f"--- {self.startup_log} (tail) ---\n{_tail(self.startup_log)}\n"
-            f"--- {self.log_file} (tail) ---\n{_tail(self.log_file)}"
+            f"--- {self.startup_log} (tail) ---\n{tail(self.startup_log)}\n"
+            f"--- {self.log_file} (tail) ---\n{tail(self.log_file)}"
         )
 
 
@@ -717,53 +681,6 @@ def provision_broker(base_dir: str | os.PathLike[str] | None = None) -> Iterator
 # -- command line ------------------------------------------------------------
 
 
-def _state_path(directory: str | None) -> Path:
-    return (Path(directory) if directory else _default_base_dir()).absolute() / STATE_FILE
-
-
-def _load_node(state_path: Path) -> PrivateNode | None:
-    try:
-        return PrivateNode.from_dict(json.loads(state_path.read_text()))
-    except FileNotFoundError:
-        return None
-
-
-def _cmd_start(args: argparse.Namespace) -> int:
-    state_path = _state_path(args.dir)
-    node = _load_node(state_path)
-    if node is not None and node.is_running():
-        log.info("node %s recorded in %s is already running", node.node_name, state_path)
-    else:
-        node = PrivateNode(state_path.parent)
-        node.start()
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        state_path.write_text(json.dumps(node.to_dict(), indent=2) + "\n")
-    print(node.url)
-    return 0
-
-
-def _cmd_stop(args: argparse.Namespace) -> int:
-    state_path = _state_path(args.dir)
-    node = _load_node(state_path)
-    if node is None:
-        log.info("no node recorded in %s; nothing to stop", state_path)
-        return 0
-    node.cleanup()
-    state_path.unlink(missing_ok=True)
-    log.info("stopped and removed node %s", node.node_name)
-    return 0
-
-
-def _cmd_url(args: argparse.Namespace) -> int:
-    state_path = _state_path(args.dir)
-    node = _load_node(state_path)
-    if node is None or not node.is_running():
-        log.error("no running node recorded in %s (run `start` first)", state_path)
-        return 1
-    print(node.url)
-    return 0
-
-
 def _cmd_install(args: argparse.Namespace) -> int:
     if os.environ.get("OJS_AMQP_URL"):
         log.info("OJS_AMQP_URL is set: using that broker, nothing to install")
@@ -796,33 +713,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
             return 127
 
 
+def _add_command(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
+
+
+_COMMANDS = ServerCommands(
+    prog="python -m ojs_kombu.testing.broker", what="RabbitMQ node", state_file=STATE_FILE,
+    default_dir=_default_base_dir, create=PrivateNode, load=PrivateNode.from_dict,
+    install=_cmd_install, install_help=f"install rabbitmq-server (apt) unless {ENV_AMQP_URL} or Docker provides a broker",
+    error=BrokerError, log=log,
+    extra={"run": ("provision a broker, run CMD with OJS_AMQP_URL set, tear down", _cmd_run, _add_command)},
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m ojs_kombu.testing.broker``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m ojs_kombu.testing.broker", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="action", required=True)
-    dir_help = "directory for node data and node.json (default: ./.cache/rabbitmq)"
-    for name, help_text in (
-        ("start", "start a private node in the background; print its AMQP URL"),
-        ("stop", "stop the node recorded in node.json and delete its files"),
-        ("url", "print the AMQP URL of the node recorded in node.json"),
-        ("run", "provision a broker, run CMD with OJS_AMQP_URL set, tear down"),
-        ("install", "install rabbitmq-server (apt) unless OJS_AMQP_URL or Docker provides a broker"),
-    ):
-        command = sub.add_parser(name, help=help_text)
-        command.add_argument("--dir", help=dir_help)
-        if name == "run":
-            command.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
-    handler = {"start": _cmd_start, "stop": _cmd_stop, "url": _cmd_url, "run": _cmd_run,
-               "install": _cmd_install}[args.action]
-    try:
-        return handler(args)
-    except BrokerError as exc:
-        log.error("%s", exc)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return _COMMANDS.main(argv, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -39,7 +38,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .broker import BrokerError, _free_ports, _process_alive, _tail, mask_url
+from ._servers import ServerCommands, apt_install, free_ports, process_alive, tail
+from .broker import BrokerError, mask_url
 
 __all__ = [
     "PrivateRedis",
@@ -58,8 +58,6 @@ PACKAGE = "redis-server"
 STATE_FILE = "redis.json"
 
 _TOOL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin")
-_POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
-_POLICY_MARK = "# written by ojs_kombu.testing.redis while apt-get runs"
 _START_ATTEMPTS = 3  # a free port may be taken between choosing it and redis binding it
 _POLL = 0.05
 
@@ -80,61 +78,19 @@ def _server_binary() -> str | None:
 # -- installation ------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _services_not_started() -> Iterator[None]:
-    """While the block runs, tell Debian's maintainer scripts not to start services.
-
-    An existing ``/usr/sbin/policy-rc.d`` is left as it is (container images ship one that
-    already forbids starting services); otherwise a temporary one answering 101 ("action
-    forbidden") is written and removed afterwards, if it is still ours.
-    """
-    if _POLICY_RC_D.exists():
-        yield
-        return
-    _POLICY_RC_D.write_text(f"#!/bin/sh\n{_POLICY_MARK}\nexit 101\n")
-    _POLICY_RC_D.chmod(0o755)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            if _POLICY_MARK in _POLICY_RC_D.read_text():
-                _POLICY_RC_D.unlink()
-
-
-def _apt_get(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    return subprocess.run(["apt-get", *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-
-
 def ensure_redis_installed() -> str:
     """Path of ``redis-server``; installs Debian's package with ``apt-get`` when missing and root.
 
-    The package's post-install script is kept from starting the system service (see
-    :func:`_services_not_started`).  Raises :class:`RedisServerError` (saying what to do) when
-    the server is missing and cannot be installed.
+    The package's system service is not started.  Raises :class:`RedisServerError` (saying
+    what to do) when the server is missing and cannot be installed.
     """
+    apt_install(
+        PACKAGE, installed=lambda: _server_binary() is not None, error=RedisServerError, log=log,
+        hint="Redis is not installed: install the `redis-server` package "
+             f"(e.g. `sudo apt-get install redis-server`) or point {ENV_REDIS_URL} at a Redis server",
+    )
     found = _server_binary()
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise RedisServerError(
-            "Redis is not installed: install the `redis-server` package "
-            f"(e.g. `sudo apt-get install redis-server`) or point {ENV_REDIS_URL} at a Redis server"
-        )
-    log.info("redis-server not found; installing it with apt-get")
-    began = time.monotonic()
-    with _services_not_started():
-        done = _apt_get("install", "-y", "--no-install-recommends", PACKAGE)
-        if done.returncode != 0:  # stale or missing package lists: refresh them once
-            _apt_get("update")
-            done = _apt_get("install", "-y", "--no-install-recommends", PACKAGE)
-    if done.returncode != 0:
-        output = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-        raise RedisServerError(f"`apt-get install {PACKAGE}` failed with exit code {done.returncode}:\n{output}")
-    found = _server_binary()
-    if not found:
-        raise RedisServerError(f"apt-get installed {PACKAGE} but redis-server is still not found")
-    log.info("installed %s in %.1fs", PACKAGE, time.monotonic() - began)
+    assert found
     return found
 
 
@@ -212,7 +168,7 @@ class PrivateRedis:
         self.die_with_parent = die_with_parent
         self.name = name or f"ojs-redis-{secrets.token_hex(4)}"
         self.dir = (Path(base_dir) if base_dir else _default_base_dir()).absolute() / self.name
-        self.port = _free_ports(1)[0]
+        self.port = free_ports(1)[0]
         self.pid: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -257,7 +213,7 @@ class PrivateRedis:
 
     def is_running(self) -> bool:
         """Whether the process this object started (or recorded) is alive and is our server."""
-        return self.pid is not None and _process_alive(self.pid) and self._is_ours(self.pid)
+        return self.pid is not None and process_alive(self.pid) and self._is_ours(self.pid)
 
     def start(self, timeout: float = 20) -> None:
         """Start the server (no-op if running) and wait until it answers ``PING``.
@@ -279,7 +235,7 @@ class PrivateRedis:
                 if attempt == _START_ATTEMPTS or not self._port_was_taken():
                     raise
                 log.info("port %s was taken before redis-server bound it; trying another", self.port)
-                self.port = _free_ports(1)[0]
+                self.port = free_ports(1)[0]
         log.info("Redis %s ready in %.2fs: %s (dir %s)", self.name, time.monotonic() - began, self.url, self.dir)
 
     def stop(self, timeout: float = 10) -> None:
@@ -342,7 +298,7 @@ class PrivateRedis:
             time.sleep(_POLL)
 
     def _port_was_taken(self) -> bool:
-        text = _tail(self.log_file, 5)
+        text = tail(self.log_file, 5)
         return "Address already in use" in text
 
     def _is_ours(self, pid: int) -> bool:
@@ -357,7 +313,7 @@ class PrivateRedis:
         assert self.pid is not None
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, sig)
-        while _process_alive(self.pid):
+        while process_alive(self.pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(_POLL)
@@ -366,7 +322,7 @@ class PrivateRedis:
     def _startup_error(self, reason: str) -> RedisServerError:
         return RedisServerError(
             f"Redis {self.name} on port {self.port} failed to start: {reason}\n"
-            f"--- {self.log_file} (tail) ---\n{_tail(self.log_file)}"
+            f"--- {self.log_file} (tail) ---\n{tail(self.log_file)}"
         )
 
 
@@ -392,17 +348,6 @@ def provision_redis(base_dir: str | os.PathLike[str] | None = None) -> Iterator[
 # -- command line ------------------------------------------------------------
 
 
-def _state_path(directory: str | None) -> Path:
-    return (Path(directory) if directory else _default_base_dir()).absolute() / STATE_FILE
-
-
-def _load(state_path: Path) -> PrivateRedis | None:
-    try:
-        return PrivateRedis.from_dict(json.loads(state_path.read_text()))
-    except FileNotFoundError:
-        return None
-
-
 def _cmd_install(args: argparse.Namespace) -> int:
     if os.environ.get(ENV_REDIS_URL):
         log.info("%s is set: using that server, nothing to install", ENV_REDIS_URL)
@@ -411,64 +356,18 @@ def _cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_start(args: argparse.Namespace) -> int:
-    state_path = _state_path(args.dir)
-    server = _load(state_path)
-    if server is not None and server.is_running():
-        log.info("Redis %s recorded in %s is already running", server.name, state_path)
-    else:
-        server = PrivateRedis(state_path.parent, die_with_parent=False)  # outlives this command
-        server.start()
-        state_path.write_text(json.dumps(server.to_dict(), indent=2) + "\n")
-    print(server.url)
-    return 0
-
-
-def _cmd_stop(args: argparse.Namespace) -> int:
-    state_path = _state_path(args.dir)
-    server = _load(state_path)
-    if server is None:
-        log.info("no Redis recorded in %s; nothing to stop", state_path)
-        return 0
-    server.cleanup()
-    state_path.unlink(missing_ok=True)
-    log.info("stopped and removed Redis %s", server.name)
-    return 0
-
-
-def _cmd_url(args: argparse.Namespace) -> int:
-    state_path = _state_path(args.dir)
-    server = _load(state_path)
-    if server is None or not server.is_running():
-        log.error("no running Redis recorded in %s (run `start` first)", state_path)
-        return 1
-    print(server.url)
-    return 0
+_COMMANDS = ServerCommands(
+    prog="python -m ojs_kombu.testing.redis", what="Redis", state_file=STATE_FILE,
+    default_dir=_default_base_dir, create=lambda directory: PrivateRedis(directory, die_with_parent=False),
+    load=PrivateRedis.from_dict, install=_cmd_install,
+    install_help=f"install redis-server (apt) unless {ENV_REDIS_URL} names a server",
+    error=RedisServerError, log=log,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m ojs_kombu.testing.redis``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m ojs_kombu.testing.redis", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="action", required=True)
-    handlers = {"install": _cmd_install, "start": _cmd_start, "stop": _cmd_stop, "url": _cmd_url}
-    for name, help_text in (
-        ("install", f"install redis-server (apt) unless {ENV_REDIS_URL} names a server"),
-        ("start", "start a private Redis in the background; print its URL"),
-        ("stop", f"stop the Redis recorded in {STATE_FILE} and delete its files"),
-        ("url", f"print the URL of the Redis recorded in {STATE_FILE}"),
-    ):
-        command = sub.add_parser(name, help=help_text)
-        if name != "install":
-            command.add_argument("--dir", help=f"directory for server files and {STATE_FILE} (default: ./.cache/redis)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
-    try:
-        return handlers[args.action](args)
-    except RedisServerError as exc:
-        log.error("%s", exc)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return _COMMANDS.main(argv, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":
