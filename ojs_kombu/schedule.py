@@ -109,7 +109,7 @@ class Cascade:
         return replace(message, headers=headers), self.entry_exchange(delay_ms), queue
 
     def exchange(self, level: int) -> str:
-        """The topic exchange of ``level``."""
+        """The direct exchange of ``level``."""
         return self.names.schedule_exchange(level)
 
     def queue(self, level: int) -> str:
