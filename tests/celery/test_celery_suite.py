@@ -66,10 +66,6 @@ CHORD_EXCLUDED = {
         "only just before publishing the last header task; when the worker finishes the first header "
         "task before that, its part is dropped as a late duplicate and the body never runs. Publisher "
         "confirms (~5-10 ms per publish) widen that window",
-    "test_group_or_task_countdown_delays_header":
-        "intermittent, apparently in the transport's delayed delivery: the two header tasks of a "
-        "countdown=2 chord arrived 22 s and 28 s late in two runs and not within the test's 60 s in a "
-        "third (3 of ~30 runs, never in 25 isolated runs); reported, not fixed here",
     "test_generator":
         "time: sleeps 1 s per header item by design (~55 s over 7 sizes); tests Celery's lazy "
         "unrolling of a generator header, no broker behaviour the other chord tests lack",
