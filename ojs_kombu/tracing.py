@@ -12,7 +12,7 @@ context still propagates.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Iterator
 
 from opentelemetry import context as otel_context
@@ -43,11 +43,41 @@ def with_trace_context(job: Job) -> Job:
     return job.model_copy(update={"meta": {**meta, **trace_meta}})
 
 
-@contextmanager
-def job_span(job: Job, attempt: int) -> Iterator[Any]:
-    """Run the handler of ``job`` in a consumer span, a child of the producer's context."""
+def tracing_configured() -> bool:
+    """Whether an OpenTelemetry SDK (a real tracer provider) has been installed."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+_NO_SPAN = nullcontext()
+
+
+def job_span(job: Job, attempt: int) -> AbstractContextManager[Any]:
+    """A context manager that runs the handler of ``job`` in a consumer span, a child of the
+    producer's context.
+
+    Without an SDK every span would be a no-op (about 10 µs per job for the attributes,
+    the proxy and no-op tracers and two context switches): then only the producer's
+    context is made current, so that jobs the handler enqueues carry it (about 2 µs, and
+    nothing at all for a job without one), and the span is ``None``.
+    """
     meta = job.meta or {}
     carrier = {k: meta[k] for k in ("traceparent", "tracestate") if isinstance(meta.get(k), str)}
+    if not tracing_configured():
+        return _producer_context(carrier) if carrier else _NO_SPAN
+    return _consumer_span(job, attempt, carrier)
+
+
+@contextmanager
+def _producer_context(carrier: dict[str, str]) -> Iterator[None]:
+    token = otel_context.attach(propagate.extract(carrier))
+    try:
+        yield None
+    finally:
+        otel_context.detach(token)
+
+
+@contextmanager
+def _consumer_span(job: Job, attempt: int, carrier: dict[str, str]) -> Iterator[Any]:
     parent = propagate.extract(carrier) if carrier else otel_context.get_current()
     with _tracer.start_as_current_span(
         f"{job.queue} process", context=parent, kind=trace.SpanKind.CONSUMER,
@@ -57,4 +87,4 @@ def job_span(job: Job, attempt: int) -> Iterator[Any]:
         yield span
 
 
-__all__ = ["current_trace_meta", "job_span", "with_trace_context"]
+__all__ = ["current_trace_meta", "job_span", "tracing_configured", "with_trace_context"]
