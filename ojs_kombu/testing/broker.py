@@ -90,7 +90,6 @@ def mask_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-
 def _which(tool: str) -> str | None:
     # /usr/sbin is often missing from a non-root PATH.
     found = shutil.which(tool)
@@ -153,7 +152,6 @@ def _tools() -> _Tools:
 # -- private node ------------------------------------------------------------
 
 
-
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1.0):
@@ -180,7 +178,6 @@ def _traversable(path: Path, uid: int, gid: int, user: str) -> bool:
 
 def _default_base_dir() -> Path:
     return Path.cwd() / ".cache" / "rabbitmq"
-
 
 
 class PrivateNode:
