@@ -39,11 +39,12 @@ from typing import Any
 
 from ojs_kombu.codec import CONTENT_ENCODING, Header, OutgoingMessage, encode
 from ojs_kombu.consumer import DEATH_HEADERS
-from ojs_kombu.envelope import Job, RetryPolicy, format_timestamp, new_job_id
+from ojs_kombu.envelope import Job, RetryPolicy, new_job_id
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.naming import job_type_for
 from ojs_kombu.retry import Failure, record_failure
 from ojs_kombu.settle import error_headers
+from ojs_kombu.timefmt import format_timestamp
 
 #: Celery header carrying the envelope fields Celery does not model, inside Celery only.
 ENVELOPE_HEADER = "ojs_envelope"

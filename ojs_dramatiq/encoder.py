@@ -36,11 +36,13 @@ from typing import Any, Mapping
 import dramatiq
 from dramatiq.message import Message
 
-from ojs_kombu.envelope import Job, RetryPolicy, ensure_json_native, format_duration, format_timestamp
+from ojs_kombu.envelope import Job, RetryPolicy
 from ojs_kombu.envelope import JOB_ID_PATTERN
 from ojs_kombu.errors import DecodeError
+from ojs_kombu.jsonvalue import ensure_json_native
 from ojs_kombu.naming import job_type_for
 from ojs_kombu.naming import ojs_queue_for as map_queue_name
+from ojs_kombu.timefmt import format_duration, format_timestamp
 
 #: The ``meta`` key holding what only Dramatiq needs (DESIGN §2).
 META_KEY = "dramatiq"

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from .envelope import MAX_ENVELOPE_BYTES, Job, RetryPolicy, format_timestamp
+from .envelope import MAX_ENVELOPE_BYTES, Job, RetryPolicy
+from .timefmt import format_timestamp
 from .errors import DecodeError, ValidationError
 
 CONTENT_TYPE = "application/openjobspec+json"

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .codec import Header, decode
-from .envelope import Job, format_timestamp, utcnow
+from .envelope import Job
 from .errors import DecodeError
+from .timefmt import format_timestamp, utcnow
 
 
 def _text(value: Any) -> str | None:

@@ -21,22 +21,27 @@ whose ``field`` is a path such as ``"args[2].when"`` or ``"retry.max_interval"``
 from __future__ import annotations
 
 import json
-import math
 import re
 import secrets
 import threading
 import time
 import uuid as _uuid
 from collections.abc import Mapping
-from datetime import date, datetime, timedelta, timezone
-from decimal import Decimal
+from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic import ValidationError as _PydanticValidationError
 
+from ._problems import Problem as _Problem
+from ._problems import convert_pydantic_error as _convert
+from ._problems import public_error as _public
+from ._problems import short_repr as _short
 from .errors import ValidationError
+from .jsonvalue import MAX_JSON_DEPTH, MAX_SAFE_INTEGER, _walk, ensure_json_native
 from .naming import RESERVED_QUEUE_PREFIXES  # refused by Job.create (DESIGN §3)
+from .timefmt import (_aware, _check_timestamp, _duration, _duration_groups, _duration_input, _format_ts, _timestamp,
+                      format_duration, format_timestamp, parse_duration, parse_timestamp, utcnow)
 
 SPEC_VERSION = "1.0"
 """The only ``specversion`` this library reads and writes."""
@@ -59,12 +64,6 @@ MAX_JOB_TYPE_LENGTH = 255
 MAX_QUEUE_NAME_LENGTH = 128
 """Longest queue name the schema allows."""
 
-MAX_SAFE_INTEGER = 2**53 - 1
-"""Largest integer every JSON consumer represents exactly (ojs-json-format: larger ones travel as strings)."""
-
-MAX_JSON_DEPTH = 256
-"""Deepest nesting of arrays/objects accepted in ``args``, ``meta`` and ``result``."""
-
 JobState = Literal["scheduled", "available", "pending", "active", "completed", "retryable", "cancelled", "discarded"]
 """The eight OJS lifecycle states."""
 
@@ -72,15 +71,6 @@ _TYPE_RE = re.compile(JOB_TYPE_PATTERN[1:-1])
 _QUEUE_RE = re.compile(QUEUE_NAME_PATTERN[1:-1])
 _ID_RE = re.compile(JOB_ID_PATTERN[1:-1])
 _ANY_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_RFC3339_RE = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})"
-)
-_NO_TZ_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?")
-# The schema's duration pattern, with groups.  Fullmatch only: `$` would accept a trailing newline.
-_DURATION_RE = re.compile(
-    r"P(?:([0-9]+)Y)?(?:([0-9]+)M)?(?:([0-9]+)W)?(?:([0-9]+)D)?"
-    r"(?:T(?:([0-9]+)H)?(?:([0-9]+)M)?(?:([0-9]+(?:\.[0-9]+)?)S)?)?"
-)
 _URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s]*")
 
 # Context key of the validation mode.  No context (plain Python construction) behaves
@@ -88,332 +78,6 @@ _URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s]*")
 _MODE = "ojs_mode"
 _STRICT = "strict"
 _TOLERANT = "tolerant"
-
-
-# --------------------------------------------------------------------------- problems and paths
-
-
-class _Problem(ValueError):
-    """A problem at ``path``, relative to the value being checked (internal).
-
-    Validators raise it so pydantic keeps the location; :func:`_convert` joins that
-    location with ``path`` into the public ``ValidationError.field``.
-    """
-
-    def __init__(self, text: str, path: str = ""):
-        super().__init__(text)
-        self.text = text
-        self.path = path
-
-    def under(self, segment: str) -> _Problem:
-        """Prefix the path with ``segment`` (a key or ``[index]``) and return self."""
-        self.path = _join(segment, self.path)
-        return self
-
-
-def _join(base: str, rel: str) -> str:
-    if not rel:
-        return base
-    if not base:
-        return rel
-    return base + rel if rel[0] == "[" else f"{base}.{rel}"
-
-
-def _public(problem: _Problem, field: str | None) -> ValidationError:
-    path = _join(field or "", problem.path) or None
-    message = f"{path}: {problem.text}" if path else problem.text
-    return ValidationError(message, field=path)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _convert(exc: _PydanticValidationError, prefix: str = "") -> ValidationError:
-    """Turn a pydantic error into ours: one entry per problem, ``field`` = first path."""
-    errors: list[dict[str, Any]] = []
-    for err in exc.errors(include_url=False):
-        path = prefix
-        for part in err["loc"]:
-            path = _join(path, f"[{part}]" if isinstance(part, int) else str(part))
-        cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, _Problem):
-            path, text = _join(path, cause.path), cause.text
-        elif isinstance(cause, ValidationError):
-            text = str(cause)
-        elif err["type"] == "missing":
-            text = "is required"
-        else:
-            text = f"{err['msg']} (got {_short(err.get('input'))})"
-        errors.append({"field": path or None, "message": f"{path}: {text}" if path else text})
-    if len(errors) == 1:
-        message = errors[0]["message"]
-    else:
-        message = f"{len(errors)} problems: " + "; ".join(e["message"] for e in errors)
-    return ValidationError(message, field=errors[0]["field"] if errors else None, errors=errors)
-
-
-# --------------------------------------------------------------------------- time
-
-
-def utcnow() -> datetime:
-    """Return the current time as an aware UTC datetime."""
-    return datetime.now(timezone.utc)
-
-
-def _format_ts(dt: datetime) -> str:
-    if dt.tzinfo is not timezone.utc:
-        dt = dt.astimezone(timezone.utc)
-    return dt.isoformat(timespec="milliseconds")[:-6] + "Z"
-
-
-def _aware(value: Any) -> datetime:
-    if not isinstance(value, datetime):
-        raise _Problem(f"expected a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise _Problem(
-            f"naive datetime {value.isoformat()} has no timezone; pass an aware datetime "
-            "such as datetime.now(timezone.utc)"
-        )
-    return value
-
-
-def format_timestamp(dt: datetime) -> str:
-    """Format an aware datetime as OJS emits it: RFC 3339, UTC, milliseconds, ``Z``.
-
-    ``format_timestamp(datetime(2026, 2, 15, 10, 30, tzinfo=timezone.utc))`` is
-    ``"2026-02-15T10:30:00.000Z"``.  Sub-millisecond digits are truncated.  A naive
-    datetime raises :class:`ValidationError`: its instant is unknown.
-    """
-    try:
-        return _format_ts(_aware(dt))
-    except _Problem as problem:
-        raise _public(problem, None) from None
-
-
-def _timestamp(value: Any) -> datetime:
-    if not isinstance(value, str):
-        raise _Problem(f"expected an RFC 3339 timestamp string, got {type(value).__name__}")
-    if _RFC3339_RE.fullmatch(value) is None:
-        if _NO_TZ_RE.fullmatch(value):
-            raise _Problem(f"timestamp {value!r} has no timezone; OJS requires one (e.g. '2026-02-15T10:30:00Z')")
-        raise _Problem(f"{value!r} is not an RFC 3339 timestamp (e.g. '2026-02-15T10:30:00.000Z')")
-    try:
-        return datetime.fromisoformat(value.upper())
-    except ValueError as exc:
-        raise _Problem(f"{value!r} is not a valid date and time: {exc}") from None
-
-
-def parse_timestamp(s: str) -> datetime:
-    """Parse an RFC 3339 timestamp into an aware datetime.
-
-    A timestamp without a timezone (``"2026-02-15T10:30:00"``) is refused with
-    :class:`ValidationError`, as ojs-json-format requires.
-    """
-    try:
-        return _timestamp(s)
-    except _Problem as problem:
-        raise _public(problem, None) from None
-
-
-def _check_timestamp(value: Any) -> Any:
-    _timestamp(value)
-    return value
-
-
-# --------------------------------------------------------------------------- durations
-
-
-def _duration_groups(value: Any) -> tuple[str | None, ...]:
-    if not isinstance(value, str):
-        raise _Problem(
-            f"expected an ISO 8601 duration string such as 'PT30S' or a timedelta, got {type(value).__name__}"
-        )
-    match = _DURATION_RE.fullmatch(value)
-    # The schema pattern also admits "P", "PT" and "P1DT"; ISO 8601 does not.
-    if match is None or value[-1] in "PT":
-        raise _Problem(f"{value!r} is not an ISO 8601 duration (e.g. 'PT1S', 'PT1.5S', 'PT5M', 'P1DT2H')")
-    return match.groups()
-
-
-def _duration(value: Any) -> timedelta:
-    years, months, weeks, days, hours, minutes, seconds = _duration_groups(value)
-    if (years and int(years)) or (months and int(months)):
-        raise _Problem(
-            f"duration {value!r} uses years or months, which have no fixed length; "
-            "use weeks, days, hours, minutes or seconds (e.g. 'P30D')"
-        )
-    try:
-        return timedelta(
-            weeks=int(weeks or 0),
-            days=int(days or 0),
-            hours=int(hours or 0),
-            minutes=int(minutes or 0),
-            seconds=float(seconds) if seconds else 0,
-        )
-    except OverflowError:
-        raise _Problem(f"duration {value!r} is too long") from None
-
-
-def parse_duration(s: str) -> timedelta:
-    """Parse an ISO 8601 duration of the forms the schema allows into a timedelta.
-
-    Weeks, days, hours, minutes and (fractional) seconds are supported:
-    ``"PT1.5S"``, ``"PT5M"``, ``"P1DT2H"``, ``"P2W"``.  Years and months are
-    refused (they have no fixed length), as are ``"P"``/``"PT"`` with no component.
-    """
-    try:
-        return _duration(s)
-    except _Problem as problem:
-        raise _public(problem, None) from None
-
-
-def _format_duration(td: timedelta) -> str:
-    if td < timedelta(0):
-        raise _Problem(f"duration must not be negative, got {td!r}")
-    micros = (td.days * 86_400 + td.seconds) * 1_000_000 + td.microseconds
-    days, micros = divmod(micros, 86_400_000_000)
-    hours, micros = divmod(micros, 3_600_000_000)
-    minutes, micros = divmod(micros, 60_000_000)
-    seconds, micros = divmod(micros, 1_000_000)
-    time_part = (f"{hours}H" if hours else "") + (f"{minutes}M" if minutes else "")
-    if micros:
-        time_part += f"{seconds}.{micros:06d}".rstrip("0") + "S"
-    elif seconds:
-        time_part += f"{seconds}S"
-    text = "P" + (f"{days}D" if days else "") + (f"T{time_part}" if time_part else "")
-    return text if text != "P" else "PT0S"
-
-
-def format_duration(td: timedelta) -> str:
-    """Format a non-negative timedelta as an ISO 8601 duration.
-
-    ``PT1S``, ``PT1.5S``, ``PT5M``, ``P1DT2H``; zero is ``PT0S``.  Days are never
-    folded into weeks.
-    """
-    if not isinstance(td, timedelta):
-        raise ValidationError(f"expected a timedelta, got {type(td).__name__}")
-    try:
-        return _format_duration(td)
-    except _Problem as problem:
-        raise _public(problem, None) from None
-
-
-def _duration_input(value: Any) -> Any:
-    """Before-validator of duration fields: a timedelta becomes its ISO string."""
-    if isinstance(value, timedelta):
-        return _format_duration(value)
-    if value is not None and not isinstance(value, str):
-        _duration_groups(value)  # raises, naming the accepted forms
-    return value
-
-
-# --------------------------------------------------------------------------- JSON-native values
-
-_HINTS = {
-    datetime: "format it as an RFC 3339 string (e.g. ojs_kombu.envelope.format_timestamp(dt))",
-    date: "pass an ISO 8601 string (d.isoformat())",
-    bytes: "encode it as a string, e.g. base64url without padding",
-    bytearray: "encode it as a string, e.g. base64url without padding",
-    Decimal: "pass it as a string",
-    set: "pass a list",
-    frozenset: "pass a list",
-    _uuid.UUID: "pass str(value)",
-}
-
-
-def _not_native(value: Any) -> _Problem:
-    kind = type(value)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    hint = next((h for t, h in _HINTS.items() if isinstance(value, t)), None)
-    text = (
-        f"a {name} is not a JSON-native value "
-        "(allowed: object with string keys, array, string, number, boolean, null)"
-    )
-    return _Problem(f"{text}; {hint}" if hint else text)
-
-
-def _check_text(text: str) -> None:
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _Problem("string contains a lone surrogate and cannot be encoded as UTF-8") from None
-
-
-def _walk(value: Any, large_ints: bool, depth: int) -> int:
-    """Check that ``value`` is JSON-native; return an upper bound of its JSON size in bytes."""
-    kind = type(value)
-    if kind is str:
-        _check_text(value)
-        return 6 * len(value) + 2  # worst case: every character escaped as \uXXXX
-    if kind is bool or value is None:
-        return 5
-    if kind is int:
-        if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-            return 17
-        if not large_ints:
-            raise _Problem(
-                f"integer {value} is outside ±(2**53-1) and is not exact in every JSON consumer; pass it as a string"
-            )
-        return value.bit_length() // 3 + 3
-    if kind is float:
-        if not math.isfinite(value):
-            raise _Problem(f"{value!r} is not a JSON number (NaN and infinities are refused)")
-        return 25
-    if depth >= MAX_JSON_DEPTH:
-        raise _Problem(f"nested deeper than {MAX_JSON_DEPTH} levels (a reference cycle?)")
-    if kind is list or kind is tuple:
-        size = 2
-        for index, item in enumerate(value):
-            try:
-                size += _walk(item, large_ints, depth + 1) + 1
-            except _Problem as problem:
-                raise problem.under(f"[{index}]") from None
-        return size
-    if kind is dict:
-        size = 2
-        for key, item in value.items():
-            if type(key) is not str:
-                if not isinstance(key, str):
-                    raise _Problem(f"object keys must be strings, got {type(key).__name__} key {_short(key)}")
-            try:
-                _check_text(key)
-                size += 6 * len(key) + 4 + _walk(item, large_ints, depth + 1)
-            except _Problem as problem:
-                raise problem.under(key) from None
-        return size
-    # Subclasses (IntEnum, str-based Enum, OrderedDict...) serialise like their base type.
-    if isinstance(value, str):
-        return _walk(str.__str__(value), large_ints, depth)
-    if isinstance(value, int):
-        return _walk(int.__int__(value), large_ints, depth)
-    if isinstance(value, float):
-        return _walk(float.__float__(value), large_ints, depth)
-    if isinstance(value, (list, tuple)):
-        return _walk(list(value), large_ints, depth)
-    if isinstance(value, dict):
-        return _walk(dict(value), large_ints, depth)
-    raise _not_native(value)
-
-
-def ensure_json_native(value: Any, field: str, *, allow_large_ints: bool = False) -> None:
-    """Raise :class:`ValidationError` unless ``value`` is made only of JSON-native values.
-
-    Allowed: ``dict`` with ``str`` keys, ``list`` and ``tuple`` (a tuple serialises as
-    an array, like in Celery), ``str``, ``bool``, ``None``, ``int`` within
-    ±(2**53-1) (larger ones must travel as strings, per ojs-json-format, unless
-    ``allow_large_ints``) and finite ``float``; subclasses of those (``IntEnum``,
-    ``OrderedDict``...) count as their base type.  Anything else (bytes, sets,
-    datetimes, Decimal, arbitrary objects) is refused, with the type name and a hint.
-    ``field`` names ``value``; the error's ``field`` is the exact path of the
-    offending item, e.g. ``"args[2].when"``.
-    """
-    try:
-        _walk(value, allow_large_ints, 0)
-    except _Problem as problem:
-        raise _public(problem, field) from None
 
 
 def _json_native(value: Any, info: ValidationInfo) -> Any:

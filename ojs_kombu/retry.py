@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from .backoff import retry_delay
 from .codec import max_attempts_of
-from .envelope import Job, JobError, RetryPolicy, format_timestamp, utcnow
+from .envelope import Job, JobError, RetryPolicy
 from .errors import DeadLetter, Discard
+from .timefmt import format_timestamp, utcnow
 
 #: Mantissas of the retry delay ladder (one decade).
 LADDER_MANTISSAS = (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)

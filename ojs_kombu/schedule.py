@@ -40,9 +40,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from .codec import OutgoingMessage
-from .envelope import utcnow
 from .errors import ValidationError
 from .naming import Names
+from .timefmt import utcnow
 from .topology import BindingSpec, ExchangeSpec, QueueSpec, Spec
 
 QUANTUM_MS = 1

@@ -25,11 +25,12 @@ from typing import Any
 
 from .codec import Header, OutgoingMessage, decode, encode
 from .consumer import Consumer, Delivery
-from .envelope import Job, utcnow
+from .envelope import Job
 from .errors import DecodeError, ValidationError
 from .naming import Names
 from .retry import Decision, Failure, Outcome, decide, record_failure
 from .schedule import Cascade, delay_ms_until
+from .timefmt import utcnow
 from .topology import Topology
 
 logger = logging.getLogger(__name__)

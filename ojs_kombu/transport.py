@@ -74,7 +74,7 @@ from kombu.transport import TRANSPORT_ALIASES, pyamqp
 from kombu.utils.imports import symbol_by_name
 
 from .codec import ACCEPTED_CONTENT_TYPES, CONTENT_TYPE, Header, OutgoingMessage, decode
-from .envelope import Job, utcnow
+from .envelope import Job
 from .errors import DecodeError, ValidationError
 from .framing import FrameReader, supports as framing_supports
 from .metrics import METRICS
@@ -82,6 +82,7 @@ from .naming import QUEUE_NAME_RE, Names, ojs_queue_for
 from .publisher import ConfirmedPublisher, PublishTicket
 from .retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure
 from .schedule import Cascade, delay_ms_until
+from .timefmt import utcnow
 from .topology import QueueOptions, Topology
 
 logger = logging.getLogger(__name__)

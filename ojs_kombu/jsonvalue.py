@@ -1,0 +1,129 @@
+"""JSON-native values: what ``args``, ``meta`` and ``result`` may hold (ojs-json-format).
+
+:func:`ensure_json_native` refuses anything that would not survive a trip through JSON
+in every language unchanged: bytes, sets, datetimes, Decimal, NaN, integers beyond
+±(2**53-1), non-string keys, lone surrogates, nesting deeper than :data:`MAX_JSON_DEPTH`.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid as _uuid
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+from ._problems import Problem, public_error, short_repr
+
+MAX_SAFE_INTEGER = 2**53 - 1
+"""Largest integer every JSON consumer represents exactly (ojs-json-format: larger ones travel as strings)."""
+
+MAX_JSON_DEPTH = 256
+"""Deepest nesting of arrays/objects accepted in ``args``, ``meta`` and ``result``."""
+
+_HINTS = {
+    datetime: "format it as an RFC 3339 string (e.g. ojs_kombu.envelope.format_timestamp(dt))",
+    date: "pass an ISO 8601 string (d.isoformat())",
+    bytes: "encode it as a string, e.g. base64url without padding",
+    bytearray: "encode it as a string, e.g. base64url without padding",
+    Decimal: "pass it as a string",
+    set: "pass a list",
+    frozenset: "pass a list",
+    _uuid.UUID: "pass str(value)",
+}
+
+
+def _not_native(value: Any) -> Problem:
+    kind = type(value)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    hint = next((h for t, h in _HINTS.items() if isinstance(value, t)), None)
+    text = (
+        f"a {name} is not a JSON-native value "
+        "(allowed: object with string keys, array, string, number, boolean, null)"
+    )
+    return Problem(f"{text}; {hint}" if hint else text)
+
+
+def _check_text(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Problem("string contains a lone surrogate and cannot be encoded as UTF-8") from None
+
+
+def _walk(value: Any, large_ints: bool, depth: int) -> int:
+    """Check that ``value`` is JSON-native; return an upper bound of its JSON size in bytes."""
+    kind = type(value)
+    if kind is str:
+        _check_text(value)
+        return 6 * len(value) + 2  # worst case: every character escaped as \uXXXX
+    if kind is bool or value is None:
+        return 5
+    if kind is int:
+        if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            return 17
+        if not large_ints:
+            raise Problem(
+                f"integer {value} is outside ±(2**53-1) and is not exact in every JSON consumer; pass it as a string"
+            )
+        return value.bit_length() // 3 + 3
+    if kind is float:
+        if not math.isfinite(value):
+            raise Problem(f"{value!r} is not a JSON number (NaN and infinities are refused)")
+        return 25
+    if depth >= MAX_JSON_DEPTH:
+        raise Problem(f"nested deeper than {MAX_JSON_DEPTH} levels (a reference cycle?)")
+    if kind is list or kind is tuple:
+        size = 2
+        for index, item in enumerate(value):
+            try:
+                size += _walk(item, large_ints, depth + 1) + 1
+            except Problem as problem:
+                raise problem.under(f"[{index}]") from None
+        return size
+    if kind is dict:
+        size = 2
+        for key, item in value.items():
+            if type(key) is not str:
+                if not isinstance(key, str):
+                    raise Problem(f"object keys must be strings, got {type(key).__name__} key {short_repr(key)}")
+            try:
+                _check_text(key)
+                size += 6 * len(key) + 4 + _walk(item, large_ints, depth + 1)
+            except Problem as problem:
+                raise problem.under(key) from None
+        return size
+    # Subclasses (IntEnum, str-based Enum, OrderedDict...) serialise like their base type.
+    if isinstance(value, str):
+        return _walk(str.__str__(value), large_ints, depth)
+    if isinstance(value, int):
+        return _walk(int.__int__(value), large_ints, depth)
+    if isinstance(value, float):
+        return _walk(float.__float__(value), large_ints, depth)
+    if isinstance(value, (list, tuple)):
+        return _walk(list(value), large_ints, depth)
+    if isinstance(value, dict):
+        return _walk(dict(value), large_ints, depth)
+    raise _not_native(value)
+
+
+def ensure_json_native(value: Any, field: str, *, allow_large_ints: bool = False) -> None:
+    """Raise :class:`ValidationError` unless ``value`` is made only of JSON-native values.
+
+    Allowed: ``dict`` with ``str`` keys, ``list`` and ``tuple`` (a tuple serialises as
+    an array, like in Celery), ``str``, ``bool``, ``None``, ``int`` within
+    ±(2**53-1) (larger ones must travel as strings, per ojs-json-format, unless
+    ``allow_large_ints``) and finite ``float``; subclasses of those (``IntEnum``,
+    ``OrderedDict``...) count as their base type.  Anything else (bytes, sets,
+    datetimes, Decimal, arbitrary objects) is refused, with the type name and a hint.
+    ``field`` names ``value``; the error's ``field`` is the exact path of the
+    offending item, e.g. ``"args[2].when"``.
+    """
+    try:
+        _walk(value, allow_large_ints, 0)
+    except Problem as problem:
+        raise public_error(problem, field) from None
+
+
+__all__ = ["MAX_JSON_DEPTH", "MAX_SAFE_INTEGER", "ensure_json_native"]
