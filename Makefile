@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup demo test unit bench clean
+.PHONY: setup demo lint test unit bench clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,14 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) -m ojs_kombu.testing.broker run -- $(PY) examples/demo.py
 
-test: setup
+# Lint and format (ruff), the layer contracts (import-linter, DESIGN §17) and types (mypy).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 unit: setup

@@ -34,15 +34,22 @@ DEFAULT_URL = "amqp://guest:guest@localhost:5672//"
 
 def make_app(mode: str, url: str, queue: str, prefix: str, concurrency: int, prefetch: int):
     """The benchmark's Celery app; the same settings for both transports."""
-    settings = dict(task_acks_late=True, task_acks_on_failure=False, worker_prefetch_multiplier=prefetch,
-                    worker_concurrency=concurrency, task_ignore_result=True, task_default_queue=queue,
-                    task_serializer="json", accept_content=["json"], broker_connection_retry_on_startup=True,
-                    worker_hijack_root_logger=False)
+    settings = dict(
+        task_acks_late=True,
+        task_acks_on_failure=False,
+        worker_prefetch_multiplier=prefetch,
+        worker_concurrency=concurrency,
+        task_ignore_result=True,
+        task_default_queue=queue,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
     if mode == "ojs":
         from ojs_celery import Celery
 
-        app = Celery("bench", broker=url, broker_backend="ojs", broker_transport_options={"prefix": prefix},
-                     **settings)
+        app = Celery("bench", broker=url, broker_backend="ojs", broker_transport_options={"prefix": prefix}, **settings)
     else:
         from celery import Celery
 
@@ -78,20 +85,52 @@ def run_worker(args) -> None:
         state["done"] += 1
         if state["done"] == args.count:
             # The worker redirects sys.stdout to its logger: write to the pipe itself.
-            os.write(1, f"DRAINED {time.perf_counter() - state['first']:.4f} "
-                        f"{cpu_seconds() - state['cpu']:.4f}\n".encode())
+            os.write(
+                1, f"DRAINED {time.perf_counter() - state['first']:.4f} {cpu_seconds() - state['cpu']:.4f}\n".encode()
+            )
             os._exit(0)
 
     print("READY", flush=True)
-    app.worker_main(["worker", "--pool=threads", f"--concurrency={args.concurrency}", "--loglevel=WARNING",
-                     "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h"])
+    app.worker_main(
+        [
+            "worker",
+            "--pool=threads",
+            f"--concurrency={args.concurrency}",
+            "--loglevel=WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-n",
+            f"bench-{uuid.uuid4().hex[:6]}@%h",
+        ]
+    )
 
 
 def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(HERE), "--worker", "--mode", mode, "--url", url, "--queue", queue, "--prefix", prefix,
-         "--concurrency", str(concurrency), "--prefetch", str(prefetch), "--count", str(count)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)},
+        [
+            sys.executable,
+            str(HERE),
+            "--worker",
+            "--mode",
+            mode,
+            "--url",
+            url,
+            "--queue",
+            queue,
+            "--prefix",
+            prefix,
+            "--concurrency",
+            str(concurrency),
+            "--prefetch",
+            str(prefetch),
+            "--count",
+            str(count),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)},
     )
 
 
@@ -118,8 +157,10 @@ def throughput(mode, url, management, args) -> float:
                 break
         worker.wait(timeout=60)
         rate = args.tasks / drained
-        print(f"  {mode:5s} drained   {args.tasks} in {drained:.2f}s ({rate:,.0f} tasks/s; "
-              f"worker CPU {cpu / args.tasks * 1e6:.0f} µs per task)")
+        print(
+            f"  {mode:5s} drained   {args.tasks} in {drained:.2f}s ({rate:,.0f} tasks/s; "
+            f"worker CPU {cpu / args.tasks * 1e6:.0f} µs per task)"
+        )
         return rate
     finally:
         cleanup(management, mode, prefix, queue)
@@ -136,12 +177,19 @@ def countdown(mode, url, management, args) -> tuple[float, int]:
         worker = spawn_worker(mode, url, queue, prefix, args.concurrency, args.prefetch, args.eta_tasks + 1)
         worker.stdout.readline()  # READY
         time.sleep(args.eta_wait)
-        rss_kib = int(next(line.split()[1] for line in Path(f"/proc/{worker.pid}/status").read_text().splitlines()
-                           if line.startswith("VmRSS")))
+        rss_kib = int(
+            next(
+                line.split()[1]
+                for line in Path(f"/proc/{worker.pid}/status").read_text().splitlines()
+                if line.startswith("VmRSS")
+            )
+        )
         amqp_queue = f"{prefix}.ojs.queue.{queue}" if mode == "ojs" else queue
         unacked = fresh_unacked(management, amqp_queue)
-        print(f"  {mode:5s} after {args.eta_wait:.0f}s: worker RSS {rss_kib / 1024:.0f} MiB, "
-              f"{unacked} unacknowledged on the job queue")
+        print(
+            f"  {mode:5s} after {args.eta_wait:.0f}s: worker RSS {rss_kib / 1024:.0f} MiB, "
+            f"{unacked} unacknowledged on the job queue"
+        )
         return rss_kib / 1024, unacked
     finally:
         if worker is not None:
@@ -192,8 +240,10 @@ def main() -> None:
     from ojs_kombu.testing.management import ManagementClient
 
     management = ManagementClient(os.environ.get("OJS_MANAGEMENT_URL", "http://localhost:15672"))
-    print(f"throughput: {args.tasks} no-op tasks, threads pool concurrency={args.concurrency}, "
-          f"prefetch multiplier={args.prefetch}, acks_late")
+    print(
+        f"throughput: {args.tasks} no-op tasks, threads pool concurrency={args.concurrency}, "
+        f"prefetch multiplier={args.prefetch}, acks_late"
+    )
     stock = throughput("stock", args.url, management, args)
     ojs = throughput("ojs", args.url, management, args)
     print(f"  ratio OJS/stock: {ojs / stock:.2f}x")

@@ -36,7 +36,7 @@ import dramatiq
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from ojs_dramatiq import OjsBroker
-from ojs_kombu.client import resolve_url
+from ojs_kombu.amqp.connection import resolve_url
 from ojs_kombu.testing.management import ManagementClient
 
 DELAY_MS = 600_000
@@ -90,8 +90,9 @@ def throughput(kind: str, url: str, count: int, threads: int) -> tuple[float, fl
     broker = make_broker(kind, url, name)
     counter = Counter()
     counter.target = count
-    noop = dramatiq.actor(lambda i: counter.incr(), broker=broker, actor_name="noop",
-                          queue_name=queue_name(kind, name), max_retries=0)
+    noop = dramatiq.actor(
+        lambda i: counter.incr(), broker=broker, actor_name="noop", queue_name=queue_name(kind, name), max_retries=0
+    )
     started = time.perf_counter()
     for i in range(count):
         noop.send(i)
@@ -124,8 +125,9 @@ def rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
-def delayed_backlog(kind: str, url: str, management: ManagementClient, count: int, threads: int,
-                    settle: float) -> tuple[int, int, int, str]:
+def delayed_backlog(
+    kind: str, url: str, management: ManagementClient, count: int, threads: int, settle: float
+) -> tuple[int, int, int, str]:
     """(worker RSS KiB without backlog, with backlog, messages unacked) for ``count`` messages delayed 10 min."""
     name = f"bench{uuid.uuid4().hex[:8]}"
     idle = _worker_rss(kind, url, name, threads, settle / 3, management, name)[0]
@@ -172,16 +174,21 @@ def main() -> None:
     if args.child:
         run_child(args.child[0], url, args.child[1], int(args.child[2]))
         return
-    management = ManagementClient(os.environ.get("OJS_MANAGEMENT_URL", "http://127.0.0.1:15672"),
-                                  os.environ.get("OJS_MANAGEMENT_USER", "guest"),
-                                  os.environ.get("OJS_MANAGEMENT_PASSWORD", "guest"))
+    management = ManagementClient(
+        os.environ.get("OJS_MANAGEMENT_URL", "http://127.0.0.1:15672"),
+        os.environ.get("OJS_MANAGEMENT_USER", "guest"),
+        os.environ.get("OJS_MANAGEMENT_PASSWORD", "guest"),
+    )
     created: list[str] = []
     try:
         print(f"1. {args.messages:,} no-op messages, worker_threads={args.threads}, {os.cpu_count()} cores")
         print(f"   {'broker':<40} {'enqueue/s':>10} {'drain/s':>10}")
         rates = {}
-        for kind, label in (("stock", "RabbitmqBroker"), ("stock-confirm", "RabbitmqBroker(confirm_delivery=True)"),
-                            ("ojs", "OjsBroker (confirms always on)")):
+        for kind, label in (
+            ("stock", "RabbitmqBroker"),
+            ("stock-confirm", "RabbitmqBroker(confirm_delivery=True)"),
+            ("ojs", "OjsBroker (confirms always on)"),
+        ):
             enqueue, drain, name = throughput(kind, url, args.messages, args.threads)
             created.append(name)
             rates[kind] = (enqueue, drain)
@@ -190,8 +197,10 @@ def main() -> None:
         created.append(name)
         print(f"   {'OjsBroker.enqueue_many':<40} {many:>10,.0f}")
         for kind, label in (("stock-confirm", "with confirms"), ("stock", "without confirms")):
-            print(f"   OJS / stock {label:<17} drain {rates['ojs'][1] / rates[kind][1]:.2f}x  "
-                  f"enqueue {rates['ojs'][0] / rates[kind][0]:.2f}x (enqueue_many {many / rates[kind][0]:.1f}x)")
+            print(
+                f"   OJS / stock {label:<17} drain {rates['ojs'][1] / rates[kind][1]:.2f}x  "
+                f"enqueue {rates['ojs'][0] / rates[kind][0]:.2f}x (enqueue_many {many / rates[kind][0]:.1f}x)"
+            )
 
         print(f"2. {args.delayed:,} messages delayed 10 min, a worker process running {args.settle:.0f}s")
         print(f"   {'broker':<40} {'RSS idle':>10} {'RSS':>10} {'unacked':>8}")

@@ -21,7 +21,7 @@ import uuid
 import kombu
 
 from ojs_kombu import Client, Job
-from ojs_kombu.client import resolve_url
+from ojs_kombu.amqp.connection import resolve_url
 
 
 def _args():
@@ -61,8 +61,11 @@ def bench_kombu(url: str, prefix: str, count: int) -> float:
         queue(producer.channel).declare()
         started = time.perf_counter()
         for i in range(count):
-            producer.publish({"type": "bench.noop", "args": ["user@example.com", i], "id": str(uuid.uuid4())},
-                             serializer="json", delivery_mode=2)
+            producer.publish(
+                {"type": "bench.noop", "args": ["user@example.com", i], "id": str(uuid.uuid4())},
+                serializer="json",
+                delivery_mode=2,
+            )
         rate = count / (time.perf_counter() - started)
         queue(conn.channel()).delete()
         exchange(conn.channel()).delete()
@@ -83,9 +86,11 @@ def main() -> None:
     url = resolve_url(args.url)
     count = args.count
     rates = {}
-    for label, bench in (("enqueue_many (pipelined confirms)", bench_enqueue_many),
-                         ("enqueue one by one", bench_enqueue_one_by_one),
-                         ("kombu Producer.publish, confirm_publish=True", bench_kombu)):
+    for label, bench in (
+        ("enqueue_many (pipelined confirms)", bench_enqueue_many),
+        ("enqueue one by one", bench_enqueue_one_by_one),
+        ("kombu Producer.publish, confirm_publish=True", bench_kombu),
+    ):
         prefix = f"bench{uuid.uuid4().hex[:8]}"
         try:
             rates[label] = bench(url, prefix, count)

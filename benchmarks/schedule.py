@@ -21,10 +21,10 @@ import sys
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from ojs_kombu import Client, Job, Worker, current_job
-from ojs_kombu.client import resolve_url
+from ojs_kombu.amqp.connection import resolve_url
 
 
 def _args() -> argparse.Namespace:
@@ -68,13 +68,17 @@ def main() -> None:
         if not worker.wait_until_ready(30):
             sys.exit("the worker did not connect")
         client.declare_queue("sched", scheduling=True)  # a running producer has declared it already
-        start = datetime.now(timezone.utc)
+        start = datetime.now(UTC)
         due = sorted(start + timedelta(seconds=random.uniform(0, args.spread)) for _ in range(args.count))
         started = time.perf_counter()
         results = []
         for first in range(0, args.count, args.batch):
-            results += client.enqueue_many([Job.create("bench.scheduled", [i], queue="sched", scheduled_at=when)
-                                            for i, when in enumerate(due[first:first + args.batch], first)])
+            results += client.enqueue_many(
+                [
+                    Job.create("bench.scheduled", [i], queue="sched", scheduled_at=when)
+                    for i, when in enumerate(due[first : first + args.batch], first)
+                ]
+            )
         publish_s = time.perf_counter() - started
         failed = sum(not r.ok for r in results)
         if failed:

@@ -24,10 +24,10 @@ from pathlib import Path
 import pika
 
 from ojs_kombu import Client, Job, Worker
-from ojs_kombu.client import resolve_url
+from ojs_kombu.amqp.connection import resolve_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from support import pika_parameters  # noqa: E402 - the tests' kombu-URL -> pika helper
+from support import pika_parameters
 
 
 def _args() -> argparse.Namespace:

@@ -40,7 +40,7 @@ def fetch(self, url, *, timeout=10):
             raise ConnectionError(f"{url} did not answer within {timeout}s")
         return f"fetched {url}"
     except ConnectionError as exc:
-        raise self.retry(exc=exc, countdown=2**self.request.retries)
+        raise self.retry(exc=exc, countdown=2**self.request.retries) from exc
 
 
 @app.task(autoretry_for=(TimeoutError,), retry_backoff=True, retry_kwargs={"max_retries": 3})

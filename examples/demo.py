@@ -68,18 +68,23 @@ def main() -> None:
         with worker:
             say("enqueueing 4 jobs")
             client.enqueue("email.send", ["ada@example.com", "welcome"], kwargs={"lang": "fr"})
-            client.enqueue("report.build", [42], queue="reports",
-                           retry=RetryPolicy(initial_interval="PT0.5S", jitter=False))
+            client.enqueue(
+                "report.build", [42], queue="reports", retry=RetryPolicy(initial_interval="PT0.5S", jitter=False)
+            )
             client.enqueue("reminder.send", ["grace"], scheduled_at=timedelta(seconds=2))
-            charge_job = client.enqueue("payment.charge", [1999],
-                                        retry=RetryPolicy(max_attempts=2, initial_interval="PT0.2S"))
+            charge_job = client.enqueue(
+                "payment.charge", [1999], retry=RetryPolicy(max_attempts=2, initial_interval="PT0.2S")
+            )
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not (
-                    finished >= {"email", "report", "reminder"} and client.dead_letters("default")):
+                finished >= {"email", "report", "reminder"} and client.dead_letters("default")
+            ):
                 time.sleep(0.1)
             [dead] = client.dead_letters("default")
-            say(f"dead letter: {dead.job.type} {dead.job.id == charge_job.id and 'id matches'} "
-                f"reason={dead.reason} last error={dead.job.error.message if dead.job.error else None!r}")
+            say(
+                f"dead letter: {dead.job.type} {dead.job.id == charge_job.id and 'id matches'} "
+                f"reason={dead.reason} last error={dead.job.error.message if dead.job.error else None!r}"
+            )
             replayed = client.replay_dead_letters("default")
             say(f"replayed {len(replayed)} job(s) from the dead letter queue")
         removed = worker.teardown() + client.teardown()

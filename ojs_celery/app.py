@@ -33,8 +33,8 @@ from typing import Any
 import celery
 from celery.exceptions import ImproperlyConfigured
 
-from ojs_kombu.envelope import new_job_id
-from ojs_kombu.transport import register_aliases
+from ojs_kombu.model.envelope import new_job_id
+from ojs_kombu.transport.channel import register_aliases
 
 from .request import REQUEST, STOCK_REQUEST
 
@@ -51,8 +51,10 @@ OJS_DEFAULTS: dict[str, Any] = {
     "worker_prefetch_multiplier": 1,
 }
 #: Settings that imply ``task_acks_on_failure`` when the user set them.
-_ALIASES = {"task_acks_on_failure": ("task_acks_on_failure_or_timeout",),
-            "task_acks_on_timeout": ("task_acks_on_failure_or_timeout",)}
+_ALIASES = {
+    "task_acks_on_failure": ("task_acks_on_failure_or_timeout",),
+    "task_acks_on_timeout": ("task_acks_on_failure_or_timeout",),
+}
 _BACKENDS = {"ojs": "ojs", "ojss": "ojss"}
 _REFUSED_CONTENT = ("pickle", "application/x-python-serialize", "yaml", "application/x-yaml")
 
@@ -68,8 +70,7 @@ class Celery(celery.Celery):
 
     task_cls = "ojs_celery.task:Task"
 
-    def __init__(self, main: str | None = None, *args: Any, broker_backend: str | None = None,
-                 **kwargs: Any):
+    def __init__(self, main: str | None = None, *args: Any, broker_backend: str | None = None, **kwargs: Any):
         if broker_backend is not None and broker_backend not in _BACKENDS:
             raise ImproperlyConfigured(f"broker_backend must be one of {sorted(_BACKENDS)}, got {broker_backend!r}")
         register_aliases()
@@ -87,8 +88,9 @@ class Celery(celery.Celery):
         _refuse_pickle(conf)
         return conf
 
-    def send_task(self, name, args=None, kwargs=None, countdown=None, eta=None, task_id=None, *more: Any,
-                  **options: Any):
+    def send_task(
+        self, name, args=None, kwargs=None, countdown=None, eta=None, task_id=None, *more: Any, **options: Any
+    ):
         """As :meth:`celery.Celery.send_task`, with a UUIDv7 task id by default."""
         return super().send_task(name, args, kwargs, countdown, eta, task_id or new_job_id(), *more, **options)
 

@@ -34,17 +34,16 @@ import contextvars
 import json
 import re
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
-from ojs_kombu.codec import CONTENT_ENCODING, Header, OutgoingMessage, encode
-from ojs_kombu.consumer import DEATH_HEADERS
-from ojs_kombu.envelope import Job, RetryPolicy, new_job_id
 from ojs_kombu.errors import ValidationError
-from ojs_kombu.naming import job_type_for
-from ojs_kombu.retry import Failure, record_failure
-from ojs_kombu.settle import error_headers
-from ojs_kombu.timefmt import format_timestamp
+from ojs_kombu.model.envelope import Job, RetryPolicy, new_job_id
+from ojs_kombu.model.naming import job_type_for
+from ojs_kombu.model.timefmt import format_timestamp
+from ojs_kombu.policy.retry import Failure, record_failure
+from ojs_kombu.wire.codec import CONTENT_ENCODING, OutgoingMessage, encode
+from ojs_kombu.wire.headers import DEATH_HEADERS, Header, error_headers
 
 #: Celery header carrying the envelope fields Celery does not model, inside Celery only.
 ENVELOPE_HEADER = "ojs_envelope"
@@ -54,12 +53,12 @@ UNLIMITED_ATTEMPTS = 2**31 - 1
 
 #: The exception a running ``Task.retry(exc=…)`` was given (set by :class:`ojs_celery.Task`).
 retrying_exception: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
-    "ojs_celery_retrying_exception", default=None)
+    "ojs_celery_retrying_exception", default=None
+)
 
 _V7_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 #: Celery headers with a field of their own in the envelope.
-_MAPPED = frozenset({"lang", "task", "id", "eta", "expires", "retries", "traceparent", "tracestate",
-                     ENVELOPE_HEADER})
+_MAPPED = frozenset({"lang", "task", "id", "eta", "expires", "retries", "traceparent", "tracestate", ENVELOPE_HEADER})
 #: Envelope fields carried in ``ojs_envelope`` (the rest is rebuilt from Celery's own data).
 _CARRIED = ("id", "created_at", "retry", "timeout", "errors")
 _EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
@@ -109,8 +108,9 @@ class CeleryCodec:
 
     # -- publishing ----------------------------------------------------------------------------
 
-    def to_job(self, body: bytes, properties: dict[str, Any], headers: dict[str, Any],
-               queue: str) -> tuple[Job, OutgoingMessage]:
+    def to_job(
+        self, body: bytes, properties: dict[str, Any], headers: dict[str, Any], queue: str
+    ) -> tuple[Job, OutgoingMessage]:
         """The OJS job of a Celery task message for OJS queue ``queue``, and its encoded message."""
         args, kwargs, embed = _payload(body, properties, headers)
         name = str(headers["task"])
@@ -122,8 +122,9 @@ class CeleryCodec:
         celery_meta: dict[str, Any] = {"task": name}
         if celery_id != job_id:
             celery_meta["id"] = celery_id
-        rest = {k: _plain(v) for k, v in headers.items() if k not in _MAPPED and not _is_binding_header(k)
-                and not _empty(v)}
+        rest = {
+            k: _plain(v) for k, v in headers.items() if k not in _MAPPED and not _is_binding_header(k) and not _empty(v)
+        }
         if rest:
             celery_meta["headers"] = rest
         embedded = {k: v for k, v in (embed or {}).items() if v}
@@ -138,9 +139,16 @@ class CeleryCodec:
         retry = _retry_policy(carried.get("retry"), headers.get(Header.MAX_ATTEMPTS), self.tasks.max_attempts(name))
         retries = int(headers.get("retries") or 0)
         job = Job.create(
-            job_type_for(name), list(args), queue=queue, kwargs=dict(kwargs), meta=meta,
-            priority=properties.get("priority"), retry=retry, id=job_id,
-            scheduled_at=_moment(headers.get("eta")), expires_at=_moment(headers.get("expires")),
+            job_type_for(name),
+            list(args),
+            queue=queue,
+            kwargs=dict(kwargs),
+            meta=meta,
+            priority=properties.get("priority"),
+            retry=retry,
+            id=job_id,
+            scheduled_at=_moment(headers.get("eta")),
+            expires_at=_moment(headers.get("expires")),
         )
         kept = {k: carried[k] for k in ("created_at", "timeout", "errors") if k in carried}
         if kept:
@@ -158,8 +166,9 @@ class CeleryCodec:
 
     # -- consuming -----------------------------------------------------------------------------
 
-    def from_job(self, job: Job, properties: dict[str, Any],
-                 headers: dict[str, Any]) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
+    def from_job(
+        self, job: Job, properties: dict[str, Any], headers: dict[str, Any]
+    ) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
         """A delivered OJS job as a Celery protocol v2 message: ``(body, properties, headers)``."""
         meta = dict(job.meta or {})
         celery_meta = meta.pop("celery", None) or {}
@@ -169,8 +178,15 @@ class CeleryCodec:
         task_headers: dict[str, Any] = {
             # The delivery's own headers first (x-ojs-attempt & co.: visible to the task).
             **{k: v for k, v in headers.items() if k not in DEATH_HEADERS},
-            "lang": "py", "root_id": celery_id, "parent_id": None, "group": None, "group_index": None,
-            "shadow": None, "timelimit": [None, None], "origin": None, "ignore_result": None,
+            "lang": "py",
+            "root_id": celery_id,
+            "parent_id": None,
+            "group": None,
+            "group_index": None,
+            "shadow": None,
+            "timelimit": [None, None],
+            "origin": None,
+            "ignore_result": None,
             **(celery_meta.get("headers") or {}),
             "task": name,
             "id": celery_id,
@@ -193,7 +209,8 @@ class CeleryCodec:
         body = json.dumps([job.args, kwargs, embed], ensure_ascii=False).encode("utf-8")
         task_properties = {k: v for k, v in properties.items() if k != "application_headers" and v is not None}
         task_properties.update(
-            content_type=JSON_CONTENT_TYPE, content_encoding=CONTENT_ENCODING,
+            content_type=JSON_CONTENT_TYPE,
+            content_encoding=CONTENT_ENCODING,
             correlation_id=properties.get("correlation_id") or celery_id,
             reply_to=properties.get("reply_to") or "",
         )
@@ -208,8 +225,9 @@ def _carried(job: Job) -> dict[str, Any]:
     if job.timeout is not None:
         carried["timeout"] = job.timeout
     if job.retry is not None:
-        carried["retry"] = job.retry.to_dict() if hasattr(job.retry, "to_dict") else job.retry.model_dump(
-            exclude_none=True)
+        carried["retry"] = (
+            job.retry.to_dict() if hasattr(job.retry, "to_dict") else job.retry.model_dump(exclude_none=True)
+        )
     if job.errors:
         carried["errors"] = _amqp_safe(job.errors)
     return carried
@@ -220,7 +238,9 @@ def _payload(body: bytes, properties: dict[str, Any], headers: dict[str, Any]) -
     if content_type != JSON_CONTENT_TYPE:
         raise ValidationError(
             f"task {headers.get('task')!r} is serialized as {content_type or 'unknown'!r}; the OJS wire is JSON "
-            "only (set task_serializer='json'; pickle is refused)", field="content_type")
+            "only (set task_serializer='json'; pickle is refused)",
+            field="content_type",
+        )
     if headers.get("compression"):
         raise ValidationError("compressed task messages are not supported on the OJS wire", field="compression")
     try:
@@ -228,8 +248,9 @@ def _payload(body: bytes, properties: dict[str, Any], headers: dict[str, Any]) -
     except ValueError as exc:
         raise ValidationError(f"task body is not JSON: {exc}", field="args") from None
     if not (isinstance(payload, list) and len(payload) == 3):
-        raise ValidationError("not a Celery protocol 2 body [args, kwargs, embed] (task_protocol=1 is "
-                              "not supported)", field="args")
+        raise ValidationError(
+            "not a Celery protocol 2 body [args, kwargs, embed] (task_protocol=1 is not supported)", field="args"
+        )
     return payload[0] or [], payload[1] or {}, payload[2] or {}
 
 
@@ -254,7 +275,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, datetime):
-        return format_timestamp(value if value.tzinfo else value.replace(tzinfo=timezone.utc))
+        return format_timestamp(value if value.tzinfo else value.replace(tzinfo=UTC))
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
@@ -277,7 +298,7 @@ def _moment(value: Any) -> str | None:
         return None
     moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return moment  # Job.create formats it (scheduled_at rounded up)
 
 

@@ -47,8 +47,9 @@ class Request(celery_request.Request):
             return None if self._ojs_counted else super().on_timeout(soft, timeout)
         if self.task.acks_late and self._attempts_left():
             task_ready(self)
-            logger.error("Hard time limit (%ss) exceeded for %s[%s]; retrying (a counted attempt)",
-                         timeout, self.name, self.id)
+            logger.error(
+                "Hard time limit (%ss) exceeded for %s[%s]; retrying (a counted attempt)", timeout, self.name, self.id
+            )
             if self._retry_counted(TimeLimitExceeded(timeout)):
                 return None
         # Exhausted: Celery's failure handling; its requeue becomes a Nack (see reject()).
@@ -62,10 +63,14 @@ class Request(celery_request.Request):
         if self._ojs_counted:
             return None
         counted = isinstance(exc, (WorkerLostError, TimeLimitExceeded)) or (
-            isinstance(exc, (SystemExit, KeyboardInterrupt))
-            and not (self._already_cancelled or self._already_revoked))
-        if counted and self.task.acks_late and not (
-                isinstance(exc, WorkerLostError) and self.task.retry_on_worker_lost) and self._attempts_left():
+            isinstance(exc, (SystemExit, KeyboardInterrupt)) and not (self._already_cancelled or self._already_revoked)
+        )
+        if (
+            counted
+            and self.task.acks_late
+            and not (isinstance(exc, WorkerLostError) and self.task.retry_on_worker_lost)
+            and self._attempts_left()
+        ):
             task_ready(self)
             if self._retry_counted(exc):
                 return None

@@ -33,7 +33,8 @@ import queue as queue_module
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import dramatiq
 import kombu
@@ -43,24 +44,34 @@ from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware, Retries
 
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
 from ojs_kombu.client import Client
-from ojs_kombu.consumer import Consumer as AmqpConsumer
-from ojs_kombu.consumer import Delivery
-from ojs_kombu.envelope import Job, RetryPolicy
 from ojs_kombu.errors import BrokerConnectionError, DecodeError, UnroutableError
-from ojs_kombu.naming import job_type_for
-from ojs_kombu.retry import Decision, Failure, Outcome, ladder_ms
-from ojs_kombu.settle import Settler
-from ojs_kombu.topology import QueueOptions
-from ojs_kombu.transport import DEFAULT_HEARTBEAT
+from ojs_kombu.model.envelope import Job, RetryPolicy
+from ojs_kombu.model.naming import job_type_for
+from ojs_kombu.policy.retry import Decision, Failure, Outcome, ladder_ms
+from ojs_kombu.runtime.consumer import Consumer as AmqpConsumer
+from ojs_kombu.runtime.consumer import Delivery
+from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.wire.entities import QueueOptions
 
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
 
 logger = logging.getLogger(__name__)
 
 #: Options of :class:`ojs_kombu.Client` that ``OjsBroker`` passes through.
-CLIENT_OPTIONS = frozenset({"queue_options", "pool_size", "confirm_timeout", "connect_retries", "app_id",
-                            "on_conflict", "window", "connection_name"})
+CLIENT_OPTIONS = frozenset(
+    {
+        "queue_options",
+        "pool_size",
+        "confirm_timeout",
+        "connect_retries",
+        "app_id",
+        "on_conflict",
+        "window",
+        "connection_name",
+    }
+)
 
 
 class OjsBroker(dramatiq.Broker):
@@ -86,9 +97,17 @@ class OjsBroker(dramatiq.Broker):
         ``on_conflict``, ``window``, ``connection_name``.
     """
 
-    def __init__(self, url: Optional[str | list[str]] = None, *, prefix: str = "",
-                 middleware: Optional[list[Middleware]] = None, max_priority: Optional[int] = None,
-                 confirm_delivery: bool = True, dead_letter_mode: str = "nack", **kombu_options: Any):
+    def __init__(
+        self,
+        url: str | list[str] | None = None,
+        *,
+        prefix: str = "",
+        middleware: list[Middleware] | None = None,
+        max_priority: int | None = None,
+        confirm_delivery: bool = True,
+        dead_letter_mode: str = "nack",
+        **kombu_options: Any,
+    ):
         super().__init__(middleware=middleware)
         if max_priority is not None and not 0 < max_priority <= 255:
             raise ValueError("max_priority must be a value between 0 and 255")
@@ -106,8 +125,14 @@ class OjsBroker(dramatiq.Broker):
         client_options.setdefault("pool_size", 64)  # one pooled connection per publishing worker thread
         if max_priority is not None and "queue_options" not in client_options:
             client_options["queue_options"] = QueueOptions(max_priority=max_priority)
-        self.client = Client(url, prefix=prefix, heartbeat=self.heartbeat, ssl=self.ssl,
-                             transport_options=self.transport_options, **client_options)
+        self.client = Client(
+            url,
+            prefix=prefix,
+            heartbeat=self.heartbeat,
+            ssl=self.ssl,
+            transport_options=self.transport_options,
+            **client_options,
+        )
         self.names = self.client.names
         self.topology = self.client.topology
         self.cascade = self.client.cascade
@@ -121,7 +146,7 @@ class OjsBroker(dramatiq.Broker):
 
     @property
     def url(self) -> str:
-        """The broker URL (with its password; see :func:`ojs_kombu.client.safe_url`)."""
+        """The broker URL (with its password; see :func:`ojs_kombu.amqp.connection.safe_url`)."""
         return self.client.url
 
     def __repr__(self) -> str:
@@ -161,7 +186,7 @@ class OjsBroker(dramatiq.Broker):
 
     # -- producing -------------------------------------------------------------------------
 
-    def enqueue(self, message: Message, *, delay: Optional[int] = None) -> Message:
+    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
         """Publish ``message`` as an OJS job (confirmed); ``delay`` ms ahead through the scheduler.
 
         The ``Retries`` middleware re-enqueues the message it is retrying with a
@@ -194,7 +219,7 @@ class OjsBroker(dramatiq.Broker):
         self.emit_after("enqueue", message, delay)
         return message
 
-    def enqueue_many(self, messages: Iterable[Message], *, delay: Optional[int] = None) -> list[Message]:
+    def enqueue_many(self, messages: Iterable[Message], *, delay: int | None = None) -> list[Message]:
         """Publish many messages pipelined on one channel, then wait for all confirms.
 
         Much faster than ``send()`` in a loop (one confirm round trip per message),
@@ -211,19 +236,23 @@ class OjsBroker(dramatiq.Broker):
             results = self.client.enqueue_many(jobs)
         except BrokerConnectionError as exc:
             raise ConnectionClosed(exc) from exc
-        for message, result in zip(messages, results):
+        for message, result in zip(messages, results, strict=True):
             if result.ok:
                 self.emit_after("enqueue", message, delay)
         for result in results:
             result.unwrap()
         return messages
 
-    def job_for(self, message: Message, *, delay_ms: Optional[int] = None) -> Job:
+    def job_for(self, message: Message, *, delay_ms: int | None = None) -> Job:
         """The OJS job ``message`` is sent as (retry policy and timeout from the actor's options)."""
         actor = self.actors.get(message.actor_name)
         actor_options = actor.options if actor is not None else {}
-        return message_to_job(message, retry=self._retry_policy(message, actor_options), delay_ms=delay_ms,
-                              timeout_ms=message.options.get("time_limit", actor_options.get("time_limit")))
+        return message_to_job(
+            message,
+            retry=self._retry_policy(message, actor_options),
+            delay_ms=delay_ms,
+            timeout_ms=message.options.get("time_limit", actor_options.get("time_limit")),
+        )
 
     def _retry_policy(self, message: Message, actor_options: dict[str, Any]) -> RetryPolicy:
         retries = next((m for m in self.middleware if isinstance(m, Retries)), None)
@@ -233,14 +262,20 @@ class OjsBroker(dramatiq.Broker):
         def option(name: str, default: Any) -> Any:
             return message.options.get(name, actor_options.get(name, default))
 
-        return retry_policy_for(option("max_retries", retries.max_retries), option("min_backoff", retries.min_backoff),
-                                option("max_backoff", retries.max_backoff))
+        return retry_policy_for(
+            option("max_retries", retries.max_retries),
+            option("min_backoff", retries.min_backoff),
+            option("max_backoff", retries.max_backoff),
+        )
 
     def _retry(self, message: OjsMessageProxy, delay: int) -> OjsMessageProxy:
         self.emit_before("enqueue", message, delay)
         exception = message._exception
-        failure = (Failure.from_exception(exception) if exception is not None
-                   else Failure("handler_error", "Retry", "retry requested"))
+        failure = (
+            Failure.from_exception(exception)
+            if exception is not None
+            else Failure("handler_error", "Retry", "retry requested")
+        )
         try:
             job = updated_job(message.ojs_job, message._message)
         except Exception:
@@ -289,8 +324,11 @@ class OjsBroker(dramatiq.Broker):
     def flush(self, queue_name: str) -> None:
         """Drop every message of ``queue_name``: job queue, its retry queues and its DLQ."""
         ojs_queue = self.ojs_queue(queue_name)
-        names = [self.names.job_queue(ojs_queue), self.names.dead_letter_queue(ojs_queue),
-                 *self._retry_queues(ojs_queue)]
+        names = [
+            self.names.job_queue(ojs_queue),
+            self.names.dead_letter_queue(ojs_queue),
+            *self._retry_queues(ojs_queue),
+        ]
         self._with_admin(lambda conn: [self._purge(conn, q) for q in names])
 
     def flush_all(self) -> None:
@@ -300,8 +338,9 @@ class OjsBroker(dramatiq.Broker):
         levels = [self.cascade.queue(k) for k in range(self.cascade.levels)]
         self._with_admin(lambda conn: [self._purge(conn, q) for q in levels])
 
-    def join(self, queue_name: str, min_successes: int = 10, idle_time: int = 100, *,
-             timeout: Optional[int] = None) -> None:
+    def join(
+        self, queue_name: str, min_successes: int = 10, idle_time: int = 100, *, timeout: int | None = None
+    ) -> None:
         """Wait until ``queue_name`` has nothing ready, delayed (retry queues, scheduler)
         nor in flight in this process, ``min_successes`` polls in a row, ``idle_time`` ms apart.
 
@@ -337,7 +376,7 @@ class OjsBroker(dramatiq.Broker):
 
     def _retry_queues(self, ojs_queue: str) -> list[str]:
         head = self.names.retry_queue(ojs_queue, 0)[:-1]
-        return [q for q in self.topology.declared_queues() if q.startswith(head) and q[len(head):].isdigit()]
+        return [q for q in self.topology.declared_queues() if q.startswith(head) and q[len(head) :].isdigit()]
 
     @staticmethod
     def _count(channel, queue: str) -> int:
@@ -361,8 +400,9 @@ class OjsBroker(dramatiq.Broker):
         with self._admin_lock:
             for attempt in (1, 2):
                 if self._admin is None:
-                    self._admin = kombu.Connection(self.client.url, heartbeat=0, ssl=self.ssl,
-                                                   transport_options=self.transport_options)
+                    self._admin = kombu.Connection(
+                        self.client.url, heartbeat=0, ssl=self.ssl, transport_options=self.transport_options
+                    )
                 try:
                     return operation(self._admin)
                 except self._admin.connection_errors + self._admin.channel_errors:
@@ -385,7 +425,7 @@ class OjsMessageProxy(MessageProxy):
 
 
 class _OjsConsumer(Consumer):
-    """Consumes one Dramatiq queue through an :class:`ojs_kombu.consumer.Consumer`.
+    """Consumes one Dramatiq queue through an :class:`ojs_kombu.runtime.consumer.Consumer`.
 
     The AMQP consumer loop runs in its own thread and hands deliveries over
     through a queue; acks, nacks and republishes from Dramatiq's worker threads
@@ -404,13 +444,18 @@ class _OjsConsumer(Consumer):
         self._error: BaseException | None = None
         topology, cascade = broker.topology, broker.cascade
         self.consumer = AmqpConsumer(
-            broker.client.url, {broker.names.job_queue(ojs_queue): ojs_queue}, prefetch, self._on_delivery,
-            topology=topology, declare=lambda conn: topology.ensure_scheduling(conn, ojs_queue, cascade),
-            heartbeat=broker.heartbeat, connection_name=f"ojs_dramatiq consumer {queue_name}",
-            ssl=broker.ssl, transport_options=broker.transport_options,
+            broker.client.url,
+            {broker.names.job_queue(ojs_queue): ojs_queue},
+            prefetch,
+            self._on_delivery,
+            topology=topology,
+            declare=lambda conn: topology.ensure_scheduling(conn, ojs_queue, cascade),
+            heartbeat=broker.heartbeat,
+            connection_name=f"ojs_dramatiq consumer {queue_name}",
+            ssl=broker.ssl,
+            transport_options=broker.transport_options,
         )
-        self.settler = Settler(self.consumer, broker.names, topology, cascade,
-                               dead_letter_mode=broker.dead_letter_mode)
+        self.settler = Settler(self.consumer, broker.names, topology, cascade, dead_letter_mode=broker.dead_letter_mode)
         self._thread = threading.Thread(target=self._run, name=f"ojs-dramatiq-{queue_name}", daemon=True)
         self._thread.start()
 
@@ -440,7 +485,7 @@ class _OjsConsumer(Consumer):
             self._unsettled -= 1
         return True
 
-    def __next__(self) -> Optional[OjsMessageProxy]:
+    def __next__(self) -> OjsMessageProxy | None:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -453,7 +498,7 @@ class _OjsConsumer(Consumer):
             if proxy is not None:
                 return proxy
 
-    def _proxy(self, delivery: Delivery) -> Optional[OjsMessageProxy]:
+    def _proxy(self, delivery: Delivery) -> OjsMessageProxy | None:
         if delivery.generation != self.consumer.generation:
             self._settled()  # its channel is gone and the broker redelivers it: do not run it twice
             return None
@@ -490,11 +535,15 @@ class _OjsConsumer(Consumer):
             origin.consumer.nack(message.ojs_delivery)
             return
         exception = message._exception
-        failure = (Failure.from_exception(exception) if exception is not None
-                   else Failure("handler_error", "MessageFailed", "the message failed"))
+        failure = (
+            Failure.from_exception(exception)
+            if exception is not None
+            else Failure("handler_error", "MessageFailed", "the message failed")
+        )
         job = updated_job(message.ojs_job, message._message)
-        origin.settler.fail(message.ojs_delivery, job, job.attempt + 1, failure,
-                            Decision(Outcome.DEAD_LETTER, reason="failed"))
+        origin.settler.fail(
+            message.ojs_delivery, job, job.attempt + 1, failure, Decision(Outcome.DEAD_LETTER, reason="failed")
+        )
 
     def retry(self, message: OjsMessageProxy, job: Job, failure: Failure, delay_ms: int) -> None:
         """Publish ``job`` to its retry queue (attempt+1, error headers), then ack the delivery."""

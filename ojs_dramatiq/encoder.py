@@ -3,7 +3,7 @@
 ================================  ==============================================================
 Dramatiq ``Message``              OJS job envelope
 ================================  ==============================================================
-``actor_name``                    ``type`` (:func:`ojs_kombu.naming.job_type_for`: ``LegacyActor``
+``actor_name``                    ``type`` (:func:`ojs_kombu.model.naming.job_type_for`: ``LegacyActor``
                                   -> ``legacy_actor``) and ``meta.dramatiq.actor_name``
 ``queue_name``                    ``queue`` (:func:`ojs_queue_for`: ``high_priority`` ->
                                   ``high-priority``); the consumer sets it back
@@ -29,20 +29,20 @@ import math
 import re
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 import dramatiq
 from dramatiq.message import Message
 
-from ojs_kombu.envelope import Job, RetryPolicy
-from ojs_kombu.envelope import JOB_ID_PATTERN
 from ojs_kombu.errors import DecodeError
-from ojs_kombu.jsonvalue import ensure_json_native
-from ojs_kombu.naming import job_type_for
-from ojs_kombu.naming import ojs_queue_for as map_queue_name
-from ojs_kombu.timefmt import format_duration, format_timestamp
+from ojs_kombu.model.envelope import JOB_ID_PATTERN, Job, RetryPolicy
+from ojs_kombu.model.jsonvalue import ensure_json_native
+from ojs_kombu.model.naming import job_type_for
+from ojs_kombu.model.naming import ojs_queue_for as map_queue_name
+from ojs_kombu.model.timefmt import format_duration, format_timestamp
 
 #: The ``meta`` key holding what only Dramatiq needs (DESIGN §2).
 META_KEY = "dramatiq"
@@ -69,8 +69,13 @@ def job_id_for(message_id: str, timestamp_ms: int) -> str:
         bits = uuid.UUID(message_id).int
     except ValueError:
         bits = int.from_bytes(hashlib.sha256(message_id.encode("utf-8")).digest()[:16], "big")
-    value = ((timestamp_ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | (bits >> 64 & 0xFFF) << 64
-             | 0b10 << 62 | bits & ((1 << 62) - 1))
+    value = (
+        (timestamp_ms & 0xFFFF_FFFF_FFFF) << 80
+        | 0x7 << 76
+        | (bits >> 64 & 0xFFF) << 64
+        | 0b10 << 62
+        | bits & ((1 << 62) - 1)
+    )
     return str(uuid.UUID(int=value))
 
 
@@ -98,8 +103,11 @@ def retry_policy_for(max_retries: int | None, min_backoff: int, max_backoff: int
     """
     attempts = UNBOUNDED_ATTEMPTS if max_retries is None else max(0, max_retries) + 1
     initial = max(1, min_backoff)
-    return RetryPolicy(max_attempts=attempts, initial_interval=format_duration(timedelta(milliseconds=initial)),
-                       max_interval=format_duration(timedelta(milliseconds=max(initial, max_backoff))))
+    return RetryPolicy(
+        max_attempts=attempts,
+        initial_interval=format_duration(timedelta(milliseconds=initial)),
+        max_interval=format_duration(timedelta(milliseconds=max(initial, max_backoff))),
+    )
 
 
 def _wire_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,8 +125,9 @@ def _meta(message: Message, base: Mapping[str, Any] | None = None) -> dict[str, 
     return meta
 
 
-def message_to_job(message: Message, *, retry: RetryPolicy | None = None, delay_ms: int | None = None,
-                   timeout_ms: int | None = None) -> Job:
+def message_to_job(
+    message: Message, *, retry: RetryPolicy | None = None, delay_ms: int | None = None, timeout_ms: int | None = None
+) -> Job:
     """The OJS job for ``message``.
 
     ``retry`` is the job's retry policy (see :func:`retry_policy_for`),
@@ -138,7 +147,7 @@ def message_to_job(message: Message, *, retry: RetryPolicy | None = None, delay_
         timeout=math.ceil(timeout_ms / 1000) if timeout_ms else None,
         id=job_id_for(message.message_id, message.message_timestamp),
     )
-    created = format_timestamp(datetime.fromtimestamp(message.message_timestamp / 1000, timezone.utc))
+    created = format_timestamp(datetime.fromtimestamp(message.message_timestamp / 1000, UTC))
     return job.model_copy(update={"created_at": created})
 
 
@@ -162,16 +171,27 @@ def job_to_message(job: Job, queue_name: str, actor_names: Mapping[str, str] | N
     message_id = section.get("message_id") or job.id
     options = section.get("options") or {}
     kwargs = job.kwargs
-    if not isinstance(actor_name, str) or not isinstance(message_id, str) or not isinstance(options, dict) \
-            or not isinstance(kwargs, dict):
+    if (
+        not isinstance(actor_name, str)
+        or not isinstance(message_id, str)
+        or not isinstance(options, dict)
+        or not isinstance(kwargs, dict)
+    ):
         raise DecodeError(f"meta.{META_KEY} is malformed", code="invalid_envelope", field=f"meta.{META_KEY}")
     options = dict(options)
     if job.attempt:
         options["retries"] = job.attempt
     created = job.created_datetime
     timestamp = round(created.timestamp() * 1000) if created is not None else int(time.time() * 1000)
-    return Message(queue_name=queue_name, actor_name=actor_name, args=tuple(job.args), kwargs=dict(kwargs),
-                   options=options, message_id=message_id, message_timestamp=timestamp)
+    return Message(
+        queue_name=queue_name,
+        actor_name=actor_name,
+        args=tuple(job.args),
+        kwargs=dict(kwargs),
+        options=options,
+        message_id=message_id,
+        message_timestamp=timestamp,
+    )
 
 
 class OjsEncoder(dramatiq.Encoder):

@@ -19,11 +19,9 @@ The public API::
 Importing the package registers the ``ojs://`` and ``ojss://`` kombu transports.
 """
 
-from .client import Client, EnqueueResult
-from .codec import CONTENT_TYPE, Header, decode, encode
-from .deadletter import DeadLetterEntry
-from .envelope import Job, JobError, RetryPolicy, UniquePolicy
-from .errors import (
+from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.client import Client, EnqueueResult
+from ojs_kombu.errors import (
     ArgumentDifference,
     BrokerConnectionError,
     DeadLetter,
@@ -38,10 +36,14 @@ from .errors import (
     UnroutableError,
     ValidationError,
 )
-from .naming import Names, job_type_for
-from .topology import QueueOptions, Topology
-from .transport import register_aliases
-from .worker import Worker, current_job
+from ojs_kombu.model.envelope import Job, JobError, RetryPolicy, UniquePolicy
+from ojs_kombu.model.naming import Names, job_type_for
+from ojs_kombu.runtime.deadletter import DeadLetterEntry
+from ojs_kombu.runtime.worker import Worker, current_job
+from ojs_kombu.transport.channel import register_aliases
+from ojs_kombu.wire.codec import CONTENT_TYPE, decode, encode
+from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.headers import Header
 
 register_aliases()
 

@@ -20,13 +20,14 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
 from importlib import import_module
-from typing import Any, Sequence
+from typing import Any
 
-from .client import Client
-from .errors import OjsError
-from .worker import Worker
+from ojs_kombu.client import Client
+from ojs_kombu.errors import OjsError
+from ojs_kombu.runtime.worker import Worker
 
 
 def _json_arg(text: str | None, kind: type, what: str) -> Any:
@@ -64,9 +65,16 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 def cmd_declare(args: argparse.Namespace) -> int:
     """Declare a job queue and its dead letter queue."""
-    options = {k: v for k, v in (("max_priority", args.max_priority), ("max_length", args.max_length),
-                                 ("overflow", args.overflow),
-                                 ("queue_type", "quorum" if args.quorum else None)) if v is not None}
+    options = {
+        k: v
+        for k, v in (
+            ("max_priority", args.max_priority),
+            ("max_length", args.max_length),
+            ("overflow", args.overflow),
+            ("queue_type", "quorum" if args.quorum else None),
+        )
+        if v is not None
+    }
     with _client(args) as client:
         print(client.declare_queue(args.queue, **options))
     return 0
@@ -76,15 +84,20 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
     """Print the dead letters of a queue, one JSON object per line, without removing them."""
     with _client(args) as client:
         for entry in client.dead_letters(args.queue, limit=args.limit):
-            print(json.dumps({
-                "id": entry.job.id if entry.job else entry.message_id,
-                "type": entry.job.type if entry.job else None,
-                "attempt": entry.job.attempt if entry.job else None,
-                "reason": entry.reason,
-                "error_code": entry.error_code,
-                "error_message": entry.error_message,
-                "decode_error": entry.decode_error,
-            }, ensure_ascii=False))
+            print(
+                json.dumps(
+                    {
+                        "id": entry.job.id if entry.job else entry.message_id,
+                        "type": entry.job.type if entry.job else None,
+                        "attempt": entry.job.attempt if entry.job else None,
+                        "reason": entry.reason,
+                        "error_code": entry.error_code,
+                        "error_message": entry.error_message,
+                        "decode_error": entry.decode_error,
+                    },
+                    ensure_ascii=False,
+                )
+            )
     return 0
 
 

@@ -21,63 +21,30 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import datetime
 import socket
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from datetime import datetime
+from typing import Any
 
 import kombu
 
-from .backoff import reconnect_delay
-from .codec import OutgoingMessage, encode
-from .deadletter import DeadLetterEntry, replayable
-from .envelope import Job
-from .errors import BrokerConnectionError, OjsError, PublishError, ValidationError
-from .metrics import METRICS
-from .naming import Names, validate_queue_name
-from .publisher import ConfirmedPublisher
-from .schedule import Cascade, check_delay, delay_ms_until
-from .topology import QueueOptions, Topology, _close_quietly
-from .tracing import with_trace_context
-from .transport import DEFAULT_HEARTBEAT, register_aliases
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
+from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.amqp.topology import Topology, _close_quietly
+from ojs_kombu.errors import BrokerConnectionError, OjsError, PublishError, ValidationError
+from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.naming import Names, validate_queue_name
+from ojs_kombu.observability.metrics import METRICS
+from ojs_kombu.observability.tracing import with_trace_context
+from ojs_kombu.policy.backoff import reconnect_delay
+from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
+from ojs_kombu.runtime.deadletter import DeadLetterEntry, replayable
+from ojs_kombu.wire.codec import OutgoingMessage, encode
+from ojs_kombu.wire.entities import QueueOptions
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_URL = "amqp://guest:guest@localhost:5672//"
-
-
-def resolve_url(url: str | None) -> str:
-    """The broker URL: ``url``, else ``$OJS_AMQP_URL``, else the local default."""
-    return url or os.environ.get("OJS_AMQP_URL") or DEFAULT_URL
-
-
-def safe_url(url: str) -> str:
-    """``url`` with any password masked, for logs and error messages."""
-    return kombu.Connection(url).as_uri(include_password=False) if url else url
-
-
-def make_connection(url: str, *, heartbeat: float, ssl: Any, transport_options: dict[str, Any] | None,
-                    connection_name: str) -> kombu.Connection:
-    """An unconnected kombu connection; ``connection_name`` shows in the management UI
-    unless ``transport_options`` already carry ``client_properties``."""
-    options = dict(transport_options or {})
-    options.setdefault("client_properties", {"connection_name": connection_name})
-    return kombu.Connection(url, heartbeat=heartbeat, ssl=ssl, transport_options=options)
-
-
-def connect_once(conn: kombu.Connection) -> Any:
-    """Make one connection attempt, without kombu's own retries and sleeps.
-
-    The caller owns the back-off (DESIGN §9); kombu's ``connect()`` would add a
-    fixed 2 s retry of its own to every attempt.  After a failure the next URL
-    of a failover list is selected for the next attempt.
-    """
-    try:
-        return conn.ensure_connection(max_retries=0, reraise_as_library_errors=False)
-    except conn.recoverable_connection_errors:
-        conn.maybe_switch_next()
-        raise
 
 
 @dataclass
@@ -129,14 +96,25 @@ class Client:
         ssl, transport_options: passed to :class:`kombu.Connection`.
     """
 
-    def __init__(self, url: str | None = None, *, prefix: str = "", queue_options: QueueOptions | None = None,
-                 queues: Iterable[str] = (), declare: bool = True, pool_size: int = 10,
-                 confirm_timeout: float = 30.0, connect_retries: int = 5,
-                 heartbeat: float = DEFAULT_HEARTBEAT, app_id: str | None = None,
-                 on_conflict: str = "use-existing", ssl: Any = None,
-                 transport_options: dict[str, Any] | None = None, window: int = 1000,
-                 connection_name: str | None = None):
-        register_aliases()
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str = "",
+        queue_options: QueueOptions | None = None,
+        queues: Iterable[str] = (),
+        declare: bool = True,
+        pool_size: int = 10,
+        confirm_timeout: float = 30.0,
+        connect_retries: int = 5,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        app_id: str | None = None,
+        on_conflict: str = "use-existing",
+        ssl: Any = None,
+        transport_options: dict[str, Any] | None = None,
+        window: int = 1000,
+        connection_name: str | None = None,
+    ):
         self.url = resolve_url(url)
         self.names = Names(prefix)
         self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict)  # type: ignore[arg-type]
@@ -148,9 +126,13 @@ class Client:
         self.app_id = app_id
         self.window = window
         self.connection_name = connection_name or f"ojs_kombu client {socket.gethostname()} pid {os.getpid()}"
-        self._connection = make_connection(self.url, heartbeat=heartbeat, ssl=ssl,
-                                           transport_options=transport_options,
-                                           connection_name=self.connection_name)
+        self._connection = make_connection(
+            self.url,
+            heartbeat=heartbeat,
+            ssl=ssl,
+            transport_options=transport_options,
+            connection_name=self.connection_name,
+        )
         self._pool = self._connection.Pool(limit=pool_size)
         self._closed = False
         for queue in queues:
@@ -211,8 +193,9 @@ class Client:
 
         return self._run(browse)
 
-    def replay_dead_letters(self, queue: str, *, limit: int | None = None,
-                            ids: Iterable[str] | None = None) -> list[str]:
+    def replay_dead_letters(
+        self, queue: str, *, limit: int | None = None, ids: Iterable[str] | None = None
+    ) -> list[str]:
         """Move dead letters of ``queue`` back to their job queue; returns the replayed job ids.
 
         Each replayed job starts again at attempt 0 (its error history kept,
@@ -242,8 +225,12 @@ class Client:
                         self.topology.ensure_queue(conn.connection, job.queue)
                     ticket = session.publisher.publish(
                         encode(job, app_id=message.properties.get("app_id")),
-                        exchange=self.names.direct_exchange, routing_key=job.queue, queue=job.queue,
-                        job_id=job.id, confirm_timeout=self.confirm_timeout)
+                        exchange=self.names.direct_exchange,
+                        routing_key=job.queue,
+                        queue=job.queue,
+                        job_id=job.id,
+                        confirm_timeout=self.confirm_timeout,
+                    )
                     session.publisher.wait([ticket], self.confirm_timeout)
                     ticket.raise_for_error()
                     channel.basic_ack(message.delivery_info["delivery_tag"])
@@ -305,7 +292,7 @@ class Client:
         self._pool.force_close_all()
         self._connection.release()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -327,8 +314,9 @@ class Client:
             return message, None
         return message, scheduled
 
-    def _destination(self, message: OutgoingMessage, job: Job,
-                     scheduled: datetime | None) -> tuple[OutgoingMessage, str, str]:
+    def _destination(
+        self, message: OutgoingMessage, job: Job, scheduled: datetime | None
+    ) -> tuple[OutgoingMessage, str, str]:
         """Message, exchange and routing key for ``job``, computed right before its publish:
         the cascade's delay must be measured from the moment the job enters it, or the job is
         late by however long the batch took to reach it."""
@@ -365,9 +353,19 @@ class Client:
                     job = jobs[index]
                     message, scheduled = routes[index]
                     message, exchange, key = self._destination(message, job, scheduled)
-                    tickets.append((index, session.publisher.publish(
-                        message, exchange=exchange, routing_key=key,
-                        queue=job.queue, job_id=job.id, confirm_timeout=self.confirm_timeout)))
+                    tickets.append(
+                        (
+                            index,
+                            session.publisher.publish(
+                                message,
+                                exchange=exchange,
+                                routing_key=key,
+                                queue=job.queue,
+                                job_id=job.id,
+                                confirm_timeout=self.confirm_timeout,
+                            ),
+                        )
+                    )
                 session.publisher.wait([t for _, t in tickets], self.confirm_timeout)
             finally:
                 # Whatever was confirmed stays done, even if the connection dies now.
@@ -450,4 +448,7 @@ class Client:
                 conn.release()
 
 
-__all__ = ["Client", "DEFAULT_URL", "EnqueueResult", "connect_once", "resolve_url", "safe_url"]
+__all__ = [
+    "Client",
+    "EnqueueResult",
+]

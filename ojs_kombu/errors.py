@@ -76,9 +76,10 @@ class TopologyConflictError(TopologyError):
     """
 
     def __init__(self, entity: str, differences: list[ArgumentDifference], reply_text: str):
-        names = ", ".join(
-            f"{d.argument} (requested {d.requested}, existing {d.existing})" for d in differences
-        ) or reply_text
+        names = (
+            ", ".join(f"{d.argument} (requested {d.requested}, existing {d.existing})" for d in differences)
+            or reply_text
+        )
         super().__init__(f"{entity!r} already exists with different arguments: {names}")
         self.entity = entity
         self.differences = differences
@@ -96,8 +97,15 @@ class PublishError(OjsError):
 class UnroutableError(PublishError):
     """The broker returned the message (``Basic.Return``): no queue is bound for it."""
 
-    def __init__(self, message: str, *, job_id: str | None = None, reply_code: int = 312,
-                 exchange: str = "", routing_key: str = ""):
+    def __init__(
+        self,
+        message: str,
+        *,
+        job_id: str | None = None,
+        reply_code: int = 312,
+        exchange: str = "",
+        routing_key: str = "",
+    ):
         super().__init__(message, job_id=job_id)
         self.reply_code = reply_code
         self.exchange = exchange

@@ -7,8 +7,9 @@ so the setup lives here and the conftests wrap it in fixtures.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import dramatiq
 from celery.contrib.testing.worker import start_worker
@@ -27,17 +28,22 @@ def ojs_url(amqp_url: str) -> str:
 
 
 @contextmanager
-def ojs_celery_app(broker: str, prefix: str, *, broker_backend: str | None = "ojs",
-                   **options: Any) -> Iterator[Celery]:
+def ojs_celery_app(broker: str, prefix: str, *, broker_backend: str | None = "ojs", **options: Any) -> Iterator[Celery]:
     """An ``ojs_celery.Celery`` app on ``broker`` under entity prefix ``prefix``, results via ``rpc://``.
 
     ``broker`` is an AMQP URL (with ``broker_backend="ojs"``) or an ``ojs://`` URL.
     The app is made current, and closed afterwards.
     """
     options.setdefault("backend", "rpc://")
-    app = Celery("ojs_tests", broker=broker, broker_backend=broker_backend,
-                 broker_transport_options={"prefix": prefix},
-                 broker_connection_retry_on_startup=True, worker_hijack_root_logger=False, **options)
+    app = Celery(
+        "ojs_tests",
+        broker=broker,
+        broker_backend=broker_backend,
+        broker_transport_options={"prefix": prefix},
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        **options,
+    )
     app.set_current()
     try:
         yield app
@@ -54,8 +60,15 @@ def running_worker(app: Celery, concurrency: int = 2, **kwargs: Any) -> Iterator
     ``worker_prefetch_multiplier=1`` and ``acks_late`` (stock Celery 5.7 too: the ack
     is queued on the hub and not run until the next event).
     """
-    with start_worker(app, pool="threads", concurrency=concurrency, perform_ping_check=False,
-                      loglevel="WARNING", shutdown_timeout=30, **kwargs) as worker:
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=concurrency,
+        perform_ping_check=False,
+        loglevel="WARNING",
+        shutdown_timeout=30,
+        **kwargs,
+    ) as worker:
         try:
             yield worker
         finally:

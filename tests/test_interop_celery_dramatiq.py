@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import dramatiq
 import pytest
@@ -26,9 +27,10 @@ from support import get_messages, message_count, raw_channel
 from ojs_celery import Celery
 from ojs_dramatiq import OjsBroker
 from ojs_kombu import Names
-from ojs_kombu.codec import CONTENT_TYPE, Header
-from ojs_kombu.naming import job_type_for, ojs_queue_for
+from ojs_kombu.model.naming import job_type_for, ojs_queue_for
 from ojs_kombu.testing.schema import validate_job
+from ojs_kombu.wire.codec import CONTENT_TYPE
+from ojs_kombu.wire.headers import Header
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
@@ -93,8 +95,9 @@ def test_a_celery_task_message_runs_on_a_dramatiq_actor(celery_app, ojs_broker, 
     @dramatiq.actor(actor_name=TASK_NAME, queue_name=QUEUE, broker=ojs_broker, max_retries=0)
     def add(x, y, *, scale=1):
         message = CurrentMessage.get_current_message()
-        seen.append(((x + y) * scale, x, y, scale, message.message_id, message.queue_name,
-                     message.options.get("retries", 0)))
+        seen.append(
+            ((x + y) * scale, x, y, scale, message.message_id, message.queue_name, message.options.get("retries", 0))
+        )
 
     @celery_app.task(name=TASK_NAME, shared=False)
     def celery_add(x, y, *, scale=1):
@@ -111,10 +114,12 @@ def test_a_celery_task_message_runs_on_a_dramatiq_actor(celery_app, ojs_broker, 
     # The worker has stopped and its connection is closed: an unacked job would be ready again.
     assert_settled(amqp_url, names)
 
-    assert sorted(seen) == sorted([
-        (50, 2, 3, 10, sent.id, QUEUE, 0),
-        (18, 4, 5, 2, delayed.id, QUEUE, 0),
-    ])  # each ran exactly once, under its Celery task id
+    assert sorted(seen) == sorted(
+        [
+            (50, 2, 3, 10, sent.id, QUEUE, 0),
+            (18, 4, 5, 2, delayed.id, QUEUE, 0),
+        ]
+    )  # each ran exactly once, under its Celery task id
 
     [(_, p1, b1), (_, p2, b2)] = get_messages(amqp_url, tap_queue, 2, timeout=10)
     envelopes = {e["id"]: (p, e) for p, e in ((p1, json.loads(b1)), (p2, json.loads(b2)))}
@@ -129,8 +134,17 @@ def test_a_dramatiq_actor_message_runs_as_a_celery_task(celery_app, ojs_broker, 
 
     @celery_app.task(name=TASK_NAME, bind=True, shared=False)
     def add(self, x, y, *, scale=1):
-        seen.append(((x + y) * scale, x, y, scale, self.request.id, self.request.retries,
-                     self.request.delivery_info.get("routing_key")))
+        seen.append(
+            (
+                (x + y) * scale,
+                x,
+                y,
+                scale,
+                self.request.id,
+                self.request.retries,
+                self.request.delivery_info.get("routing_key"),
+            )
+        )
         done.set()
         return (x + y) * scale
 

@@ -94,8 +94,9 @@ def _apt_get(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["apt-get", *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
 
 
-def apt_install(package: str, *, installed: Callable[[], bool], error: type[Exception], hint: str,
-                log: logging.Logger) -> None:
+def apt_install(
+    package: str, *, installed: Callable[[], bool], error: type[Exception], hint: str, log: logging.Logger
+) -> None:
     """Install Debian's ``package`` unless ``installed()``; raise ``error`` when that cannot be done.
 
     Needs root and ``apt-get``; otherwise ``error(hint)``.  The package lists are refreshed
@@ -129,15 +130,15 @@ class RecordedServer(Protocol):
     name: str
 
     @property
-    def url(self) -> str: ...  # noqa: D102
+    def url(self) -> str: ...
 
-    def start(self) -> None: ...  # noqa: D102
+    def start(self) -> None: ...
 
-    def is_running(self) -> bool: ...  # noqa: D102
+    def is_running(self) -> bool: ...
 
-    def cleanup(self) -> None: ...  # noqa: D102
+    def cleanup(self) -> None: ...
 
-    def to_dict(self) -> dict[str, Any]: ...  # noqa: D102
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,9 @@ class ServerCommands:
     install_help: str
     error: type[Exception]
     log: logging.Logger
-    extra: dict[str, tuple[str, Callable[[argparse.Namespace], int],
-                           Callable[[argparse.ArgumentParser], None]]] = field(default_factory=dict)
+    extra: dict[str, tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None]]] = (
+        field(default_factory=dict)
+    )
 
     def state_path(self, directory: str | None) -> Path:
         """Where the record of the server under ``directory`` (default: the default dir) lives."""
@@ -216,15 +218,19 @@ class ServerCommands:
         commands = {
             "install": (self.install_help, self.install, lambda p: None),
             "start": (f"start a private {self.what} in the background; print its URL", self.start, lambda p: None),
-            "stop": (f"stop the {self.what} recorded in {self.state_file} and delete its files", self.stop,
-                     lambda p: None),
+            "stop": (
+                f"stop the {self.what} recorded in {self.state_file} and delete its files",
+                self.stop,
+                lambda p: None,
+            ),
             "url": (f"print the URL of the {self.what} recorded in {self.state_file}", self.url, lambda p: None),
             **self.extra,
         }
         for name, (help_text, _handler, configure) in commands.items():
             command = sub.add_parser(name, help=help_text)
-            command.add_argument("--dir", help=f"directory for the server's files and {self.state_file} "
-                                               f"(default: {self.default_dir()})")
+            command.add_argument(
+                "--dir", help=f"directory for the server's files and {self.state_file} (default: {self.default_dir()})"
+            )
             configure(command)
         args = parser.parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)

@@ -112,11 +112,13 @@ def ensure_rabbitmq_installed() -> None:
     to install) when they are missing and cannot be installed.
     """
     apt_install(
-        "rabbitmq-server", installed=lambda: bool(_which("rabbitmq-server") and _which("rabbitmqctl")),
-        error=BrokerError, log=log,
+        "rabbitmq-server",
+        installed=lambda: bool(_which("rabbitmq-server") and _which("rabbitmqctl")),
+        error=BrokerError,
+        log=log,
         hint="RabbitMQ is not installed: install the `rabbitmq-server` package "
-             "(e.g. `sudo apt-get install rabbitmq-server`), start a Docker engine, "
-             f"or point {ENV_AMQP_URL} at an existing broker",
+        "(e.g. `sudo apt-get install rabbitmq-server`), start a Docker engine, "
+        f"or point {ENV_AMQP_URL} at an existing broker",
     )
 
 
@@ -321,7 +323,11 @@ class PrivateNode:
             raise
         log.info(
             "RabbitMQ node %s ready in %.1fs: %s (management %s, dir %s)",
-            self.node_name, time.monotonic() - began, mask_url(self.url), self.management_url, self.dir,
+            self.node_name,
+            time.monotonic() - began,
+            mask_url(self.url),
+            self.management_url,
+            self.dir,
         )
 
     def stop(self, timeout: float = 60) -> None:
@@ -484,7 +490,10 @@ class PrivateNode:
         if self._tools.epmd and _port_open(self.epmd_port):
             subprocess.run(
                 [self._tools.epmd, "-port", str(self.epmd_port), "-kill"],
-                stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=10,
+                check=False,
             )
 
     def _wait_until_ready(self, deadline: float) -> None:
@@ -508,8 +517,10 @@ class PrivateNode:
                 last_ctl = "" if done is None else (done.stdout + done.stderr).strip()
             if time.monotonic() >= deadline:
                 waiting_for = (
-                    "the AMQP port" if not amqp_ok
-                    else "the management API" if not api_ok
+                    "the AMQP port"
+                    if not amqp_ok
+                    else "the management API"
+                    if not api_ok
                     else f"`rabbitmqctl -n {self.node_name} await_startup` ({last_ctl or 'timed out'})"
                 )
                 raise self._startup_error(f"timed out waiting for {waiting_for}")
@@ -584,9 +595,10 @@ def _docker_available(timeout: float = 5.0) -> bool:
     cli = shutil.which("docker")
     if cli:
         try:
-            return subprocess.run(
-                [cli, "info"], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout
-            ).returncode == 0
+            return (
+                subprocess.run([cli, "info"], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout).returncode
+                == 0
+            )
         except (OSError, subprocess.TimeoutExpired):
             return False
     try:
@@ -597,7 +609,7 @@ def _docker_available(timeout: float = 5.0) -> bool:
             return bool(client.ping())
         finally:
             client.close()
-    except Exception:  # no SDK, no socket, bad DOCKER_HOST ...: all mean "no engine"
+    except Exception:  # noqa: BLE001 - no SDK, no socket, bad DOCKER_HOST ...: all mean "no engine"
         return False
 
 
@@ -715,10 +727,16 @@ def _add_command(parser: argparse.ArgumentParser) -> None:
 
 
 _COMMANDS = ServerCommands(
-    prog="python -m ojs_kombu.testing.broker", what="RabbitMQ node", state_file=STATE_FILE,
-    default_dir=_default_base_dir, create=PrivateNode, load=PrivateNode.from_dict,
-    install=_cmd_install, install_help=f"install rabbitmq-server (apt) unless {ENV_AMQP_URL} or Docker provides a broker",
-    error=BrokerError, log=log,
+    prog="python -m ojs_kombu.testing.broker",
+    what="RabbitMQ node",
+    state_file=STATE_FILE,
+    default_dir=_default_base_dir,
+    create=PrivateNode,
+    load=PrivateNode.from_dict,
+    install=_cmd_install,
+    install_help=f"install rabbitmq-server (apt) unless {ENV_AMQP_URL} or Docker provides a broker",
+    error=BrokerError,
+    log=log,
     extra={"run": ("provision a broker, run CMD with OJS_AMQP_URL set, tear down", _cmd_run, _add_command)},
 )
 

@@ -18,7 +18,8 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote
 
 __all__ = ["ManagementClient", "ManagementError"]

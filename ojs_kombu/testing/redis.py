@@ -85,9 +85,12 @@ def ensure_redis_installed() -> str:
     what to do) when the server is missing and cannot be installed.
     """
     apt_install(
-        PACKAGE, installed=lambda: _server_binary() is not None, error=RedisServerError, log=log,
+        PACKAGE,
+        installed=lambda: _server_binary() is not None,
+        error=RedisServerError,
+        log=log,
         hint="Redis is not installed: install the `redis-server` package "
-             f"(e.g. `sudo apt-get install redis-server`) or point {ENV_REDIS_URL} at a Redis server",
+        f"(e.g. `sudo apt-get install redis-server`) or point {ENV_REDIS_URL} at a Redis server",
     )
     found = _server_binary()
     assert found
@@ -162,8 +165,9 @@ class PrivateRedis:
 
     host = "127.0.0.1"
 
-    def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, name: str | None = None,
-                 die_with_parent: bool = True):
+    def __init__(
+        self, base_dir: str | os.PathLike[str] | None = None, *, name: str | None = None, die_with_parent: bool = True
+    ):
         self._server = ensure_redis_installed()
         self.die_with_parent = die_with_parent
         self.name = name or f"ojs-redis-{secrets.token_hex(4)}"
@@ -270,15 +274,36 @@ class PrivateRedis:
         return [
             *wrapper,
             self._server,
-            "--bind", self.host, "--port", str(self.port), "--protected-mode", "yes",
-            "--dir", str(self.dir), "--pidfile", str(self.dir / "redis.pid"), "--logfile", "",
-            "--save", "", "--appendonly", "no", "--daemonize", "no", "--supervised", "no",
+            "--bind",
+            self.host,
+            "--port",
+            str(self.port),
+            "--protected-mode",
+            "yes",
+            "--dir",
+            str(self.dir),
+            "--pidfile",
+            str(self.dir / "redis.pid"),
+            "--logfile",
+            "",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--supervised",
+            "no",
         ]
 
     def _launch(self) -> None:
         with open(self.log_file, "ab") as out:
             self._proc = subprocess.Popen(
-                self._command(), cwd=self.dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                self._command(),
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # no terminal signals; outlives us when started from the CLI
             )
         self.pid = self._proc.pid
@@ -357,11 +382,16 @@ def _cmd_install(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = ServerCommands(
-    prog="python -m ojs_kombu.testing.redis", what="Redis", state_file=STATE_FILE,
-    default_dir=_default_base_dir, create=lambda directory: PrivateRedis(directory, die_with_parent=False),
-    load=PrivateRedis.from_dict, install=_cmd_install,
+    prog="python -m ojs_kombu.testing.redis",
+    what="Redis",
+    state_file=STATE_FILE,
+    default_dir=_default_base_dir,
+    create=lambda directory: PrivateRedis(directory, die_with_parent=False),
+    load=PrivateRedis.from_dict,
+    install=_cmd_install,
     install_help=f"install redis-server (apt) unless {ENV_REDIS_URL} names a server",
-    error=RedisServerError, log=log,
+    error=RedisServerError,
+    log=log,
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ def fixtures_dir() -> Path:
     return schema_dir().parent.parent / "tests"
 
 
-@lru_cache(maxsize=None)
+@cache
 def registry() -> Registry:
     """A ``referencing.Registry`` holding every schema under :func:`schema_dir` by its ``$id``."""
     reg: Registry = Registry()
@@ -58,7 +58,7 @@ def registry() -> Registry:
     return reg.crawl()
 
 
-@lru_cache(maxsize=None)
+@cache
 def job_validator() -> Draft202012Validator:
     """A cached draft 2020-12 validator of ``job.schema.json``, with format checking."""
     checker = FormatChecker()

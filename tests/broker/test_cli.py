@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from support import get_messages, message_count, raw_channel
 
 from ojs_kombu import Job
@@ -23,8 +22,19 @@ def test_enqueue_declare_and_dead_letter_commands(capsys, amqp_url, prefix, name
     code, out, _ = run(capsys, "declare", "email", *common, "--max-priority", "10")
     assert code == 0 and out.strip() == names.job_queue("email")
 
-    code, out, _ = run(capsys, "enqueue", "email.send", '["ada@example.com"]', "--queue", "email",
-                       "--kwargs", '{"lang": "fr"}', "--priority", "5", *common)
+    code, out, _ = run(
+        capsys,
+        "enqueue",
+        "email.send",
+        '["ada@example.com"]',
+        "--queue",
+        "email",
+        "--kwargs",
+        '{"lang": "fr"}',
+        "--priority",
+        "5",
+        *common,
+    )
     job = Job.from_json(out)
     assert code == 0 and job.kwargs == {"lang": "fr"} and job.priority == 5
     [(_, properties, _)] = get_messages(amqp_url, names.job_queue("email"), 1, ack=False)

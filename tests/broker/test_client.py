@@ -7,7 +7,7 @@ import math
 import socket
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from support import get_messages, message_count, wait_until
@@ -31,7 +31,7 @@ BAD_ENQUEUE_ARGUMENTS = [
     ("args", dict(args=[{1, 2}])),
     ("args", dict(args=[b"bytes"])),
     ("args", dict(args=["x" * (1024 * 1024 + 10)])),
-    ("kwargs", dict(kwargs={"when": datetime.now(timezone.utc)})),
+    ("kwargs", dict(kwargs={"when": datetime.now(UTC)})),
     ("meta", dict(meta={"obj": NotJson()})),
     ("timeout", dict(timeout=-1)),
     ("scheduled_at", dict(scheduled_at=datetime(2030, 1, 1))),  # naive
@@ -45,7 +45,9 @@ BAD_ENQUEUE_ARGUMENTS = [
 ]
 
 
-@pytest.mark.parametrize("field,bad", BAD_ENQUEUE_ARGUMENTS, ids=[f"{f}-{i}" for i, (f, _) in enumerate(BAD_ENQUEUE_ARGUMENTS)])
+@pytest.mark.parametrize(
+    "field,bad", BAD_ENQUEUE_ARGUMENTS, ids=[f"{f}-{i}" for i, (f, _) in enumerate(BAD_ENQUEUE_ARGUMENTS)]
+)
 def test_bad_enqueue_argument_raises_validation_error_and_publishes_nothing(client, names, field, bad):
     client.declare_queue("email")
     options = dict(type="email.send", args=["a@example.com"], queue="email")
@@ -130,9 +132,14 @@ def test_unreachable_broker_raises_after_backoff():
 def test_dropped_connection_is_reestablished(amqp_url, prefix, management, names):
     client = Client(amqp_url, prefix=prefix, connection_name=f"{prefix} dropped")
     client.enqueue("a.b", [1], queue="reconnect")
-    ours = wait_until(lambda: [c for c in management.connections()
-                               if c.get("client_properties", {}).get("connection_name") == f"{prefix} dropped"],
-                      message="our connection in the management API")
+    ours = wait_until(
+        lambda: [
+            c
+            for c in management.connections()
+            if c.get("client_properties", {}).get("connection_name") == f"{prefix} dropped"
+        ],
+        message="our connection in the management API",
+    )
     for connection in ours:
         management.close_connection(connection["name"])
     job = client.enqueue("a.b", [2], queue="reconnect")

@@ -5,14 +5,15 @@ by id or all), purge."""
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pika
 import pytest
 from support import get_messages, message_count, raw_channel, wait_until
 
 from ojs_kombu import DeadLetter, Job, Names, RetryPolicy, Worker, current_job
-from ojs_kombu.codec import CONTENT_TYPE, Header
+from ojs_kombu.wire.codec import CONTENT_TYPE
+from ojs_kombu.wire.headers import Header
 
 
 @pytest.fixture
@@ -38,8 +39,13 @@ def publish_garbage(amqp_url: str, names: Names, message_id: str, *, exchange: s
     """A message that is not an OJS job, routed with key ``default`` through ``exchange``."""
     with raw_channel(amqp_url) as channel:
         channel.confirm_delivery()
-        channel.basic_publish(exchange, "default", b"this is not an OJS job", pika.BasicProperties(
-            content_type=CONTENT_TYPE, message_id=message_id, delivery_mode=2), mandatory=True)
+        channel.basic_publish(
+            exchange,
+            "default",
+            b"this is not an OJS job",
+            pika.BasicProperties(content_type=CONTENT_TYPE, message_id=message_id, delivery_mode=2),
+            mandatory=True,
+        )
 
 
 def test_dead_letters_lists_oldest_first_without_removing(amqp_url, client, names, start_worker):
@@ -74,8 +80,7 @@ def test_dead_letters_lists_oldest_first_without_removing(amqp_url, client, name
     assert unknown_entry.error_code == "unknown_type" and "unknown.type" in unknown_entry.error_message
 
 
-def test_replay_resets_the_attempt_strips_x_death_and_honours_ids_and_limit(amqp_url, client, names,
-                                                                           start_worker):
+def test_replay_resets_the_attempt_strips_x_death_and_honours_ids_and_limit(amqp_url, client, names, start_worker):
     dead_letter_queue = names.dead_letter_queue("default")
     failing = threading.Event()
     failing.set()

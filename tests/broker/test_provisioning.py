@@ -27,9 +27,7 @@ def _name(kind: str) -> str:
 
 
 def _connect(node: PrivateNode) -> amqp.Connection:
-    conn = amqp.Connection(
-        host=f"127.0.0.1:{node.amqp_port}", userid="guest", password="guest", confirm_publish=True
-    )
+    conn = amqp.Connection(host=f"127.0.0.1:{node.amqp_port}", userid="guest", password="guest", confirm_publish=True)
     conn.connect()
     return conn
 
@@ -39,7 +37,7 @@ def _answers(node: PrivateNode) -> bool:
         with kombu.Connection(node.url, connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1)
             return bool(conn.connected)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure means not reachable
         return False
 
 
@@ -199,7 +197,10 @@ def test_run_exports_the_broker_and_returns_the_exit_code(node: PrivateNode) -> 
     script = "import os, sys; print(os.environ['OJS_AMQP_URL'], os.environ['OJS_MANAGEMENT_URL']); sys.exit(3)"
     done = subprocess.run(
         [sys.executable, "-m", "ojs_kombu.testing.broker", "run", "--", sys.executable, "-c", script],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 3, done.stderr
     assert done.stdout.split() == [node.url, node.management_url]

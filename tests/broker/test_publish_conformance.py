@@ -21,8 +21,9 @@ from ojs_kombu import (
     QueueOptions,
     UnroutableError,
 )
-from ojs_kombu.codec import CONTENT_TYPE, Header
 from ojs_kombu.testing.schema import validate_job
+from ojs_kombu.wire.codec import CONTENT_TYPE
+from ojs_kombu.wire.headers import Header
 
 
 def _enqueue_one(client: Client, queue: str = "email", **options) -> Job:
@@ -120,9 +121,14 @@ def test_amqp_014_confirm_mode_visible_on_the_broker(amqp_url, prefix, managemen
     name = f"{prefix} confirms"
     with Client(amqp_url, prefix=prefix, connection_name=name) as client:
         _enqueue_one(client)
+
         def our_confirm_channels():
-            connections = {c["name"] for c in management.connections()
-                           if c.get("client_properties", {}).get("connection_name") == name}
+            connections = {
+                c["name"]
+                for c in management.connections()
+                if c.get("client_properties", {}).get("connection_name") == name
+            }
+
             def connection_of(channel):  # the API gives {} or [] when it has no details yet
                 details = channel.get("connection_details")
                 return details.get("name") if isinstance(details, dict) else None
@@ -135,8 +141,11 @@ def test_amqp_014_confirm_mode_visible_on_the_broker(amqp_url, prefix, managemen
 def test_amqp_015_016_unroutable_job_raises_for_that_job_only(amqp_url, prefix, names):
     with Client(amqp_url, prefix=prefix, declare=False) as client:
         client.declare_queue("known")
-        jobs = [Job.create("a.b", [1], queue="known"), Job.create("a.b", [2], queue="nowhere"),
-                Job.create("a.b", [3], queue="known")]
+        jobs = [
+            Job.create("a.b", [1], queue="known"),
+            Job.create("a.b", [2], queue="nowhere"),
+            Job.create("a.b", [3], queue="known"),
+        ]
         results = client.enqueue_many(jobs)
         assert [r.ok for r in results] == [True, False, True]
         assert isinstance(results[1].error, UnroutableError)
@@ -179,8 +188,7 @@ def test_amqp_031_entity_names(client, management, prefix):
     declared = {q["name"] for q in management.queues(prefix=prefix + ".")}
     assert declared == {f"{prefix}.ojs.queue.email", f"{prefix}.ojs.queue.dlx.email"}
     exchanges = {e["name"] for e in management.exchanges(prefix=prefix + ".")}
-    assert exchanges == {f"{prefix}.ojs.exchange.direct", f"{prefix}.ojs.exchange.dlx",
-                         f"{prefix}.ojs.exchange.retry"}
+    assert exchanges == {f"{prefix}.ojs.exchange.direct", f"{prefix}.ojs.exchange.dlx", f"{prefix}.ojs.exchange.retry"}
 
 
 def test_amqp_031_unprefixed_names_are_the_spec_names(amqp_url, management):
@@ -210,11 +218,15 @@ def test_foreign_queue_with_max_priority_still_receives_jobs(amqp_url, prefix, n
     with raw_channel(amqp_url) as channel:
         channel.exchange_declare(names.direct_exchange, exchange_type="direct", durable=True)
         channel.exchange_declare(names.dead_letter_exchange, exchange_type="direct", durable=True)
-        channel.queue_declare(names.job_queue("email"), durable=True, arguments={
-            "x-dead-letter-exchange": names.dead_letter_exchange,
-            "x-dead-letter-routing-key": "email",
-            "x-max-priority": 10,
-        })
+        channel.queue_declare(
+            names.job_queue("email"),
+            durable=True,
+            arguments={
+                "x-dead-letter-exchange": names.dead_letter_exchange,
+                "x-dead-letter-routing-key": "email",
+                "x-max-priority": 10,
+            },
+        )
         channel.queue_bind(names.job_queue("email"), names.direct_exchange, routing_key="email")
     with Client(amqp_url, prefix=prefix) as client:
         job = _enqueue_one(client)

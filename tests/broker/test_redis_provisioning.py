@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import redis
+from support import wait_until
 
 import ojs_kombu.testing
 from ojs_kombu.testing import BrokerError, PrivateRedis, RedisServerError, provision_redis
 from ojs_kombu.testing.redis import ping, server_pid
-from support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,10 +97,17 @@ def test_stop_never_signals_a_process_it_did_not_start(server: PrivateRedis) -> 
 def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     if shutil.which("setpriv") is None:
         pytest.skip("no setpriv (util-linux): the server would outlive a killed parent")
-    script = ("import sys; from ojs_kombu.testing.redis import PrivateRedis; s = PrivateRedis(sys.argv[1]); "
-              "s.start(); print(s.port, flush=True); sys.stdin.read()")
-    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    script = (
+        "import sys; from ojs_kombu.testing.redis import PrivateRedis; s = PrivateRedis(sys.argv[1]); "
+        "s.start(); print(s.port, flush=True); sys.stdin.read()"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         line = parent.stdout.readline()  # type: ignore[union-attr]
         if not line:
@@ -127,9 +134,14 @@ def test_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
 
 def test_command_line_start_url_stop(tmp_path: Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ojs_kombu.testing.redis", *args, "--dir", str(tmp_path)],
-                              cwd=ROOT, env={**os.environ, "OJS_REDIS_URL": ""}, capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "ojs_kombu.testing.redis", *args, "--dir", str(tmp_path)],
+            cwd=ROOT,
+            env={**os.environ, "OJS_REDIS_URL": ""},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     started = cli("start")
     if started.returncode != 0 and "not installed" in started.stderr:

@@ -17,17 +17,19 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pika
 import pytest
 from support import get_messages, message_count, raw_channel, wait_until
 
 from ojs_kombu import Client, Job, Names, OjsError, RetryPolicy, Worker, current_job
-from ojs_kombu.codec import CONTENT_TYPE, Header, encode
 from ojs_kombu.testing.broker import PrivateNode
+from ojs_kombu.wire.codec import CONTENT_TYPE, encode
+from ojs_kombu.wire.headers import Header
 
 WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "helpers" / "worker_process.py"
 
@@ -46,9 +48,10 @@ def spawn_worker(amqp_url: str, prefix: str, tmp_path: Path) -> Iterator[Spawn]:
     def spawn(*args: str) -> subprocess.Popen:
         with open(stderr_path, "ab") as stderr:
             process = subprocess.Popen(
-                [sys.executable, str(WORKER_SCRIPT), "--prefix", prefix, "--log", str(tmp_path / "events.log"),
-                 *args],
-                env={**os.environ, "OJS_AMQP_URL": amqp_url}, stdout=stderr, stderr=stderr,
+                [sys.executable, str(WORKER_SCRIPT), "--prefix", prefix, "--log", str(tmp_path / "events.log"), *args],
+                env={**os.environ, "OJS_AMQP_URL": amqp_url},
+                stdout=stderr,
+                stderr=stderr,
             )
         processes.append(process)
         return process
@@ -76,12 +79,22 @@ def worker_stderr(tmp_path: Path) -> str:
 
 def wait_for_disconnect(management, connection_name: str) -> None:
     """Wait until the broker has closed ``connection_name``, so its unacked messages are settled."""
-    wait_until(lambda: not [c for c in management.connections()
-                            if c.get("client_properties", {}).get("connection_name") == connection_name],
-               timeout=15, interval=0.2, message=f"the broker to drop {connection_name!r}")
+    wait_until(
+        lambda: (
+            not [
+                c
+                for c in management.connections()
+                if c.get("client_properties", {}).get("connection_name") == connection_name
+            ]
+        ),
+        timeout=15,
+        interval=0.2,
+        message=f"the broker to drop {connection_name!r}",
+    )
 
 
 # -- a. broker restart ---------------------------------------------------------------------------
+
 
 @pytest.mark.broker
 def test_broker_restart_every_confirmed_job_runs_and_the_worker_resumes():
@@ -117,8 +130,7 @@ def test_broker_restart_every_confirmed_job_runs_and_the_worker_resumes():
         with Client(node.url, prefix="restart", connect_retries=10, confirm_timeout=15) as client:
             client.declare_queue("default")
             # Due from before the restart (waiting in the cascade while the node is down) until well after it.
-            scheduled = [Job.create("stream.scheduled", [i], scheduled_at=timedelta(seconds=2 + i))
-                         for i in range(40)]
+            scheduled = [Job.create("stream.scheduled", [i], scheduled_at=timedelta(seconds=2 + i)) for i in range(40)]
             assert all(r.ok for r in client.enqueue_many(scheduled))
 
             def publish() -> None:
@@ -145,9 +157,13 @@ def test_broker_restart_every_confirmed_job_runs_and_the_worker_resumes():
             confirmed |= {job.id for job in scheduled}
 
             scheduled_ids = {job.id for job in scheduled}
-            wait_until(lambda: confirmed <= ran, timeout=120, interval=0.2,
-                       message=f"every confirmed job to run ({len(confirmed - ran - scheduled_ids)} of the stream "
-                               f"and {len(scheduled_ids - ran)} scheduled missing)")
+            wait_until(
+                lambda: confirmed <= ran,
+                timeout=120,
+                interval=0.2,
+                message=f"every confirmed job to run ({len(confirmed - ran - scheduled_ids)} of the stream "
+                f"and {len(scheduled_ids - ran)} scheduled missing)",
+            )
             assert early == []
             assert worker.consumer.reconnections >= 1
             assert worker.wait_until_ready(1)  # it is connected again, by itself
@@ -158,14 +174,19 @@ def test_broker_restart_every_confirmed_job_runs_and_the_worker_resumes():
 
 # -- b. a worker killed mid-job ----------------------------------------------------------------------
 
+
 def test_job_that_kills_its_worker_is_dead_lettered_after_max_attempts(client, names, spawn_worker, tmp_path):
     job = client.enqueue("crash.job", [], retry=RetryPolicy(max_attempts=3, initial_interval="PT0.1S", jitter=False))
     dead_letter_queue = names.dead_letter_queue("default")
     exit_codes = []
     for _ in range(6):  # 3 runs, then a 4th worker sees the 3rd redelivery and dead-letters the job
         process = spawn_worker("--concurrency", "1")
-        wait_until(lambda: process.poll() is not None or message_count(client.url, dead_letter_queue) > 0,
-                   timeout=30, interval=0.1, message="the worker to die or the job to be dead-lettered")
+        wait_until(
+            lambda process=process: process.poll() is not None or message_count(client.url, dead_letter_queue) > 0,
+            timeout=30,
+            interval=0.1,
+            message="the worker to die or the job to be dead-lettered",
+        )
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=15) == 0, worker_stderr(tmp_path)
@@ -182,6 +203,7 @@ def test_job_that_kills_its_worker_is_dead_lettered_after_max_attempts(client, n
 
 
 # -- c. graceful shutdown ------------------------------------------------------------------------------
+
 
 def test_sigterm_lets_the_running_job_finish_then_exits_zero(client, names, management, spawn_worker, tmp_path):
     client.declare_queue("default")
@@ -212,8 +234,11 @@ def test_sigterm_hands_prefetched_unstarted_jobs_back_unchanged(client, names, m
     published = {job.id: encode(job).body for job in jobs}
     name = f"handback-{uuid.uuid4().hex[:8]}"
     process = spawn_worker("--queues", ",".join(queues), "--concurrency", "2", "--sleep", "2.5", "--name", name)
-    wait_until(lambda: all(message_count(client.url, names.job_queue(q)) == 0 for q in queues), timeout=20,
-               message="all four jobs delivered")
+    wait_until(
+        lambda: all(message_count(client.url, names.job_queue(q)) == 0 for q in queues),
+        timeout=20,
+        message="all four jobs delivered",
+    )
     wait_until(lambda: len(events(tmp_path)) == 2, timeout=20, message="two jobs started")
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=20) == 0, worker_stderr(tmp_path)
@@ -265,9 +290,14 @@ def test_broker_cancel_then_connection_loss_leaves_one_consumer(amqp_url, client
     with worker:
         management.delete_queue(names.job_queue("default"))  # the broker sends Basic.Cancel
         wait_until(lambda: worker.consumer.cancellations >= 1, message="Basic.Cancel seen")
-        [connection] = wait_until(lambda: [
-            c for c in management.connections()
-            if c.get("client_properties", {}).get("connection_name") == connection_name], message="the connection")
+        [connection] = wait_until(
+            lambda: [
+                c
+                for c in management.connections()
+                if c.get("client_properties", {}).get("connection_name") == connection_name
+            ],
+            message="the connection",
+        )
         management.close_connection(connection["name"])
         wait_until(lambda: worker.consumer.reconnections >= 1, message="a reconnection")
         assert worker.wait_until_ready(15)
@@ -279,18 +309,21 @@ def test_broker_cancel_then_connection_loss_leaves_one_consumer(amqp_url, client
 
 # -- d. bad input --------------------------------------------------------------------------------------
 
+
 def _envelope(**changes: Any) -> dict[str, Any]:
     envelope = Job.create("good.job", ["bad"]).to_dict()
     envelope.update(changes)
     return {k: v for k, v in envelope.items() if v is not None}
 
 
-def _publish_raw(channel, names: Names, body: bytes, *, headers: dict[str, Any] | None = None,
-                 **properties: Any) -> None:
+def _publish_raw(
+    channel, names: Names, body: bytes, *, headers: dict[str, Any] | None = None, **properties: Any
+) -> None:
     properties.setdefault("content_type", CONTENT_TYPE)
     properties.setdefault("delivery_mode", 2)
-    channel.basic_publish(names.direct_exchange, "default", body,
-                          pika.BasicProperties(headers=headers, **properties), mandatory=True)
+    channel.basic_publish(
+        names.direct_exchange, "default", body, pika.BasicProperties(headers=headers, **properties), mandatory=True
+    )
 
 
 #: (name, body, extra AMQP properties, headers, x-ojs-error-code of the dead letter)
@@ -300,10 +333,20 @@ BAD_MESSAGES: list[tuple[str, bytes, dict[str, Any], dict[str, Any] | None, str]
     ("args-not-an-array", json.dumps(_envelope(args={"to": "x"})).encode(), {}, None, "invalid_envelope"),
     ("missing-type", json.dumps(_envelope(type=None)).encode(), {}, None, "invalid_envelope"),
     ("bad-id", json.dumps(_envelope(id="12345")).encode(), {}, None, "invalid_envelope"),
-    ("pickle", pickle.dumps({"task": "good.job", "args": [1]}), {"content_type": "application/x-python-serialize"},
-     None, "unsupported_content_type"),
-    ("gzip-encoding", json.dumps(_envelope()).encode(), {"content_encoding": "gzip"}, None,
-     "unsupported_content_encoding"),
+    (
+        "pickle",
+        pickle.dumps({"task": "good.job", "args": [1]}),
+        {"content_type": "application/x-python-serialize"},
+        None,
+        "unsupported_content_type",
+    ),
+    (
+        "gzip-encoding",
+        json.dumps(_envelope()).encode(),
+        {"content_encoding": "gzip"},
+        None,
+        "unsupported_content_encoding",
+    ),
     ("oversized", json.dumps(_envelope(args=["x" * (1024 * 1024 + 1)])).encode(), {}, None, "envelope_too_large"),
     ("unknown-type", json.dumps(_envelope(type="nobody.handles_this")).encode(), {}, None, "unknown_type"),
     ("attempt-header-is-a-string", json.dumps(_envelope()).encode(), {}, {Header.ATTEMPT: "2"}, "invalid_header"),
@@ -324,7 +367,7 @@ def test_bad_input_is_dead_lettered_with_its_reason_and_good_jobs_all_run(amqp_u
     with worker:
         with raw_channel(amqp_url) as channel:
             channel.confirm_delivery()
-            for (name, body, properties, headers, _), job in zip(BAD_MESSAGES, good):
+            for (name, body, properties, headers, _), job in zip(BAD_MESSAGES, good, strict=True):
                 _publish_raw(channel, names, body, headers=headers, message_id=f"bad-{name}", **properties)
                 message = encode(job)
                 _publish_raw(channel, names, message.body, headers=message.headers, **message.properties)
@@ -335,8 +378,11 @@ def test_bad_input_is_dead_lettered_with_its_reason_and_good_jobs_all_run(amqp_u
 
         dead_letter_queue = names.dead_letter_queue("default")
         wait_until(lambda: len(ran) == len(good), timeout=30, message="every good job to run")
-        wait_until(lambda: message_count(amqp_url, dead_letter_queue) >= len(BAD_MESSAGES), timeout=30,
-                   message="every bad message in the DLQ")
+        wait_until(
+            lambda: message_count(amqp_url, dead_letter_queue) >= len(BAD_MESSAGES),
+            timeout=30,
+            message="every bad message in the DLQ",
+        )
         # The worker is still consuming, on the same connection: no bad message broke its channel.
         client.enqueue("good.job", [1000])
         wait_until(lambda: 1000 in ran, message="a job enqueued after the bad input")

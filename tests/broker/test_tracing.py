@@ -13,8 +13,9 @@ SPAN_ID = 0x00F067AA0BA902B7
 
 
 def test_trace_context_reaches_the_handler_across_a_retry(amqp_url, prefix, client, names):
-    producer_span = NonRecordingSpan(SpanContext(TRACE_ID, SPAN_ID, is_remote=False,
-                                                 trace_flags=TraceFlags(TraceFlags.SAMPLED)))
+    producer_span = NonRecordingSpan(
+        SpanContext(TRACE_ID, SPAN_ID, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    )
     with trace.use_span(producer_span):
         job = client.enqueue("traced.job", [], retry=RetryPolicy(max_attempts=2, initial_interval="PT0.1S"))
     assert job.meta["traceparent"] == f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01"

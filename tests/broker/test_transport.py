@@ -12,7 +12,7 @@ def test_event_loop_reads_many_frames_per_recv(amqp_url, prefix):
     (framing.FrameReader) instead of draining one frame per call; every message
     still arrives, in order."""
     count = 200
-    url = "ojs" + amqp_url[amqp_url.index("://"):]
+    url = "ojs" + amqp_url[amqp_url.index("://") :]
     received: list[int] = []
     with kombu.Connection(url, transport_options={"prefix": prefix}) as conn:
         conn.connect()
@@ -40,8 +40,12 @@ def test_event_loop_reads_many_frames_per_recv(amqp_url, prefix):
             for i in range(count):
                 producer.publish({"i": i}, routing_key=queue.name, serializer="json")
         try:
-            wait_until(lambda: next(loop) or len(received) == count, timeout=30, interval=0,
-                       message=f"{count} messages through the event loop ({len(received)} so far)")
+            wait_until(
+                lambda: next(loop) or len(received) == count,
+                timeout=30,
+                interval=0,
+                message=f"{count} messages through the event loop ({len(received)} so far)",
+            )
         finally:
             consumer.cancel()
             hub.close()

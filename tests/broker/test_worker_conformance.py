@@ -15,7 +15,7 @@ import pytest
 from support import get_messages, message_count, wait_until
 
 from ojs_kombu import Client, DeadLetter, Discard, Job, QueueOptions, RetryPolicy, Worker, current_job
-from ojs_kombu.codec import Header
+from ojs_kombu.wire.headers import Header
 
 
 class Recorder:
@@ -34,7 +34,7 @@ class Recorder:
 
     def gaps(self) -> list[float]:
         times = [t for t, _, _ in self.calls]
-        return [b - a for a, b in zip(times, times[1:])]
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
 
     def wait_for(self, count: int, timeout: float = 20.0) -> None:
         wait_until(lambda: len(self.calls) >= count, timeout, message=f"{count} handler calls")
@@ -64,18 +64,23 @@ def failing(recorder: Recorder, times: int = 10**9, exc=RuntimeError):
         recorder.add(*args)
         if len(recorder.calls) <= times:
             raise exc("fail on purpose")
+
     return handler
 
 
 # -- AMQP-006/007/008 ----------------------------------------------------------------------------
+
 
 def test_amqp_006_007_consume_with_manual_ack_and_prefetch(worker_factory, management, names):
     worker = worker_factory(concurrency=7)
     worker.handler("a.b", lambda: None)
     worker.start()
     assert worker.wait_until_ready()
-    details = wait_until(lambda: (management.queue(names.job_queue("default")) or {}).get("consumer_details"),
-                         timeout=15, message="consumer details")
+    details = wait_until(
+        lambda: (management.queue(names.job_queue("default")) or {}).get("consumer_details"),
+        timeout=15,
+        message="consumer details",
+    )
     assert details[0]["ack_required"] is True  # no_ack=false
     assert details[0]["prefetch_count"] == 7  # Basic.Qos(7, global=false)
 
@@ -108,13 +113,19 @@ def test_amqp_009_terminal_failure_is_a_nack_into_the_dlq(client, worker_factory
 
 # -- AMQP-017/018 and RTR-001: retries through the broker ----------------------------------------
 
+
 def test_amqp_017_018_rtr_001_exponential_retry_through_retry_queues(client, worker_factory, management, names):
     recorder = Recorder()
     worker = worker_factory()
     worker.handler("retry.test", failing(recorder, times=3))
     worker.start()
-    client.enqueue("retry.test", ["x"], retry=RetryPolicy(
-        max_attempts=4, initial_interval="PT1S", backoff_coefficient=2.0, max_interval="PT5M", jitter=False))
+    client.enqueue(
+        "retry.test",
+        ["x"],
+        retry=RetryPolicy(
+            max_attempts=4, initial_interval="PT1S", backoff_coefficient=2.0, max_interval="PT5M", jitter=False
+        ),
+    )
     recorder.wait_for(4, timeout=30)
     assert recorder.attempts() == [1, 2, 3, 4]  # AMQP-018: x-ojs-attempt drives current_job().attempt
     gaps = recorder.gaps()
@@ -124,8 +135,11 @@ def test_amqp_017_018_rtr_001_exponential_retry_through_retry_queues(client, wor
     for delay in (1000, 2000, 4000):  # AMQP-017: the binding's per-delay retry queues, exactly §8.2
         queue = management.queue(names.retry_queue("default", delay))
         assert queue["durable"] is True and queue["exclusive"] is False and queue["auto_delete"] is False
-        assert queue["arguments"] == {"x-dead-letter-exchange": names.direct_exchange,
-                                      "x-dead-letter-routing-key": "default", "x-message-ttl": delay}
+        assert queue["arguments"] == {
+            "x-dead-letter-exchange": names.direct_exchange,
+            "x-dead-letter-routing-key": "default",
+            "x-message-ttl": delay,
+        }
     wait_until(lambda: message_count(client.url, names.job_queue("default")) == 0)
     assert message_count(client.url, names.dead_letter_queue("default")) == 0
 
@@ -137,8 +151,12 @@ def test_retry_message_headers_and_body(amqp_url, prefix, names):
         worker = Worker(amqp_url, prefix=prefix, grace_period=2)
         worker.handler("a.b", failing(Recorder()))
         with worker:
-            job = client.enqueue("a.b", [1], retry=RetryPolicy(max_attempts=3, initial_interval="PT30S", jitter=False),
-                                 meta={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+            job = client.enqueue(
+                "a.b",
+                [1],
+                retry=RetryPolicy(max_attempts=3, initial_interval="PT30S", jitter=False),
+                meta={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+            )
             [(_, properties, body)] = get_messages(amqp_url, names.retry_queue("default", 30000), 1, timeout=15)
     envelope = Job.from_json(body)
     headers = properties.headers
@@ -157,11 +175,16 @@ def test_rtr_008_backoff_is_capped_at_max_interval(client, worker_factory):
     worker = worker_factory()
     worker.handler("retry.test", failing(recorder, times=3))
     worker.start()
-    client.enqueue("retry.test", [], retry=RetryPolicy(
-        max_attempts=4, initial_interval="PT1S", backoff_coefficient=10, max_interval="PT2S", jitter=False))
+    client.enqueue(
+        "retry.test",
+        [],
+        retry=RetryPolicy(
+            max_attempts=4, initial_interval="PT1S", backoff_coefficient=10, max_interval="PT2S", jitter=False
+        ),
+    )
     recorder.wait_for(4, timeout=30)
     gaps = recorder.gaps()
-    assert [within_tolerance(g, e) for g, e in zip(gaps, (1.0, 2.0, 2.0))] == [True] * 3, gaps
+    assert [within_tolerance(g, e) for g, e in zip(gaps, (1.0, 2.0, 2.0), strict=True)] == [True] * 3, gaps
 
 
 def test_rtr_010_constant_backoff(client, worker_factory):
@@ -169,8 +192,11 @@ def test_rtr_010_constant_backoff(client, worker_factory):
     worker = worker_factory()
     worker.handler("retry.test", failing(recorder, times=3))
     worker.start()
-    client.enqueue("retry.test", [], retry=RetryPolicy(
-        max_attempts=4, initial_interval="PT1S", backoff_coefficient=1.0, jitter=False))
+    client.enqueue(
+        "retry.test",
+        [],
+        retry=RetryPolicy(max_attempts=4, initial_interval="PT1S", backoff_coefficient=1.0, jitter=False),
+    )
     recorder.wait_for(4, timeout=30)
     assert all(within_tolerance(g, 1.0) for g in recorder.gaps()), recorder.gaps()
 
@@ -180,8 +206,11 @@ def test_rtr_003_jitter_stays_within_half_to_one_and_a_half(client, worker_facto
     worker = worker_factory()
     worker.handler("retry.test", failing(recorder, times=1))
     worker.start()
-    client.enqueue("retry.test", [], retry=RetryPolicy(
-        max_attempts=2, initial_interval="PT2S", backoff_coefficient=1.0, jitter=True))
+    client.enqueue(
+        "retry.test",
+        [],
+        retry=RetryPolicy(max_attempts=2, initial_interval="PT2S", backoff_coefficient=1.0, jitter=True),
+    )
     recorder.wait_for(2, timeout=15)
     [gap] = recorder.gaps()
     assert 1.0 - 0.001 <= gap <= 3.0 + 0.1, gap
@@ -192,8 +221,7 @@ def test_rtr_002_013_attempts_one_to_three_then_terminal(client, worker_factory,
     worker = worker_factory()
     worker.handler("retry.test", failing(recorder))
     worker.start()
-    job = client.enqueue("retry.test", [], retry=RetryPolicy(max_attempts=3, initial_interval="PT0.1S",
-                                                             jitter=False))
+    job = client.enqueue("retry.test", [], retry=RetryPolicy(max_attempts=3, initial_interval="PT0.1S", jitter=False))
     [(_, properties, _)] = get_messages(client.url, names.dead_letter_queue("default"), 1, timeout=20)
     assert properties.message_id == job.id
     assert recorder.attempts() == [1, 2, 3]
@@ -212,8 +240,11 @@ def test_rtr_004_005_non_retryable_errors(client, worker_factory, names, policy_
     worker = worker_factory()
     worker.handler("retry.test", failing(recorder, exc=FatalError if error == "exact" else TokenExpired))
     worker.start()
-    client.enqueue("retry.test", [], retry=RetryPolicy(max_attempts=5, non_retryable_errors=[policy_entry],
-                                                       initial_interval="PT0.1S"))
+    client.enqueue(
+        "retry.test",
+        [],
+        retry=RetryPolicy(max_attempts=5, non_retryable_errors=[policy_entry], initial_interval="PT0.1S"),
+    )
     assert len(get_messages(client.url, names.dead_letter_queue("default"), 1, timeout=15)) == 1
     assert recorder.attempts() == [1]
 
@@ -267,6 +298,7 @@ def test_handler_codes_discard_and_dead_letter(client, worker_factory, names):
 
 # -- AMQP-022, DEL-002/003/004, TTL-001 ------------------------------------------------------------
 
+
 def test_amqp_022_del_002_scheduled_job_not_delivered_before_its_time(client, worker_factory, names):
     recorder = Recorder()
     worker = worker_factory()
@@ -310,7 +342,7 @@ def test_early_delivery_is_delayed_again(amqp_url, client, worker_factory, names
     import pika
     from support import raw_channel
 
-    from ojs_kombu.codec import encode
+    from ojs_kombu.wire.codec import encode
 
     ran_at = []
     client.declare_queue("default")
@@ -321,8 +353,14 @@ def test_early_delivery_is_delayed_again(amqp_url, client, worker_factory, names
     job = Job.create("delayed.job", [], scheduled_at=timedelta(seconds=2))
     message = encode(job)
     with raw_channel(amqp_url) as channel:  # straight into the job queue, 2 s early
-        channel.basic_publish(names.direct_exchange, "default", message.body, pika.BasicProperties(
-            content_type=message.properties["content_type"], message_id=job.id, headers=message.headers))
+        channel.basic_publish(
+            names.direct_exchange,
+            "default",
+            message.body,
+            pika.BasicProperties(
+                content_type=message.properties["content_type"], message_id=job.id, headers=message.headers
+            ),
+        )
     sent_at = time.time()
     wait_until(lambda: ran_at, timeout=10, message="the job to run")
     due = job.scheduled_datetime.timestamp()
@@ -349,6 +387,7 @@ def test_ttl_001_expired_job_never_runs(client, worker_factory, names):
 
 # -- PRI-001/002 -----------------------------------------------------------------------------------
 
+
 def test_pri_001_002_higher_first_fifo_among_equals(amqp_url, prefix, worker_factory):
     order = []
     with Client(amqp_url, prefix=prefix, queue_options=QueueOptions(max_priority=10)) as client:
@@ -366,6 +405,7 @@ def test_pri_001_002_higher_first_fifo_among_equals(amqp_url, prefix, worker_fac
 
 # -- AMQP-025..028 ---------------------------------------------------------------------------------
 
+
 def test_amqp_025_026_reconnect_redeclare_and_resume(client, worker_factory, management, names):
     recorder = Recorder()
     worker = worker_factory(connection_name="reconnect-test-worker")
@@ -373,16 +413,24 @@ def test_amqp_025_026_reconnect_redeclare_and_resume(client, worker_factory, man
     worker.start()
     client.enqueue("a.b", [1])
     recorder.wait_for(1)
-    ours = wait_until(lambda: [c for c in management.connections() if
-                               c.get("client_properties", {}).get("connection_name") == "reconnect-test-worker"],
-                      message="the worker's connection")
+    ours = wait_until(
+        lambda: [
+            c
+            for c in management.connections()
+            if c.get("client_properties", {}).get("connection_name") == "reconnect-test-worker"
+        ],
+        message="the worker's connection",
+    )
     management.close_connection(ours[0]["name"])
     wait_until(lambda: worker.consumer.reconnections >= 1, message="a reconnection")
     assert worker.wait_until_ready(15)
     client.enqueue("a.b", [2])
     recorder.wait_for(2)
-    details = wait_until(lambda: (management.queue(names.job_queue("default")) or {}).get("consumer_details"),
-                         timeout=15, message="consumer re-registered")
+    details = wait_until(
+        lambda: (management.queue(names.job_queue("default")) or {}).get("consumer_details"),
+        timeout=15,
+        message="consumer re-registered",
+    )
     assert details[0]["prefetch_count"] == worker.concurrency
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from frameworks import ojs_celery_app, running_worker
@@ -74,17 +74,39 @@ def worker_factory():
 
 
 @contextmanager
-def subprocess_worker(amqp_url: str, prefix: str, *, concurrency: int = 1,
-                      extra_env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+def subprocess_worker(
+    amqp_url: str, prefix: str, *, concurrency: int = 1, extra_env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
     """``celery worker`` (prefork pool) in a subprocess on ``tests/celery/worker_app.py``."""
-    env = {**os.environ, "OJS_AMQP_URL": amqp_url, "OJS_TEST_PREFIX": prefix,
-           "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}", **(extra_env or {})}
+    env = {
+        **os.environ,
+        "OJS_AMQP_URL": amqp_url,
+        "OJS_TEST_PREFIX": prefix,
+        "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
+        **(extra_env or {}),
+    }
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"celery-worker-{prefix}.log", "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "worker_app", "worker", "--pool=prefork",
-         f"--concurrency={concurrency}", "--loglevel=INFO", "--without-gossip", "--without-mingle",
-         "--without-heartbeat", "-n", f"w-{prefix}@%h"],
-        cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker_app",
+            "worker",
+            "--pool=prefork",
+            f"--concurrency={concurrency}",
+            "--loglevel=INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-n",
+            f"w-{prefix}@%h",
+        ],
+        cwd=HERE,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         yield process
@@ -101,6 +123,8 @@ def subprocess_worker(amqp_url: str, prefix: str, *, concurrency: int = 1,
 @pytest.fixture
 def celery_subprocess_worker(amqp_url: str, prefix: str):
     """``with celery_subprocess_worker(): ...`` runs ``celery worker`` on ``worker_app`` in a subprocess."""
+
     def start(**kwargs):
         return subprocess_worker(amqp_url, prefix, **kwargs)
+
     return start

@@ -6,12 +6,10 @@ import json
 import threading
 
 import pytest
+from support import raw_channel, wait_until
 
 from ojs_kombu import Worker, job_type_for
 from ojs_kombu.testing.schema import validate_job
-from support import raw_channel, wait_until
-
-
 
 pytestmark = pytest.mark.broker
 
@@ -25,8 +23,9 @@ def test_a_job_from_ojs_kombu_client_runs_as_a_celery_task(celery_app, worker_fa
         seen.append((customer, amount, currency, self.request.id, self.request.retries))
         done.set()
 
-    job = client.enqueue(job_type_for("Billing.ChargeCard"), ["cust-1", 12.5], queue="celery",
-                         kwargs={"currency": "CHF"})
+    job = client.enqueue(
+        job_type_for("Billing.ChargeCard"), ["cust-1", 12.5], queue="celery", kwargs={"currency": "CHF"}
+    )
     assert job.type == "billing.charge_card"
     with worker_factory(celery_app):
         assert done.wait(20)
@@ -60,6 +59,7 @@ def test_celery_delay_is_read_by_a_raw_pika_consumer(celery_app, amqp_url, names
     result = add.apply_async((2, 3), countdown=0)
     messages = []
     with raw_channel(amqp_url) as channel:
+
         def on_message(ch, method, properties, body):
             messages.append((properties, json.loads(body)))
             ch.basic_ack(method.delivery_tag)

@@ -10,17 +10,22 @@ import json
 
 import pytest
 from celery.exceptions import TimeLimitExceeded
+from support import get_messages
 
 from ojs_celery import Celery
-from support import get_messages
 
 pytestmark = pytest.mark.broker
 
 
 @pytest.fixture
 def producer(amqp_url, prefix):
-    app = Celery("worker_app", broker=amqp_url, broker_backend="ojs", backend="rpc://",
-                 broker_transport_options={"prefix": prefix})
+    app = Celery(
+        "worker_app",
+        broker=amqp_url,
+        broker_backend="ojs",
+        backend="rpc://",
+        broker_transport_options={"prefix": prefix},
+    )
     yield app
     app.close()
 

@@ -22,17 +22,49 @@ class Tasks:
 
 
 def celery_message(**headers):
-    base = {"lang": "py", "task": "Reports.BuildPDF", "id": "order-42", "shadow": None, "eta": None,
-            "expires": "2030-01-01T00:00:00+00:00", "group": "g-1", "group_index": 2, "retries": 0,
-            "timelimit": [30, 20], "root_id": "root-1", "parent_id": "parent-1", "argsrepr": "(7,)",
-            "kwargsrepr": "{'paper': 'A4'}", "origin": "gen1@host", "ignore_result": False,
-            "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {}, "x-custom": "kept"}
+    base = {
+        "lang": "py",
+        "task": "Reports.BuildPDF",
+        "id": "order-42",
+        "shadow": None,
+        "eta": None,
+        "expires": "2030-01-01T00:00:00+00:00",
+        "group": "g-1",
+        "group_index": 2,
+        "retries": 0,
+        "timelimit": [30, 20],
+        "root_id": "root-1",
+        "parent_id": "parent-1",
+        "argsrepr": "(7,)",
+        "kwargsrepr": "{'paper': 'A4'}",
+        "origin": "gen1@host",
+        "ignore_result": False,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+        "x-custom": "kept",
+    }
     base.update(headers)
-    embed = {"callbacks": [{"task": "notify", "args": [], "kwargs": {}, "options": {}, "subtask_type": None,
-                            "immutable": False}], "errbacks": None, "chain": None, "chord": None}
+    embed = {
+        "callbacks": [
+            {"task": "notify", "args": [], "kwargs": {}, "options": {}, "subtask_type": None, "immutable": False}
+        ],
+        "errbacks": None,
+        "chain": None,
+        "chord": None,
+    }
     body = json.dumps([[7], {"paper": "A4"}, embed]).encode()
-    return body, {"content_type": "application/json", "content_encoding": "utf-8", "priority": 4,
-                  "correlation_id": "order-42", "reply_to": "reply-q"}, base
+    return (
+        body,
+        {
+            "content_type": "application/json",
+            "content_encoding": "utf-8",
+            "priority": 4,
+            "correlation_id": "order-42",
+            "reply_to": "reply-q",
+        },
+        base,
+    )
 
 
 def test_round_trip_keeps_every_celery_detail():
@@ -50,8 +82,19 @@ def test_round_trip_keeps_every_celery_detail():
     args, kwargs, embed = json.loads(body2)
     assert (args, kwargs) == ([7], {"paper": "A4"})
     assert embed["callbacks"][0]["task"] == "notify" and embed["errbacks"] is None
-    for key in ("task", "id", "group", "group_index", "timelimit", "root_id", "parent_id", "argsrepr",
-                "kwargsrepr", "origin", "x-custom"):
+    for key in (
+        "task",
+        "id",
+        "group",
+        "group_index",
+        "timelimit",
+        "root_id",
+        "parent_id",
+        "argsrepr",
+        "kwargsrepr",
+        "origin",
+        "x-custom",
+    ):
         assert headers2[key] == headers[key], key
     assert headers2["retries"] == 0 and headers2[ENVELOPE_HEADER]["id"] == job.id
     assert properties2["content_type"] == "application/json" and properties2["correlation_id"] == "order-42"
@@ -59,9 +102,15 @@ def test_round_trip_keeps_every_celery_detail():
 
 def test_a_foreign_job_becomes_a_message_for_the_mapped_task():
     codec = CeleryCodec(Tasks())
-    envelope = {"specversion": "1.0", "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "type": "reports.build_pdf",
-                "queue": "reports", "args": [1], "meta": {"kwargs": {"paper": "Letter"}, "tenant": "acme"},
-                "attempt": 0}
+    envelope = {
+        "specversion": "1.0",
+        "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f",
+        "type": "reports.build_pdf",
+        "queue": "reports",
+        "args": [1],
+        "meta": {"kwargs": {"paper": "Letter"}, "tenant": "acme"},
+        "attempt": 0,
+    }
     job = decode(json.dumps(envelope).encode(), {"content_type": "application/openjobspec+json"}, {})
     body, properties, headers = codec.from_job(job, {}, {})
     assert headers["task"] == "Reports.BuildPDF" and headers["id"] == envelope["id"]
@@ -72,5 +121,6 @@ def test_a_foreign_job_becomes_a_message_for_the_mapped_task():
 def test_pickle_is_refused():
     body, properties, headers = celery_message()
     with pytest.raises(ValidationError, match="JSON only"):
-        CeleryCodec(Tasks()).to_job(b"\x80\x04", {**properties, "content_type": "application/x-python-serialize"},
-                                    headers, "reports")
+        CeleryCodec(Tasks()).to_job(
+            b"\x80\x04", {**properties, "content_type": "application/x-python-serialize"}, headers, "reports"
+        )

@@ -40,10 +40,19 @@ CACHE = ROOT / ".cache" / "celery-suite"
 
 #: ``t/integration/test_tasks.py::test_tasks`` tests that run (issue 4's list).
 TASK_TESTS = [
-    "test_basic_task", "test_eta", "test_retry", "test_task_retried_once", "test_fail",
-    "test_wrong_arguments", "test_reject_without_requeue_stores_failure",
-    "test_reject_with_requeue_redelivers_and_succeeds", "test_expired", "test_revoked", "test_timeout",
-    "test_unicode_task", "test_properties",
+    "test_basic_task",
+    "test_eta",
+    "test_retry",
+    "test_task_retried_once",
+    "test_fail",
+    "test_wrong_arguments",
+    "test_reject_without_requeue_stores_failure",
+    "test_reject_with_requeue_redelivers_and_succeeds",
+    "test_expired",
+    "test_revoked",
+    "test_timeout",
+    "test_unicode_task",
+    "test_properties",
 ]
 #: ``t/integration/test_canvas.py`` classes that run whole.
 CANVAS_CLASSES = ["test_chain", "test_link_error"]
@@ -51,32 +60,31 @@ CANVAS_CLASSES = ["test_chain", "test_link_error"]
 #: shared cores; "negative waits" are the suite's ``await_redis_echo(..., timeout=10)`` checks
 #: that something did *not* happen, each of which lasts its full 10 s when the test passes.
 CHORD_EXCLUDED = {
-    "test_disabling_flag_allow_error_cb_on_chord_header":
-        "time: 7 chords x ~20 s of negative waits, ~140 s, over the 120 s per-test timeout",
+    "test_disabling_flag_allow_error_cb_on_chord_header": "time: 7 chords x ~20 s of negative waits, ~140 s, over the 120 s per-test timeout",
     "test_enabling_flag_allow_error_cb_on_chord_header": "time: ~85 s, mostly negative waits (passes)",
     "test_flag_allow_error_cb_on_chord_header_on_upgraded_chord": "time: ~67 s, mostly negative waits (passes)",
     "test_nested_chord_header_link_error": "time: ~21 s, 20 s of negative waits (passes)",
-    "test_error_propagates_from_chord":
-        "xfail on the Redis backend (upstream issue #6437): waits out its 60 s get() timeout",
-    "test_redis_subscribed_channels_leak":
-        "always xfail upstream; checks the Redis backend's pub/sub channels, not the broker (~11 s)",
-    "test_reapplying_frozen_chord_dispatches_body_again":
-        "flaky (about 1 run in 4 here; 10 of 10 pass over pyamqp://): a race in Celery, not the "
-        "transport. Celery sets the chord size, which also clears the previous run's 'done' marker, "
-        "only just before publishing the last header task; when the worker finishes the first header "
-        "task before that, its part is dropped as a late duplicate and the body never runs. Publisher "
-        "confirms (~5-10 ms per publish) widen that window",
-    "test_generator":
-        "time: sleeps 1 s per header item by design (~55 s over 7 sizes); tests Celery's lazy "
-        "unrolling of a generator header, no broker behaviour the other chord tests lack",
+    "test_error_propagates_from_chord": "xfail on the Redis backend (upstream issue #6437): waits out its 60 s get() timeout",
+    "test_redis_subscribed_channels_leak": "always xfail upstream; checks the Redis backend's pub/sub channels, not the broker (~11 s)",
+    "test_reapplying_frozen_chord_dispatches_body_again": "flaky (about 1 run in 4 here; 10 of 10 pass over pyamqp://): a race in Celery, not the "
+    "transport. Celery sets the chord size, which also clears the previous run's 'done' marker, "
+    "only just before publishing the last header task; when the worker finishes the first header "
+    "task before that, its part is dropped as a late duplicate and the body never runs. Publisher "
+    "confirms (~5-10 ms per publish) widen that window",
+    "test_generator": "time: sleeps 1 s per header item by design (~55 s over 7 sizes); tests Celery's lazy "
+    "unrolling of a generator header, no broker behaviour the other chord tests lack",
 }
 #: Whole-run limit for the subprocess, and for this test (pytest-timeout's default is 300 s).
 SUITE_TIMEOUT = 900
 
 #: Settings of ``ojs_celery.Celery`` that the suite's stock app does not have.
 OJS_CONFIG = {
-    "task_acks_late": True, "task_acks_on_failure": False, "task_acks_on_timeout": False,
-    "task_serializer": "json", "result_serializer": "json", "accept_content": ["json"],
+    "task_acks_late": True,
+    "task_acks_on_failure": False,
+    "task_acks_on_timeout": False,
+    "task_serializer": "json",
+    "result_serializer": "json",
+    "accept_content": ["json"],
 }
 
 
@@ -89,8 +97,23 @@ def celery_checkout() -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     archive = CACHE / f"celery-{version}.tar.gz"
     if not archive.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
-                        f"celery=={version}", "-d", str(CACHE)], check=True, timeout=300)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                f"celery=={version}",
+                "-d",
+                str(CACHE),
+            ],
+            check=True,
+            timeout=300,
+        )
     with tarfile.open(archive) as tar:
         tar.extractall(CACHE, filter="data")
     # The suite must test the installed Celery, not the sdist's sources next to it.
@@ -113,8 +136,7 @@ def chord_node_ids(checkout: Path) -> list[str]:
     """
     source = (checkout / "t" / "integration" / "test_canvas.py").read_text()
     [cls] = [node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "test_chord"]
-    names = [node.name for node in cls.body
-             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+    names = [node.name for node in cls.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
     stale = set(CHORD_EXCLUDED) - set(names)
     assert not stale, f"CHORD_EXCLUDED names tests that test_chord no longer has: {sorted(stale)}"
     return [f"t/integration/test_canvas.py::test_chord::{name}" for name in names if name not in CHORD_EXCLUDED]
@@ -123,10 +145,15 @@ def chord_node_ids(checkout: Path) -> list[str]:
 def suite_env(checkout: Path, amqp_url: str, redis_url: str) -> dict[str, str]:
     """The environment of the suite's subprocess: broker, result backend and the suite's Redis helpers."""
     redis = urlsplit(redis_url)
-    return {**os.environ, "TEST_BROKER": amqp_url.replace("amqp://", "ojs://", 1), "TEST_BACKEND": redis_url,
-            # t/integration/tasks.py:get_redis_connection (redis_echo & co.) reads only these two.
-            "REDIS_HOST": redis.hostname or "127.0.0.1", "REDIS_PORT": str(redis.port or 6379),
-            "PYTHONPATH": str(checkout)}
+    return {
+        **os.environ,
+        "TEST_BROKER": amqp_url.replace("amqp://", "ojs://", 1),
+        "TEST_BACKEND": redis_url,
+        # t/integration/tasks.py:get_redis_connection (redis_echo & co.) reads only these two.
+        "REDIS_HOST": redis.hostname or "127.0.0.1",
+        "REDIS_PORT": str(redis.port or 6379),
+        "PYTHONPATH": str(checkout),
+    }
 
 
 def failures(output: str, limit: int = 12000) -> str:
@@ -145,9 +172,28 @@ def test_celery_integration_suite(checkout, amqp_url, management, redis_url):
     node_ids += chord_node_ids(checkout)
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "ojs_kombu", "-p", "celery.contrib.pytest", "-p", "no:cacheprovider",
-             "-q", "-rfEsxX", "--durations=12", "--timeout=120", "-o", "addopts=", *node_ids],
-            cwd=checkout, env=suite_env(checkout, amqp_url, redis_url), capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "ojs_kombu",
+                "-p",
+                "celery.contrib.pytest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "-rfEsxX",
+                "--durations=12",
+                "--timeout=120",
+                "-o",
+                "addopts=",
+                *node_ids,
+            ],
+            cwd=checkout,
+            env=suite_env(checkout, amqp_url, redis_url),
+            capture_output=True,
+            text=True,
             timeout=SUITE_TIMEOUT,
         )
     finally:

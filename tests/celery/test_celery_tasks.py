@@ -5,17 +5,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery import chain, chord, group
 from celery.exceptions import ChordError, Reject, TaskRevokedError
 from celery.worker import state as worker_state
-
-from ojs_kombu.testing.schema import validate_job
 from support import get_messages, wait_until
 
-
+from ojs_kombu.testing.schema import validate_job
 
 pytestmark = pytest.mark.broker
 
@@ -98,15 +96,14 @@ def test_self_retry_countdown_goes_through_the_retry_queue(celery_app, worker_fa
         assert flaky.delay().get(timeout=30) == "done"
     assert [c["retries"] for c in seen.calls] == [0, 1, 2]
     assert [c["attempt"] for c in seen.calls] == [1, 2, 3]
-    gaps = [b["at"] - a["at"] for a, b in zip(seen.calls, seen.calls[1:])]
+    gaps = [b["at"] - a["at"] for a, b in zip(seen.calls, seen.calls[1:], strict=False)]
     assert all(gap >= 0.5 for gap in gaps), gaps  # never early
     retry_queue = management.queue(names.retry_queue("celery", 500))
     assert retry_queue is not None and retry_queue["arguments"]["x-message-ttl"] == 500
     assert retry_queue["arguments"]["x-dead-letter-exchange"] == names.direct_exchange
 
 
-def test_retry_carries_error_headers_trace_context_and_a_user_given_id(celery_app, worker_factory, amqp_url,
-                                                                        names):
+def test_retry_carries_error_headers_trace_context_and_a_user_given_id(celery_app, worker_factory, amqp_url, names):
     ran = Recorder()
 
     @celery_app.task(bind=True, max_retries=3)
@@ -115,7 +112,7 @@ def test_retry_carries_error_headers_trace_context_and_a_user_given_id(celery_ap
         try:
             raise ValueError("upstream said no")
         except ValueError as exc:
-            raise self.retry(countdown=30, exc=exc)  # parks the retry in ojs.queue.retry.celery.30000
+            raise self.retry(countdown=30, exc=exc) from exc  # parks the retry in ojs.queue.retry.celery.30000
 
     with worker_factory(celery_app):
         call_upstream.apply_async(task_id="order-42", headers={"traceparent": TRACEPARENT})
@@ -138,8 +135,9 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 def test_autoretry_with_backoff(celery_app, worker_factory, management, names):
     seen = Recorder()
 
-    @celery_app.task(bind=True, autoretry_for=(KeyError,), retry_backoff=1, retry_jitter=False,
-                     retry_kwargs={"max_retries": 2})
+    @celery_app.task(
+        bind=True, autoretry_for=(KeyError,), retry_backoff=1, retry_jitter=False, retry_kwargs={"max_retries": 2}
+    )
     def lookup(self, key):
         seen.add(retries=self.request.retries)
         if self.request.retries < 2:
@@ -148,7 +146,7 @@ def test_autoretry_with_backoff(celery_app, worker_factory, management, names):
 
     with worker_factory(celery_app):
         assert lookup.delay("k").get(timeout=30) == "k"
-    gaps = [b["at"] - a["at"] for a, b in zip(seen.calls, seen.calls[1:])]
+    gaps = [b["at"] - a["at"] for a, b in zip(seen.calls, seen.calls[1:], strict=False)]
     assert gaps[0] >= 1.0 and gaps[1] >= 2.0, gaps  # backoff 1 s, then 2 s
     for delay in (1000, 2000):
         assert management.queue(names.retry_queue("celery", delay)) is not None
@@ -207,7 +205,7 @@ def test_countdown_is_never_early_and_nothing_waits_unacked(celery_app, worker_f
     with worker_factory(celery_app):
         start = time.time()
         result = later.apply_async((start,), countdown=6)
-        eta_result = later.apply_async((start,), eta=datetime.now(timezone.utc) + timedelta(seconds=6))
+        eta_result = later.apply_async((start,), eta=datetime.now(UTC) + timedelta(seconds=6))
         time.sleep(5.5)  # management statistics are sampled every few seconds
         assert len(seen) == 0
         assert not worker_state.reserved_requests  # not held in the worker's memory

@@ -12,8 +12,13 @@ import time
 
 from ojs_celery import Celery
 
-app = Celery("worker_app", broker=os.environ["OJS_AMQP_URL"], broker_backend="ojs", backend="rpc://",
-             broker_transport_options={"prefix": os.environ["OJS_TEST_PREFIX"]})
+app = Celery(
+    "worker_app",
+    broker=os.environ["OJS_AMQP_URL"],
+    broker_backend="ojs",
+    backend="rpc://",
+    broker_transport_options={"prefix": os.environ["OJS_TEST_PREFIX"]},
+)
 
 
 @app.task(bind=True, time_limit=1, max_retries=1, default_retry_delay=0.2)

@@ -15,7 +15,7 @@ import pytest
 from support import get_messages, message_count, raw_channel, wait_until
 
 from ojs_dramatiq import OjsBroker
-from ojs_kombu.codec import Header
+from ojs_kombu.wire.headers import Header
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,9 +30,21 @@ class Cli:
         self.record = record
         self.log = record.with_suffix(f".{time.monotonic_ns()}.log")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "dramatiq", "cli_app", "--processes", "1", "--threads", str(threads),
-             "--path", str(APPS)],
-            env=env, stdout=subprocess.DEVNULL, stderr=self.log.open("w"),
+            [
+                sys.executable,
+                "-m",
+                "dramatiq",
+                "cli_app",
+                "--processes",
+                "1",
+                "--threads",
+                str(threads),
+                "--path",
+                str(APPS),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("w"),
         )
 
     def records(self) -> list[dict]:
@@ -41,8 +53,11 @@ class Cli:
         return [json.loads(line) for line in self.record.read_text().splitlines()]
 
     def wait_for(self, predicate, timeout: float = 60.0) -> list[dict]:
-        return wait_until(lambda: (lambda r: r if predicate(r) else None)(self.records()), timeout,
-                          message=f"records; CLI log:\n{self.log.read_text()[-3000:]}")
+        return wait_until(
+            lambda: (lambda r: r if predicate(r) else None)(self.records()),
+            timeout,
+            message=f"records; CLI log:\n{self.log.read_text()[-3000:]}",
+        )
 
     def stop(self, timeout: float = 60.0) -> int:
         if self.process.poll() is None:
@@ -73,10 +88,16 @@ def cli(amqp_url, prefix, tmp_path):
 def sender(amqp_url, prefix):
     """The CLI app's actors, declared on a sending-only broker of the test process."""
     broker = OjsBroker(amqp_url, prefix=prefix)
-    actors = {name: dramatiq.Actor(lambda *a, **k: None, broker=broker, actor_name=name, queue_name=queue,
-                                   priority=0, options=options)
-              for name, queue, options in (("Greet", "cli", {}), ("slow", "cli", {}),
-                                           ("kill_once", "cli-kill", {"max_retries": 3, "min_backoff": 50}))}
+    actors = {
+        name: dramatiq.Actor(
+            lambda *a, **k: None, broker=broker, actor_name=name, queue_name=queue, priority=0, options=options
+        )
+        for name, queue, options in (
+            ("Greet", "cli", {}),
+            ("slow", "cli", {}),
+            ("kill_once", "cli-kill", {"max_retries": 3, "min_backoff": 50}),
+        )
+    }
     yield actors
     broker.close()
 
@@ -124,6 +145,6 @@ def test_a_job_that_always_loses_its_worker_ends_in_the_dlq(ojs_broker, start_wo
         wait_until(lambda: channel.basic_get(names.job_queue("lost"), auto_ack=False)[0], 10)
     start_worker()
     wait_until(lambda: message_count(amqp_url, names.dead_letter_queue("lost")) == 1, 20)
-    (_, properties, _), = get_messages(amqp_url, names.dead_letter_queue("lost"), 1)
+    ((_, properties, _),) = get_messages(amqp_url, names.dead_letter_queue("lost"), 1)
     assert properties.headers["x-death"][0]["reason"] == "rejected"
     assert runs == []

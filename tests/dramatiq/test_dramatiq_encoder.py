@@ -30,8 +30,13 @@ def test_the_job_id_is_a_uuid7_derived_deterministically_from_the_message():
 
 
 def test_a_message_round_trips_through_its_envelope():
-    m = message(actor_name="LegacyActor", queue_name="high_priority", args=(1, [2, {"a": None}]),
-                kwargs={"k": "v"}, options={"broker_priority": 5, "pipe_ignore": True, "eta": 1, "retries": 3})
+    m = message(
+        actor_name="LegacyActor",
+        queue_name="high_priority",
+        args=(1, [2, {"a": None}]),
+        kwargs={"k": "v"},
+        options={"broker_priority": 5, "pipe_ignore": True, "eta": 1, "retries": 3},
+    )
     job = message_to_job(m, retry=retry_policy_for(4, 100, 5000))
     validate_job(job.to_dict())
     assert job.type == "legacy_actor" and job.queue == "high-priority" and job.priority == 5
@@ -39,9 +44,15 @@ def test_a_message_round_trips_through_its_envelope():
     assert job.meta["dramatiq"]["options"] == {"broker_priority": 5, "pipe_ignore": True}
     assert job.retry.max_attempts == 5
     back = job_to_message(Job.from_json(job.to_json(), strict=False), "high_priority")
-    assert back == message(actor_name="LegacyActor", queue_name="high_priority", args=(1, [2, {"a": None}]),
-                           kwargs={"k": "v"}, options={"broker_priority": 5, "pipe_ignore": True},
-                           message_id=m.message_id, message_timestamp=m.message_timestamp)
+    assert back == message(
+        actor_name="LegacyActor",
+        queue_name="high_priority",
+        args=(1, [2, {"a": None}]),
+        kwargs={"k": "v"},
+        options={"broker_priority": 5, "pipe_ignore": True},
+        message_id=m.message_id,
+        message_timestamp=m.message_timestamp,
+    )
 
 
 def test_the_attempt_becomes_the_retries_option():
@@ -62,8 +73,10 @@ def test_values_json_cannot_carry_are_refused():
         message_to_job(message(options={"when": object()}))
 
 
-@pytest.mark.parametrize("name, expected", [("default", "default"), ("high_priority", "high-priority"),
-                                            ("Emails", "emails"), ("a.b-c", "a.b-c")])
+@pytest.mark.parametrize(
+    "name, expected",
+    [("default", "default"), ("high_priority", "high-priority"), ("Emails", "emails"), ("a.b-c", "a.b-c")],
+)
 def test_queue_names(name, expected):
     assert ojs_queue_for(name) == expected
 

@@ -11,8 +11,9 @@ from dramatiq.middleware import CurrentMessage
 from support import raw_channel, wait_until
 
 from ojs_kombu import Worker
-from ojs_kombu.codec import CONTENT_TYPE, Header
 from ojs_kombu.testing.schema import validate_job
+from ojs_kombu.wire.codec import CONTENT_TYPE
+from ojs_kombu.wire.headers import Header
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,7 +53,7 @@ def test_an_actor_message_is_an_ojs_job_for_a_raw_pika_consumer(ojs_broker, amqp
         channel.basic_consume(names.job_queue("plain"), on_message)
         channel.connection.call_later(10, channel.stop_consuming)
         channel.start_consuming()
-    (properties, envelope), = received
+    ((properties, envelope),) = received
     validate_job(envelope)
     assert properties.content_type == CONTENT_TYPE and properties.delivery_mode == 2
     assert properties.app_id == "ojs" and properties.message_id == envelope["id"]
@@ -84,8 +85,8 @@ def test_an_actor_message_runs_on_an_ojs_kombu_worker(ojs_broker, amqp_url, pref
 
 
 def test_a_scheduled_job_from_the_client_reaches_the_actor(ojs_broker, start_worker, client):
-    from datetime import timedelta
     import time
+    from datetime import timedelta
 
     seen = []
 

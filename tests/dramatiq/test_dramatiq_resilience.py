@@ -25,8 +25,7 @@ def test_enqueue_declares_a_deleted_queue_again(ojs_broker, management, names, a
     assert message_count(amqp_url, names.job_queue("flaky-queue")) == 1
 
 
-def test_a_consumer_declares_its_deleted_queue_again_and_keeps_consuming(ojs_broker, start_worker, management,
-                                                                         names):
+def test_a_consumer_declares_its_deleted_queue_again_and_keeps_consuming(ojs_broker, start_worker, management, names):
     done = threading.Event()
 
     @dramatiq.actor(queue_name="vanishing")
@@ -53,8 +52,14 @@ def test_sending_survives_a_closed_publisher_connection(ojs_broker, start_worker
     work.send(1)
     wait_until(lambda: seen == [1], 20)
     ours = f"ojs_kombu client {socket.gethostname()} pid {os.getpid()}"  # the broker's publishing connections
-    closed = wait_until(lambda: [c["name"] for c in management.connections()
-                                 if (c.get("client_properties") or {}).get("connection_name") == ours], 20)
+    closed = wait_until(
+        lambda: [
+            c["name"]
+            for c in management.connections()
+            if (c.get("client_properties") or {}).get("connection_name") == ours
+        ],
+        20,
+    )
     for name in closed:
         management.close_connection(name)
     work.send(2)

@@ -9,10 +9,11 @@ import time
 import dramatiq
 import pytest
 from dramatiq.middleware import CurrentMessage
-
-from ojs_kombu.codec import CONTENT_TYPE, Header
-from ojs_kombu.testing.schema import validate_job
 from support import get_messages, message_count, wait_until
+
+from ojs_kombu.testing.schema import validate_job
+from ojs_kombu.wire.codec import CONTENT_TYPE
+from ojs_kombu.wire.headers import Header
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,7 +49,7 @@ def test_args_and_kwargs_reach_the_actor_and_the_envelope_is_ojs(ojs_broker, sta
 
     # Inspected with Basic.Get + ack: a peek that requeues would mark it redelivered (a lost attempt).
     message = add.send_with_options(args=(1, [2, 3]), kwargs={"scale": 10, "label": "x"}, broker_priority=3)
-    (method, properties, body), = get_messages(amqp_url, names.job_queue("args"), 1)
+    ((method, properties, body),) = get_messages(amqp_url, names.job_queue("args"), 1)
     envelope = json.loads(body)
     validate_job(envelope)
     assert properties.content_type == CONTENT_TYPE
@@ -56,8 +57,11 @@ def test_args_and_kwargs_reach_the_actor_and_the_envelope_is_ojs(ojs_broker, sta
     assert properties.headers[Header.ATTEMPT] == 1 and properties.headers[Header.QUEUE] == "args"
     assert envelope["args"] == [1, [2, 3]]
     assert envelope["meta"]["kwargs"] == {"scale": 10, "label": "x"}
-    assert envelope["meta"]["dramatiq"] == {"actor_name": "add", "message_id": message.message_id,
-                                            "options": {"broker_priority": 3}}
+    assert envelope["meta"]["dramatiq"] == {
+        "actor_name": "add",
+        "message_id": message.message_id,
+        "options": {"broker_priority": 3},
+    }
     assert envelope["priority"] == 3 and envelope["queue"] == "args"
     assert envelope["created_at"].endswith("Z")
     assert envelope["retry"]["max_attempts"] == 21  # Dramatiq's default max_retries=20, plus the first run
@@ -78,7 +82,7 @@ def test_camel_case_actor_name_round_trips(ojs_broker, start_worker, names, amqp
         calls.add((x, CurrentMessage.get_current_message().actor_name))
 
     legacy.send("hi")
-    (_, properties, body), = get_messages(amqp_url, names.job_queue("legacy"), 1)
+    ((_, properties, body),) = get_messages(amqp_url, names.job_queue("legacy"), 1)
     envelope = json.loads(body)
     validate_job(envelope)
     assert envelope["type"] == "legacy_actor" and envelope["meta"]["dramatiq"]["actor_name"] == "LegacyActor"
@@ -129,7 +133,7 @@ def test_exhausted_retries_end_in_the_dead_letter_queue(ojs_broker, start_worker
     assert calls.wait(2) == [7, 7]
     assert exhausted.wait(1) == [(message.message_id, {"retries": 1, "max_retries": 1})]
     wait_until(lambda: message_count(amqp_url, names.dead_letter_queue("doomed")) == 1, 20)
-    (_, properties, body), = get_messages(amqp_url, names.dead_letter_queue("doomed"), 1)
+    ((_, properties, body),) = get_messages(amqp_url, names.dead_letter_queue("doomed"), 1)
     envelope = json.loads(body)
     validate_job(envelope)
     headers = properties.headers
@@ -211,13 +215,18 @@ def test_delayed_message_is_never_early_and_never_held_unacked(ojs_broker, start
     samples = []
     while time.time() - sent < 3.5:
         queue = management.queue(names.job_queue("later")) or {}
-        samples.append((queue.get("messages_unacknowledged", 0), ojs_broker.in_flight("later"),
-                        ojs_broker.get_queue_message_counts("later")))
+        samples.append(
+            (
+                queue.get("messages_unacknowledged", 0),
+                ojs_broker.in_flight("later"),
+                ojs_broker.get_queue_message_counts("later"),
+            )
+        )
         time.sleep(0.4)
     assert not calls.calls, "ran before its delay"
     assert all(unacked == 0 and in_flight == 0 for unacked, in_flight, _ in samples), samples
     assert all(counts == (0, 1, 0) for _, _, counts in samples), samples  # waiting in the broker's cascade
-    waited, = calls.wait(1, timeout=20)
+    (waited,) = calls.wait(1, timeout=20)
     assert waited >= 4.0
     assert worker.consumers.keys() == {"later"}  # no .DQ consumer
     assert ojs_broker.get_declared_delay_queues() == set()
@@ -235,7 +244,7 @@ def test_dead_letter_mode_republish_records_the_final_error(amqp_url, prefix, na
     start_worker(broker)
     final.send()
     wait_until(lambda: message_count(amqp_url, names.dead_letter_queue("final")) == 1, 20)
-    (_, properties, body), = get_messages(amqp_url, names.dead_letter_queue("final"), 1)
+    ((_, properties, body),) = get_messages(amqp_url, names.dead_letter_queue("final"), 1)
     envelope = json.loads(body)
     validate_job(envelope)
     assert properties.headers[Header.ERROR_CODE] == "handler_error"

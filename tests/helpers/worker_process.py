@@ -41,8 +41,13 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(name)s: %(message)s")
 
-    worker = Worker(queues=args.queues.split(","), prefix=args.prefix, concurrency=args.concurrency,
-                    grace_period=args.grace, connection_name=args.name)
+    worker = Worker(
+        queues=args.queues.split(","),
+        prefix=args.prefix,
+        concurrency=args.concurrency,
+        grace_period=args.grace,
+        connection_name=args.name,
+    )
 
     @worker.handler("crash.job")
     def crash(*_: object) -> None:

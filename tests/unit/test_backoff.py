@@ -1,4 +1,4 @@
-"""Unit tests of ojs_kombu.backoff: the OJS retry formula and the reconnect back-off."""
+"""Unit tests of ojs_kombu.policy.backoff: the OJS retry formula and the reconnect back-off."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from ojs_kombu.backoff import reconnect_delay, retry_delay
-from ojs_kombu.envelope import RetryPolicy
 from ojs_kombu.errors import ValidationError
+from ojs_kombu.model.envelope import RetryPolicy
+from ojs_kombu.policy.backoff import reconnect_delay, retry_delay
 
 
 def policy(**fields) -> RetryPolicy:

@@ -5,21 +5,40 @@ import json
 import pytest
 
 from ojs_kombu import DecodeError, Job, RetryPolicy
-from ojs_kombu.codec import CONTENT_TYPE, Header, amqp_priority, decode, encode
 from ojs_kombu.testing.schema import validate_job
+from ojs_kombu.wire.codec import CONTENT_TYPE, amqp_priority, decode, encode
+from ojs_kombu.wire.headers import Header
 
 
 def test_encode_sets_every_property_and_header():
-    job = Job.create("email.send", ["a"], queue="email", priority=12, tags=["x"],
-                     retry=RetryPolicy(max_attempts=5), meta={"traceparent": "00-aa-bb-01", "tracestate": "k=v"})
+    job = Job.create(
+        "email.send",
+        ["a"],
+        queue="email",
+        priority=12,
+        tags=["x"],
+        retry=RetryPolicy(max_attempts=5),
+        meta={"traceparent": "00-aa-bb-01", "tracestate": "k=v"},
+    )
     message = encode(job)
     assert message.properties == {
-        "message_id": job.id, "type": "email.send", "content_type": CONTENT_TYPE, "content_encoding": "utf-8",
-        "delivery_mode": 2, "app_id": "ojs", "timestamp": int(job.created_datetime.timestamp()), "priority": 9,
+        "message_id": job.id,
+        "type": "email.send",
+        "content_type": CONTENT_TYPE,
+        "content_encoding": "utf-8",
+        "delivery_mode": 2,
+        "app_id": "ojs",
+        "timestamp": int(job.created_datetime.timestamp()),
+        "priority": 9,
     }
     assert message.headers == {
-        Header.QUEUE: "email", Header.ATTEMPT: 1, Header.MAX_ATTEMPTS: 5, Header.CREATED_AT: job.created_at,
-        Header.ENQUEUED_AT: job.enqueued_at, Header.TAGS: "x", Header.TRACE_ID: "00-aa-bb-01",
+        Header.QUEUE: "email",
+        Header.ATTEMPT: 1,
+        Header.MAX_ATTEMPTS: 5,
+        Header.CREATED_AT: job.created_at,
+        Header.ENQUEUED_AT: job.enqueued_at,
+        Header.TAGS: "x",
+        Header.TRACE_ID: "00-aa-bb-01",
         Header.TRACE_STATE: "k=v",
     }
     validate_job(json.loads(message.body))
@@ -44,34 +63,64 @@ def test_header_attempt_wins_over_body():
 
 def test_foreign_producer_seed_15_1():
     """Seed 001 §15.1: no specversion, +00:00 timestamp, max attempts only in a header."""
-    body = json.dumps({"id": "019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6", "type": "email.send", "queue": "email",
-                       "args": ["user@example.com", "welcome"], "created_at": "2026-02-15T10:30:00.123456+00:00"})
-    job = decode(body.encode(), {"content_type": CONTENT_TYPE, "message_id": "019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6"},
-                 {"x-ojs-queue": "email", "x-ojs-attempt": 1, "x-ojs-max-attempts": 5})
+    body = json.dumps(
+        {
+            "id": "019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6",
+            "type": "email.send",
+            "queue": "email",
+            "args": ["user@example.com", "welcome"],
+            "created_at": "2026-02-15T10:30:00.123456+00:00",
+        }
+    )
+    job = decode(
+        body.encode(),
+        {"content_type": CONTENT_TYPE, "message_id": "019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6"},
+        {"x-ojs-queue": "email", "x-ojs-attempt": 1, "x-ojs-max-attempts": 5},
+    )
     assert job.specversion == "1.0" and job.retry.max_attempts == 5 and job.attempt == 0
 
 
 def test_missing_fields_come_from_properties():
     body = json.dumps({"args": []}).encode()
-    job = decode(body, {"message_id": "019414D4-8B2E-7C3A-B5D1-F0E2A3B4C5D6", "type": "a.b", "timestamp": 1_700_000_000},
-                 {"x-ojs-queue": "q"})
+    job = decode(
+        body,
+        {"message_id": "019414D4-8B2E-7C3A-B5D1-F0E2A3B4C5D6", "type": "a.b", "timestamp": 1_700_000_000},
+        {"x-ojs-queue": "q"},
+    )
     assert (job.id, job.type, job.queue) == ("019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6", "a.b", "q")
     assert job.created_at.startswith("2023-11-14T22:13:20")
 
 
-@pytest.mark.parametrize("body,properties,headers,code", [
-    (b"not json", {}, {}, "decode_error"),
-    (b"\xff\xfe", {}, {}, "decode_error"),
-    (b"[1]", {}, {}, "invalid_envelope"),
-    (b'{"type": "a.b", "queue": "q", "args": [NaN], "id": "019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6"}', {}, {}, "decode_error"),
-    (b"{}", {"content_type": "application/x-python-serialize"}, {}, "unsupported_content_type"),
-    (b"{}", {"content_encoding": "latin-1"}, {}, "unsupported_content_encoding"),
-    (b"x" * (1024 * 1024 + 1), {}, {}, "envelope_too_large"),
-    (b'{"type": "a.b", "queue": "q", "args": "x", "id": "019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6"}', {}, {}, "invalid_envelope"),
-    (b'{"type": "a.b", "queue": "q", "args": [], "id": "019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6"}', {},
-     {"x-ojs-attempt": "three"}, "invalid_header"),
-    (b'{"type": "a.b", "queue": "q", "args": [], "id": "not-a-uuid"}', {}, {}, "invalid_envelope"),
-])
+@pytest.mark.parametrize(
+    "body,properties,headers,code",
+    [
+        (b"not json", {}, {}, "decode_error"),
+        (b"\xff\xfe", {}, {}, "decode_error"),
+        (b"[1]", {}, {}, "invalid_envelope"),
+        (
+            b'{"type": "a.b", "queue": "q", "args": [NaN], "id": "019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6"}',
+            {},
+            {},
+            "decode_error",
+        ),
+        (b"{}", {"content_type": "application/x-python-serialize"}, {}, "unsupported_content_type"),
+        (b"{}", {"content_encoding": "latin-1"}, {}, "unsupported_content_encoding"),
+        (b"x" * (1024 * 1024 + 1), {}, {}, "envelope_too_large"),
+        (
+            b'{"type": "a.b", "queue": "q", "args": "x", "id": "019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6"}',
+            {},
+            {},
+            "invalid_envelope",
+        ),
+        (
+            b'{"type": "a.b", "queue": "q", "args": [], "id": "019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6"}',
+            {},
+            {"x-ojs-attempt": "three"},
+            "invalid_header",
+        ),
+        (b'{"type": "a.b", "queue": "q", "args": [], "id": "not-a-uuid"}', {}, {}, "invalid_envelope"),
+    ],
+)
 def test_bad_messages_raise_decode_error_with_a_code(body, properties, headers, code):
     with pytest.raises(DecodeError) as info:
         decode(body, properties, headers)

@@ -1,4 +1,4 @@
-"""Unit tests of ojs_kombu.envelope: time and duration helpers, JSON-native checks,
+"""Unit tests of ojs_kombu.model.envelope: time and duration helpers, JSON-native checks,
 the retry/unique/error models and the Job envelope (create, read, write)."""
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ import re
 import timeit
 import uuid
 from collections import OrderedDict
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pydantic
 import pytest
 
-from ojs_kombu.envelope import (
+from ojs_kombu.errors import ValidationError
+from ojs_kombu.model.envelope import (
     JOB_ID_PATTERN,
     JOB_TYPE_PATTERN,
     MAX_ENVELOPE_BYTES,
@@ -33,7 +34,6 @@ from ojs_kombu.envelope import (
     parse_timestamp,
     utcnow,
 )
-from ojs_kombu.errors import ValidationError
 
 JOB_ID = "019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f"
 MINIMAL = {"specversion": "1.0", "id": JOB_ID, "type": "email.send", "queue": "default", "args": ["a@b.c"]}
@@ -64,15 +64,15 @@ def test_constants():
 
 def test_utcnow_is_aware_utc():
     now = utcnow()
-    assert now.tzinfo is timezone.utc
-    assert abs((datetime.now(timezone.utc) - now).total_seconds()) < 1
+    assert now.tzinfo is UTC
+    assert abs((datetime.now(UTC) - now).total_seconds()) < 1
 
 
 @pytest.mark.parametrize(
     "dt, text",
     [
-        (datetime(2026, 2, 15, 10, 30, tzinfo=timezone.utc), "2026-02-15T10:30:00.000Z"),
-        (datetime(2026, 2, 15, 10, 30, 0, 123999, tzinfo=timezone.utc), "2026-02-15T10:30:00.123Z"),
+        (datetime(2026, 2, 15, 10, 30, tzinfo=UTC), "2026-02-15T10:30:00.000Z"),
+        (datetime(2026, 2, 15, 10, 30, 0, 123999, tzinfo=UTC), "2026-02-15T10:30:00.123Z"),
         (datetime(2026, 2, 15, 11, 30, tzinfo=CET), "2026-02-15T10:30:00.000Z"),
         (datetime(2026, 1, 1, 0, 30, tzinfo=CET), "2025-12-31T23:30:00.000Z"),
     ],
@@ -91,11 +91,11 @@ def test_format_timestamp_refuses_naive_and_non_datetimes():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("2026-02-15T10:30:00Z", datetime(2026, 2, 15, 10, 30, tzinfo=timezone.utc)),
-        ("2026-02-15T10:30:00.000Z", datetime(2026, 2, 15, 10, 30, tzinfo=timezone.utc)),
-        ("2026-02-15t10:30:00.5z", datetime(2026, 2, 15, 10, 30, 0, 500000, tzinfo=timezone.utc)),
-        ("2026-02-15T11:30:00+01:00", datetime(2026, 2, 15, 10, 30, tzinfo=timezone.utc)),
-        ("2026-02-15T10:30:00.123456789Z", datetime(2026, 2, 15, 10, 30, 0, 123456, tzinfo=timezone.utc)),
+        ("2026-02-15T10:30:00Z", datetime(2026, 2, 15, 10, 30, tzinfo=UTC)),
+        ("2026-02-15T10:30:00.000Z", datetime(2026, 2, 15, 10, 30, tzinfo=UTC)),
+        ("2026-02-15t10:30:00.5z", datetime(2026, 2, 15, 10, 30, 0, 500000, tzinfo=UTC)),
+        ("2026-02-15T11:30:00+01:00", datetime(2026, 2, 15, 10, 30, tzinfo=UTC)),
+        ("2026-02-15T10:30:00.123456789Z", datetime(2026, 2, 15, 10, 30, 0, 123456, tzinfo=UTC)),
     ],
 )
 def test_parse_timestamp(text, expected):
@@ -112,8 +112,16 @@ def test_parse_timestamp_refuses_missing_timezone(text):
 
 @pytest.mark.parametrize(
     "text",
-    ["2026-02-15", "yesterday", "2026-13-01T00:00:00Z", "2026-02-30T00:00:00Z", "2026-02-15T10:30:00+0100",
-     "2026-02-15T10:30:00Z\n", "２０２６-02-15T10:30:00Z", ""],
+    [
+        "2026-02-15",
+        "yesterday",
+        "2026-13-01T00:00:00Z",
+        "2026-02-30T00:00:00Z",
+        "2026-02-15T10:30:00+0100",
+        "2026-02-15T10:30:00Z\n",
+        "２０２６-02-15T10:30:00Z",
+        "",
+    ],
 )
 def test_parse_timestamp_refuses_garbage(text):
     with pytest.raises(ValidationError):
@@ -122,7 +130,7 @@ def test_parse_timestamp_refuses_garbage(text):
 
 def test_parse_timestamp_refuses_non_strings():
     with pytest.raises(ValidationError, match="expected an RFC 3339 timestamp string"):
-        parse_timestamp(datetime.now(timezone.utc))  # type: ignore[arg-type]
+        parse_timestamp(datetime.now(UTC))  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- durations
@@ -202,15 +210,32 @@ class Color(enum.IntEnum):
     RED = 1
 
 
-class Mood(str, enum.Enum):
+class Mood(enum.StrEnum):
     HAPPY = "happy"
 
 
 @pytest.mark.parametrize(
     "value",
     [
-        None, True, False, 0, -1, MAX_SAFE_INTEGER, -MAX_SAFE_INTEGER, 1.5, -0.0, 1e308, "", "日本語 🎉",
-        [], {}, [1, "a", None, {"b": [True, 2.5]}], (1, (2, 3)), OrderedDict(a=1), Color.RED, Mood.HAPPY,
+        None,
+        True,
+        False,
+        0,
+        -1,
+        MAX_SAFE_INTEGER,
+        -MAX_SAFE_INTEGER,
+        1.5,
+        -0.0,
+        1e308,
+        "",
+        "日本語 🎉",
+        [],
+        {},
+        [1, "a", None, {"b": [True, 2.5]}],
+        (1, (2, 3)),
+        OrderedDict(a=1),
+        Color.RED,
+        Mood.HAPPY,
         {"deep": [[[[{"x": None}]]]]},
     ],
 )
@@ -225,7 +250,7 @@ class Opaque:
 @pytest.mark.parametrize(
     "value, path, fragment",
     [
-        ([1, 2, {"when": datetime.now(timezone.utc)}], "args[2].when", "datetime.datetime"),
+        ([1, 2, {"when": datetime.now(UTC)}], "args[2].when", "datetime.datetime"),
         ([b"raw"], "args[0]", "bytes"),
         ([{1, 2}], "args[0]", "set"),
         ([Decimal("1.5")], "args[0]", "decimal.Decimal"),
@@ -459,9 +484,18 @@ def test_create_ids_are_unique_and_ordered():
 def test_create_all_options():
     retry = RetryPolicy(max_attempts=5, on_exhaustion="dead_letter")
     job = Job.create(
-        "report.generate", (42, "q4"), queue="reports", kwargs={"charts": True}, meta={"tenant_id": "acme"},
-        priority=10, retry=retry, scheduled_at=timedelta(minutes=5), expires_at=timedelta(hours=1),
-        timeout=300, tags=("finance", "q4"), id=JOB_ID,
+        "report.generate",
+        (42, "q4"),
+        queue="reports",
+        kwargs={"charts": True},
+        meta={"tenant_id": "acme"},
+        priority=10,
+        retry=retry,
+        scheduled_at=timedelta(minutes=5),
+        expires_at=timedelta(hours=1),
+        timeout=300,
+        tags=("finance", "q4"),
+        id=JOB_ID,
     )
     data = job.to_dict()
     assert data["id"] == JOB_ID
@@ -495,8 +529,8 @@ def test_create_scheduled_at_forms():
     assert Job.create("a.b", scheduled_at=when).scheduled_at == "2030-01-02T03:04:05.124Z"  # rounded up
     assert Job.create("a.b", expires_at=when).expires_at == "2030-01-02T03:04:05.123Z"
     assert Job.create("a.b", scheduled_at="2030-01-02T04:04:05+01:00").scheduled_at == "2030-01-02T03:04:05.000Z"
-    assert Job.create("a.b", scheduled_at=datetime(2030, 1, 1, tzinfo=timezone.utc)).scheduled_datetime == datetime(
-        2030, 1, 1, tzinfo=timezone.utc
+    assert Job.create("a.b", scheduled_at=datetime(2030, 1, 1, tzinfo=UTC)).scheduled_datetime == datetime(
+        2030, 1, 1, tzinfo=UTC
     )
 
 
@@ -639,16 +673,19 @@ def test_schema_field_uses_its_json_name():
 def test_datetime_accessors():
     job = Job.from_json(
         envelope(
-            created_at="2026-02-12T10:30:00.000Z", enqueued_at="2026-02-12T10:30:00.000Z",
-            started_at="2026-02-12T10:30:01.456Z", completed_at="2026-02-12T10:30:02.789+01:00",
-            scheduled_at="2026-02-17T08:00:00+01:00", expires_at="2026-03-01T18:00:00Z",
+            created_at="2026-02-12T10:30:00.000Z",
+            enqueued_at="2026-02-12T10:30:00.000Z",
+            started_at="2026-02-12T10:30:01.456Z",
+            completed_at="2026-02-12T10:30:02.789+01:00",
+            scheduled_at="2026-02-17T08:00:00+01:00",
+            expires_at="2026-03-01T18:00:00Z",
         )
     )
-    assert job.scheduled_datetime == datetime(2026, 2, 17, 7, tzinfo=timezone.utc)
-    assert job.expires_datetime == datetime(2026, 3, 1, 18, tzinfo=timezone.utc)
-    assert job.created_datetime == job.enqueued_datetime == datetime(2026, 2, 12, 10, 30, tzinfo=timezone.utc)
+    assert job.scheduled_datetime == datetime(2026, 2, 17, 7, tzinfo=UTC)
+    assert job.expires_datetime == datetime(2026, 3, 1, 18, tzinfo=UTC)
+    assert job.created_datetime == job.enqueued_datetime == datetime(2026, 2, 12, 10, 30, tzinfo=UTC)
     assert job.started_datetime.microsecond == 456000
-    assert job.completed_datetime == datetime(2026, 2, 12, 9, 30, 2, 789000, tzinfo=timezone.utc)
+    assert job.completed_datetime == datetime(2026, 2, 12, 9, 30, 2, 789000, tzinfo=UTC)
     assert job.to_dict()["scheduled_at"] == "2026-02-17T08:00:00+01:00"  # kept as given
 
 
@@ -689,10 +726,14 @@ def test_retry_policy_accessor_defaults():
         ({"unique": {"period": "soon"}}, "unique.period"),
         ({"error": {"type": "E", "message": "m", "code": "X"}}, "error.code"),
         ({"error": {"type": "E", "message": ""}}, "error.message"),
-        ({"errors": [{"code": "E", "message": "m", "attempt": 0, "occurred_at": "2026-02-12T10:30:00Z"}]},
-         "errors[0].attempt"),
-        ({"errors": [{"code": "E", "message": "m", "attempt": 1, "occurred_at": "2026-02-12"}]},
-         "errors[0].occurred_at"),
+        (
+            {"errors": [{"code": "E", "message": "m", "attempt": 0, "occurred_at": "2026-02-12T10:30:00Z"}]},
+            "errors[0].attempt",
+        ),
+        (
+            {"errors": [{"code": "E", "message": "m", "attempt": 1, "occurred_at": "2026-02-12"}]},
+            "errors[0].occurred_at",
+        ),
         ({"errors": [{"code": "E", "message": "m", "attempt": 1}]}, "errors[0].occurred_at"),
         ({"errors": [{"message": "m", "attempt": 1, "occurred_at": "2026-02-12T10:30:00Z"}]}, "errors[0].code"),
         ({"errors": ["boom"]}, "errors[0]"),
@@ -706,7 +747,7 @@ def test_from_json_strict_refuses(changes, field):
 
 
 def test_from_json_accepts_integral_floats_as_json_schema_does():
-    job = Job.from_json('{"specversion":"1.0","id":"%s","type":"a","queue":"q","args":[],"priority":5.0}' % JOB_ID)
+    job = Job.from_json(f'{{"specversion":"1.0","id":"{JOB_ID}","type":"a","queue":"q","args":[],"priority":5.0}}')
     assert job.priority == 5 and type(job.priority) is int
 
 
@@ -746,8 +787,16 @@ def test_from_json_tolerant():
 
 @pytest.mark.parametrize(
     "changes",
-    [{"id": "not-a-uuid"}, {"type": "Email"}, {"args": None}, {"args": ...}, {"queue": ...},
-     {"specversion": "2.0"}, {"retry": {"max_attempts": -1}}, {"args": [float("nan")]}],
+    [
+        {"id": "not-a-uuid"},
+        {"type": "Email"},
+        {"args": None},
+        {"args": ...},
+        {"queue": ...},
+        {"specversion": "2.0"},
+        {"retry": {"max_attempts": -1}},
+        {"args": [float("nan")]},
+    ],
 )
 def test_from_json_tolerant_still_refuses_broken_envelopes(changes):
     with pytest.raises(ValidationError):
@@ -804,7 +853,7 @@ def test_direct_construction():
 def test_job_ids_are_monotonic_uuidv7_that_keep_to_the_clock():
     import time as _time
 
-    from ojs_kombu.envelope import JOB_ID_PATTERN, new_job_id
+    from ojs_kombu.model.envelope import JOB_ID_PATTERN, new_job_id
 
     before_ms = _time.time_ns() // 1_000_000
     ids = [new_job_id() for _ in range(100_000)]

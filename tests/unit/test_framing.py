@@ -1,4 +1,4 @@
-"""The consumer's buffered frame reader (ojs_kombu.framing), against py-amqp's own framing.
+"""The consumer's buffered frame reader (ojs_kombu.amqp.framing), against py-amqp's own framing.
 
 No broker: frames are produced by py-amqp's frame writer and fed through a socket pair in
 chunks split at awkward places; what comes out must be what py-amqp's frame handler makes
@@ -18,7 +18,7 @@ from amqp.method_framing import frame_handler, frame_writer
 from amqp.serialization import dumps
 from amqp.transport import TCPTransport
 
-from ojs_kombu.framing import FrameReader
+from ojs_kombu.amqp.framing import FrameReader
 
 
 class Sink:
@@ -46,8 +46,12 @@ def encode(frames, frame_max=4096) -> bytes:
 
 def deliver(tag: int, body: bytes, channel: int = 1):
     args = dumps("sLbss", ("ctag", tag, False, "ex", "rk"))
-    return (channel, spec.Basic.Deliver, args, Message(body, content_type="application/json",
-                                                       application_headers={"k": "v"}))
+    return (
+        channel,
+        spec.Basic.Deliver,
+        args,
+        Message(body, content_type="application/json", application_headers={"k": "v"}),
+    )
 
 
 WIRE_FRAMES = [
@@ -75,8 +79,9 @@ class Harness:
         self.reader = FrameReader(self.connection)
 
     def _on_method(self, channel, sig, args, content):
-        self.methods.append((channel, sig, bytes(args),
-                             None if content is None else (content.body, dict(content.properties))))
+        self.methods.append(
+            (channel, sig, bytes(args), None if content is None else (content.body, dict(content.properties)))
+        )
 
     def close(self):
         self.ours.close()
@@ -95,7 +100,7 @@ def expected_methods(wire: bytes):
                 h.transport.sock.settimeout(0.2)
                 h.connection.on_inbound_frame(h.transport.read_frame())
                 frames += 1
-            except socket.timeout:
+            except TimeoutError:
                 break
         return h.methods, h.connection.bytes_recv
     finally:
@@ -115,7 +120,7 @@ def test_chunks_split_anywhere_give_the_same_methods(harness, step):
     want, want_frames = expected_methods(wire)
     assert len(want) == 5  # 4 deliveries and the Basic.Ack; the heartbeat is no method
     for start in range(0, len(wire), step):
-        harness.peer.sendall(wire[start:start + step])
+        harness.peer.sendall(wire[start : start + step])
         while harness.reader.fill() == 0:
             pass
         harness.reader.dispatch()
@@ -216,4 +221,3 @@ def test_reentrant_read_from_a_handler(harness):
         harness.reader.fill()
     harness.reader.dispatch()
     assert harness.methods == want
-

@@ -14,7 +14,7 @@ import textwrap
 from opentelemetry import trace
 
 from ojs_kombu import Job
-from ojs_kombu.tracing import job_span, tracing_configured
+from ojs_kombu.observability.tracing import job_span, tracing_configured
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -39,13 +39,14 @@ def test_without_an_sdk_and_without_a_producer_context_nothing_changes():
     assert span is None
 
 
-_WITH_PROVIDER = textwrap.dedent('''
+_WITH_PROVIDER = textwrap.dedent(
+    """
     import json
     from contextlib import contextmanager
     from opentelemetry import trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
     from ojs_kombu import Job
-    from ojs_kombu.tracing import job_span, tracing_configured
+    from ojs_kombu.observability.tracing import job_span, tracing_configured
 
     started = []
 
@@ -67,12 +68,13 @@ _WITH_PROVIDER = textwrap.dedent('''
             return Tracer()
 
     trace.set_tracer_provider(Provider())
-    job = Job.create("traced.job", [], queue="mail", meta={"traceparent": "%s"})
+    job = Job.create("traced.job", [], queue="mail", meta={"traceparent": "TRACEPARENT"})
     with job_span(job, 2) as span:
         inside = trace.get_current_span().get_span_context()
     print(json.dumps({"configured": tracing_configured(), "started": started, "span": span is not None,
                       "inside": [inside.trace_id, inside.span_id], "job_id": job.id}))
-''' % TRACEPARENT)
+""".replace("TRACEPARENT", TRACEPARENT)
+)
 
 
 def test_with_an_sdk_the_handler_runs_in_a_consumer_span_child_of_the_producer():
@@ -84,7 +86,12 @@ def test_with_an_sdk_the_handler_runs_in_a_consumer_span_child_of_the_producer()
     assert started["name"] == "mail process"
     assert started["kind"] == "CONSUMER"
     assert started["parent"] == [TRACE_ID, SPAN_ID]
-    assert started["attributes"] == {"messaging.system": "ojs", "ojs.job.id": result["job_id"],
-                                     "ojs.job.type": "traced.job", "ojs.job.queue": "mail", "ojs.job.attempt": 2}
+    assert started["attributes"] == {
+        "messaging.system": "ojs",
+        "ojs.job.id": result["job_id"],
+        "ojs.job.type": "traced.job",
+        "ojs.job.queue": "mail",
+        "ojs.job.attempt": 2,
+    }
     assert result["span"] is True
     assert result["inside"] == [TRACE_ID, 0x1234]  # the handler sees the new child span

@@ -3,7 +3,7 @@
 import pytest
 
 from ojs_kombu import Names, ValidationError, job_type_for
-from ojs_kombu.naming import JOB_TYPE_RE, validate_job_type, validate_queue_name
+from ojs_kombu.model.naming import JOB_TYPE_RE, validate_job_type, validate_queue_name
 
 
 def test_spec_names_without_prefix():
@@ -37,7 +37,9 @@ def test_valid_queue_names(queue):
     assert validate_queue_name(queue) == queue
 
 
-@pytest.mark.parametrize("queue", ["", "Email", "-x", ".x", "a b", "x" * 129, "dlx.email", "retry.email.5", "control.x"])
+@pytest.mark.parametrize(
+    "queue", ["", "Email", "-x", ".x", "a b", "x" * 129, "dlx.email", "retry.email.5", "control.x"]
+)
 def test_invalid_or_reserved_queue_names(queue):
     with pytest.raises(ValidationError) as info:
         validate_queue_name(queue)
@@ -49,16 +51,19 @@ def test_reserved_prefix_message_explains_the_collision():
         validate_queue_name("dlx.email")
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("email.send", "email.send"),
-    ("Reports.BuildPDF", "reports.build_pdf"),
-    ("LegacyActor", "legacy_actor"),
-    ("send-email", "send_email"),
-    ("tasks.2fa", "tasks.x2fa"),
-    ("myapp.tasks.HTTPRequest", "myapp.tasks.http_request"),
-    ("a..b", "a.b"),
-    ("__main__.add", "main.add"),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("email.send", "email.send"),
+        ("Reports.BuildPDF", "reports.build_pdf"),
+        ("LegacyActor", "legacy_actor"),
+        ("send-email", "send_email"),
+        ("tasks.2fa", "tasks.x2fa"),
+        ("myapp.tasks.HTTPRequest", "myapp.tasks.http_request"),
+        ("a..b", "a.b"),
+        ("__main__.add", "main.add"),
+    ],
+)
 def test_job_type_for_maps_framework_names(name, expected):
     assert job_type_for(name) == expected
     assert JOB_TYPE_RE.match(job_type_for(name))

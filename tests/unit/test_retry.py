@@ -3,7 +3,7 @@
 import pytest
 
 from ojs_kombu import DeadLetter, Discard, Job, RetryPolicy
-from ojs_kombu.retry import Failure, Outcome, decide, error_names, ladder_ms, record_failure
+from ojs_kombu.policy.retry import Failure, Outcome, decide, error_names, ladder_ms, record_failure
 from ojs_kombu.testing.schema import validate_job
 
 
@@ -15,9 +15,24 @@ def job(**retry) -> Job:
     return Job.create("a.b", [1], retry=RetryPolicy(**retry) if retry else None)
 
 
-@pytest.mark.parametrize("delay,expected", [(0, 1), (1, 1), (1.2, 2), (999, 1000), (1000, 1000), (1001, 1200),
-                                            (1999, 2000), (2000, 2000), (2600, 3000), (7000, 8000), (9000, 10000),
-                                            (300_000, 300_000), (300_001, 400_000)])
+@pytest.mark.parametrize(
+    "delay,expected",
+    [
+        (0, 1),
+        (1, 1),
+        (1.2, 2),
+        (999, 1000),
+        (1000, 1000),
+        (1001, 1200),
+        (1999, 2000),
+        (2000, 2000),
+        (2600, 3000),
+        (7000, 8000),
+        (9000, 10000),
+        (300_000, 300_000),
+        (300_001, 400_000),
+    ],
+)
 def test_ladder_rounds_up(delay, expected):
     assert ladder_ms(delay) == expected
 
@@ -35,7 +50,7 @@ def test_ladder_keeps_the_retry_queue_count_bounded():
 
 def test_exponential_retries_then_default_terminal_is_dead_letter():
     j = job(max_attempts=3, initial_interval="PT1S", backoff_coefficient=2.0, jitter=False)
-    assert decide(j, 1, ValueError()) .delay_ms == 1000
+    assert decide(j, 1, ValueError()).delay_ms == 1000
     assert decide(j, 2, ValueError()).delay_ms == 2000
     assert decide(j, 3, ValueError()).outcome is Outcome.DEAD_LETTER
 

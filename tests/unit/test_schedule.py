@@ -1,14 +1,14 @@
 """The scheduling cascade's arithmetic and topology (DESIGN §6), without a broker."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from ojs_kombu import Names, ValidationError
-from ojs_kombu.codec import OutgoingMessage
-from ojs_kombu.naming import QUEUE_NAME_RE
-from ojs_kombu.schedule import LEVELS, MAX_DELAY_MS, Cascade, bit_key, bit_keys, delay_ms_until
-from ojs_kombu.topology import BindingSpec, ExchangeSpec, QueueSpec
+from ojs_kombu.model.naming import QUEUE_NAME_RE
+from ojs_kombu.policy.schedule import LEVELS, MAX_DELAY_MS, Cascade, bit_key, bit_keys, delay_ms_until
+from ojs_kombu.wire.codec import OutgoingMessage
+from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueSpec
 
 
 def test_range_covers_a_year():
@@ -17,7 +17,7 @@ def test_range_covers_a_year():
 
 
 def test_delay_rounds_up_never_early():
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
     assert delay_ms_until(now + timedelta(microseconds=1), now) == 1
     assert delay_ms_until(now + timedelta(milliseconds=1500, microseconds=1), now) == 1501
     assert delay_ms_until(now + timedelta(seconds=2), now) == 2000

@@ -15,8 +15,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ojs_kombu.envelope import Job, RetryPolicy
 from ojs_kombu.errors import ValidationError
+from ojs_kombu.model.envelope import Job, RetryPolicy
 from ojs_kombu.testing.schema import fixtures_dir, job_validator, schema_dir, schema_errors, validate_job
 
 VALID = sorted((fixtures_dir() / "valid").glob("*.json"))
@@ -62,23 +62,31 @@ CREATED = {
     "minimal": lambda: Job.create("email.send", ["a@b.c", "welcome"]),
     "no_args": lambda: Job.create("cache.warmup"),
     "retry_policy": lambda: Job.create(
-        "data.sync", ["db"], retry=RetryPolicy(max_attempts=5, initial_interval=timedelta(milliseconds=500),
-                                               max_interval=timedelta(minutes=10), jitter=False,
-                                               non_retryable_errors=["ValueError", "auth.*"],
-                                               on_exhaustion="dead_letter"),
+        "data.sync",
+        ["db"],
+        retry=RetryPolicy(
+            max_attempts=5,
+            initial_interval=timedelta(milliseconds=500),
+            max_interval=timedelta(minutes=10),
+            jitter=False,
+            non_retryable_errors=["ValueError", "auth.*"],
+            on_exhaustion="dead_letter",
+        ),
     ),
     "retry_dict": lambda: Job.create("data.sync", retry={"max_attempts": 0, "on_exhaustion": "discard"}),
     "retry_defaults": lambda: Job.create("data.sync", retry=RetryPolicy()),
     "scheduled_timedelta": lambda: Job.create("report.build", scheduled_at=timedelta(seconds=30)),
     "scheduled_datetime": lambda: Job.create(
-        "report.build", scheduled_at=datetime(2030, 5, 1, 9, 0, 0, 1, tzinfo=timezone(timedelta(hours=-5))),
+        "report.build",
+        scheduled_at=datetime(2030, 5, 1, 9, 0, 0, 1, tzinfo=timezone(timedelta(hours=-5))),
         expires_at="2030-05-02T00:00:00+02:00",
     ),
     "kwargs": lambda: Job.create("email.send", ["a@b.c"], kwargs={"template": "welcome", "vars": {"n": 1}}),
     "tags_meta": lambda: Job.create("email.send", tags=["x", "y"], meta={"tenant_id": "acme", "traceparent": "00-a"}),
     "priority_timeout": lambda: Job.create("email.send", priority=-10, timeout=0, queue="high-priority.v2"),
-    "unicode": lambda: Job.create("notification.send", ["用户@example.com", "Bienvenue 🎉", "\u0000\u001f"],
-                                  kwargs={"日本語": "テスト"}),
+    "unicode": lambda: Job.create(
+        "notification.send", ["用户@example.com", "Bienvenue 🎉", "\u0000\u001f"], kwargs={"日本語": "テスト"}
+    ),
     "nested": lambda: Job.create("data.etl.transform", [{"a": [1, 2.5, None, True, {"b": []}]}, [], 2**53 - 1]),
     "explicit_id": lambda: Job.create("a.b", id="019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f"),
 }
@@ -115,8 +123,10 @@ def test_tolerant_reading_normalises_to_schema_valid_envelopes():
 
 
 def test_tolerant_reading_keeps_non_v7_ids_which_the_schema_refuses():
-    job = Job.from_json({"specversion": "1.0", "id": "550E8400-E29B-41D4-A716-446655440000", "type": "a",
-                         "queue": "q", "args": []}, strict=False)
+    job = Job.from_json(
+        {"specversion": "1.0", "id": "550E8400-E29B-41D4-A716-446655440000", "type": "a", "queue": "q", "args": []},
+        strict=False,
+    )
     assert job.id == "550e8400-e29b-41d4-a716-446655440000"
     assert schema_errors(job.to_dict())
 

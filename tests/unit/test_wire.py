@@ -1,12 +1,11 @@
 """The publisher's own property/table encoder must produce exactly what py-amqp would."""
 
-
 import pytest
 from amqp.basic_message import Message
 
 from ojs_kombu import Job
-from ojs_kombu.codec import encode
-from ojs_kombu.publisher import encode_properties, encode_table
+from ojs_kombu.amqp.properties import encode_properties, encode_table
+from ojs_kombu.wire.codec import encode
 
 
 def py_amqp(properties: dict) -> bytes:
@@ -19,21 +18,37 @@ def test_job_properties_match_py_amqp_byte_for_byte():
     assert encode_properties(properties) == py_amqp(properties)
 
 
-@pytest.mark.parametrize("headers", [
-    {"s": "text", "u": "日本語", "i": 7, "neg": -3, "big": 2**40, "t": True, "f": False},
-    {"nested": {"a": 1}, "list": [1, "x"], "float": 1.5},  # falls back to py-amqp's encoder
-    {},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"s": "text", "u": "日本語", "i": 7, "neg": -3, "big": 2**40, "t": True, "f": False},
+        {"nested": {"a": 1}, "list": [1, "x"], "float": 1.5},  # falls back to py-amqp's encoder
+        {},
+    ],
+)
 def test_tables_match_py_amqp(headers):
-    properties = {"application_headers": headers, "correlation_id": "c", "reply_to": "r", "expiration": "100",
-                  "user_id": "guest", "timestamp": 1_767_225_600}
+    properties = {
+        "application_headers": headers,
+        "correlation_id": "c",
+        "reply_to": "r",
+        "expiration": "100",
+        "user_id": "guest",
+        "timestamp": 1_767_225_600,
+    }
     assert encode_properties(properties) == py_amqp(properties)
 
 
 def test_round_trip_through_py_amqp_decoder():
-    properties = {"content_type": "application/openjobspec+json", "delivery_mode": 2, "priority": 9,
-                  "message_id": "m", "timestamp": 1_700_000_000, "type": "a.b", "app_id": "ojs",
-                  "application_headers": {"x-ojs-attempt": 2, "x-ojs-queue": "email"}}
+    properties = {
+        "content_type": "application/openjobspec+json",
+        "delivery_mode": 2,
+        "priority": 9,
+        "message_id": "m",
+        "timestamp": 1_700_000_000,
+        "type": "a.b",
+        "app_id": "ojs",
+        "application_headers": {"x-ojs-attempt": 2, "x-ojs-queue": "email"},
+    }
     raw = encode_properties(properties)
     decoded = Message()
     decoded._load_properties(60, raw, 0)

@@ -27,7 +27,7 @@ def record(**fields):
 
 
 @dramatiq.actor(queue_name="cli")
-def Greet(name, *, greeting="hello"):  # noqa: N802 - a CamelCase actor name on purpose
+def Greet(name, *, greeting="hello"):
     record(actor="Greet", text=f"{greeting} {name}")
 
 

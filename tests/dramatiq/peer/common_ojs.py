@@ -7,7 +7,6 @@ from contextlib import contextmanager
 
 import pika
 import pytest
-
 from dramatiq import Worker
 
 RABBITMQ_USERNAME = os.getenv("RABBITMQ_USERNAME", "guest")

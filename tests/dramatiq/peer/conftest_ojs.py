@@ -20,9 +20,8 @@ import os
 import uuid
 from collections import defaultdict
 
-import pytest
-
 import dramatiq
+import pytest
 from dramatiq import Worker
 from dramatiq.middleware import Middleware
 from dramatiq.rate_limits import backends as rl_backends
@@ -41,8 +40,9 @@ def _management():
     url = os.environ.get("OJS_MANAGEMENT_URL")
     if not url:
         return None
-    return ManagementClient(url, os.environ.get("OJS_MANAGEMENT_USER", "guest"),
-                            os.environ.get("OJS_MANAGEMENT_PASSWORD", "guest"))
+    return ManagementClient(
+        url, os.environ.get("OJS_MANAGEMENT_USER", "guest"), os.environ.get("OJS_MANAGEMENT_PASSWORD", "guest")
+    )
 
 
 class _DeadLetterRecorder(Middleware):

@@ -34,7 +34,7 @@ undecodable / invalid envelope / no handler  republished to the DLQ with ``x-ojs
                                              and ``x-ojs-error-message``, then ack
 ===========================================  ===================================================
 
-Threads: one thread runs the :class:`~ojs_kombu.consumer.Consumer` loop (the
+Threads: one thread runs the :class:`~ojs_kombu.runtime.consumer.Consumer` loop (the
 only user of the connection); ``concurrency`` handler threads run jobs and hand
 their outcomes back to it.  ``Basic.Qos(prefetch=concurrency, global=False)``.
 """
@@ -47,19 +47,20 @@ import queue as queue_module
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from .client import resolve_url
-from .consumer import Consumer, Delivery
-from .envelope import Job
-from .errors import OjsError, ValidationError
-from .naming import Names, validate_job_type, validate_queue_name
-from .retry import Failure, decide
-from .schedule import Cascade
-from .settle import Settler
-from .topology import QueueOptions, Topology
-from .tracing import job_span
-from .transport import DEFAULT_HEARTBEAT
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url
+from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.errors import OjsError, ValidationError
+from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
+from ojs_kombu.observability.tracing import job_span
+from ojs_kombu.policy.retry import Failure, decide
+from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.runtime.consumer import Consumer, Delivery
+from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.wire.entities import QueueOptions
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +92,21 @@ class Worker:
             ``"republish"`` (publish to the DLX with the final error headers, then ack).
     """
 
-    def __init__(self, url: str | None = None, *, queues: Iterable[str] = ("default",), concurrency: int = 10,
-                 prefix: str = "", grace_period: float = 30.0, queue_options: QueueOptions | None = None,
-                 heartbeat: float = DEFAULT_HEARTBEAT, dead_letter_mode: str = "nack",
-                 connection_name: str | None = None, ssl: Any = None,
-                 transport_options: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        queues: Iterable[str] = ("default",),
+        concurrency: int = 10,
+        prefix: str = "",
+        grace_period: float = 30.0,
+        queue_options: QueueOptions | None = None,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        dead_letter_mode: str = "nack",
+        connection_name: str | None = None,
+        ssl: Any = None,
+        transport_options: dict[str, Any] | None = None,
+    ):
         self.queues = [validate_queue_name(q) for q in queues]
         if not self.queues:
             raise ValidationError("a worker needs at least one queue", field="queues")
@@ -120,13 +131,20 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._consumer_thread: threading.Thread | None = None
         self.consumer = Consumer(
-            self.url, {self.names.job_queue(q): q for q in self.queues}, concurrency, self._receive,
-            topology=self.topology, declare=self._declare, heartbeat=heartbeat,
+            self.url,
+            {self.names.job_queue(q): q for q in self.queues},
+            concurrency,
+            self._receive,
+            topology=self.topology,
+            declare=self._declare,
+            heartbeat=heartbeat,
             connection_name=connection_name or f"ojs_kombu worker {','.join(self.queues)}",
-            ssl=ssl, transport_options=transport_options,
+            ssl=ssl,
+            transport_options=transport_options,
         )
-        self.settler = Settler(self.consumer, self.names, self.topology, self.cascade,
-                               dead_letter_mode=dead_letter_mode)
+        self.settler = Settler(
+            self.consumer, self.names, self.topology, self.cascade, dead_letter_mode=dead_letter_mode
+        )
 
     # -- registration --------------------------------------------------------------------------
 
@@ -174,8 +192,9 @@ class Worker:
         while time.monotonic() < deadline and self._unsettled:
             time.sleep(0.01)
         if self._in_flight:
-            logger.warning("%d job(s) still running after %.1fs; the broker will redeliver them",
-                           self._in_flight, grace)
+            logger.warning(
+                "%d job(s) still running after %.1fs; the broker will redeliver them", self._in_flight, grace
+            )
         for _ in self._threads:
             self._work.put(None)
         self.consumer.stop()
@@ -208,7 +227,7 @@ class Worker:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> Worker:
         self.start()
         self.wait_until_ready()
         return self
@@ -221,7 +240,7 @@ class Worker:
     def _run_consumer(self) -> None:
         try:
             self.consumer.run()
-        except Exception:  # noqa: BLE001 - the worker must report, not vanish
+        except Exception:
             logger.exception("the consumer stopped")
 
     def _declare(self, connection) -> None:
@@ -254,7 +273,7 @@ class Worker:
                 self._in_flight += 1
             try:
                 self._process(delivery)
-            except Exception:  # noqa: BLE001 - never let a bug kill a handler thread
+            except Exception:
                 logger.exception("unexpected error processing a delivery; sending it to the DLQ")
                 self.consumer.nack(delivery)
             finally:
@@ -288,15 +307,14 @@ class Worker:
         attempt = job.attempt + 1
         handler = self._handlers.get(job.type)
         if handler is None:
-            self.settler.reject_invalid(delivery, "unknown_type",
-                                        f"no handler is registered for job type {job.type!r}")
+            self.settler.reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
             return
         running = job.model_copy(update={"attempt": attempt})
         token = _current_job.set(running)
         try:
             with job_span(job, attempt):
                 handler(*job.args, **job.kwargs)
-        except BaseException as exc:  # noqa: BLE001 - any handler failure is a failed attempt
+        except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc)

@@ -13,7 +13,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-from ._problems import Problem, public_error, short_repr
+from ojs_kombu.model._problems import Problem, public_error, short_repr
 
 MAX_SAFE_INTEGER = 2**53 - 1
 """Largest integer every JSON consumer represents exactly (ojs-json-format: larger ones travel as strings)."""
@@ -22,7 +22,7 @@ MAX_JSON_DEPTH = 256
 """Deepest nesting of arrays/objects accepted in ``args``, ``meta`` and ``result``."""
 
 _HINTS = {
-    datetime: "format it as an RFC 3339 string (e.g. ojs_kombu.envelope.format_timestamp(dt))",
+    datetime: "format it as an RFC 3339 string (e.g. ojs_kombu.model.timefmt.format_timestamp(dt))",
     date: "pass an ISO 8601 string (d.isoformat())",
     bytes: "encode it as a string, e.g. base64url without padding",
     bytearray: "encode it as a string, e.g. base64url without padding",
@@ -38,8 +38,7 @@ def _not_native(value: Any) -> Problem:
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     hint = next((h for t, h in _HINTS.items() if isinstance(value, t)), None)
     text = (
-        f"a {name} is not a JSON-native value "
-        "(allowed: object with string keys, array, string, number, boolean, null)"
+        f"a {name} is not a JSON-native value (allowed: object with string keys, array, string, number, boolean, null)"
     )
     return Problem(f"{text}; {hint}" if hint else text)
 

@@ -22,11 +22,11 @@ import traceback
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from .backoff import retry_delay
-from .codec import max_attempts_of
-from .envelope import Job, JobError, RetryPolicy
-from .errors import DeadLetter, Discard
-from .timefmt import format_timestamp, utcnow
+from ojs_kombu.errors import DeadLetter, Discard
+from ojs_kombu.model.envelope import Job, JobError, RetryPolicy
+from ojs_kombu.model.timefmt import format_timestamp, utcnow
+from ojs_kombu.policy.backoff import retry_delay
+from ojs_kombu.wire.codec import max_attempts_of
 
 #: Mantissas of the retry delay ladder (one decade).
 LADDER_MANTISSAS = (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
@@ -56,10 +56,10 @@ def ladder_ms(delay_ms: float) -> int:
 class Outcome(enum.Enum):
     """What the worker does with a delivery."""
 
-    ACK = "ack"                  #: done: Basic.Ack
-    RETRY = "retry"              #: republish to the retry path (confirmed), then Basic.Ack
+    ACK = "ack"  #: done: Basic.Ack
+    RETRY = "retry"  #: republish to the retry path (confirmed), then Basic.Ack
     DEAD_LETTER = "dead_letter"  #: Basic.Nack(requeue=False) -> ojs.queue.dlx.{q}
-    DISCARD = "discard"          #: Basic.Ack and drop: not retried, not in the DLQ
+    DISCARD = "discard"  #: Basic.Ack and drop: not retried, not in the DLQ
 
 
 @dataclass(frozen=True)
@@ -72,12 +72,16 @@ class Failure:
     backtrace: tuple[str, ...] = ()
 
     @classmethod
-    def from_exception(cls, exc: BaseException, code: str = "handler_error") -> "Failure":
+    def from_exception(cls, exc: BaseException, code: str = "handler_error") -> Failure:
         """Describe ``exc``; the type is the exception's class name."""
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
         backtrace = tuple(line.rstrip() for chunk in lines for line in chunk.splitlines() if line.strip())
-        return cls(code=code, type=type(exc).__name__, message=str(exc) or type(exc).__name__,
-                   backtrace=backtrace[-MAX_BACKTRACE_LINES:])
+        return cls(
+            code=code,
+            type=type(exc).__name__,
+            message=str(exc) or type(exc).__name__,
+            backtrace=backtrace[-MAX_BACKTRACE_LINES:],
+        )
 
 
 @dataclass(frozen=True)
@@ -140,8 +144,13 @@ def record_failure(job: Job, attempt: int, failure: Failure) -> Job:
     ``errors[]`` gains an entry (the last :data:`ERROR_HISTORY` are kept).
     """
     error = JobError(type=failure.type, message=failure.message, backtrace=list(failure.backtrace) or None)
-    entry = {"code": failure.code, "message": failure.message, "type": failure.type,
-             "attempt": max(1, attempt), "occurred_at": format_timestamp(utcnow())}
+    entry = {
+        "code": failure.code,
+        "message": failure.message,
+        "type": failure.type,
+        "attempt": max(1, attempt),
+        "occurred_at": format_timestamp(utcnow()),
+    }
     history = [*(job.errors or []), entry][-ERROR_HISTORY:]
     return job.model_copy(update={"attempt": attempt, "error": error, "errors": history})
 

@@ -39,11 +39,11 @@ import math
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from .codec import OutgoingMessage
-from .errors import ValidationError
-from .naming import Names
-from .timefmt import utcnow
-from .topology import BindingSpec, ExchangeSpec, QueueSpec, Spec
+from ojs_kombu.errors import ValidationError
+from ojs_kombu.model.naming import Names
+from ojs_kombu.model.timefmt import utcnow
+from ojs_kombu.wire.codec import OutgoingMessage
+from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueSpec, Spec
 
 QUANTUM_MS = 1
 LEVELS = 35
@@ -120,11 +120,15 @@ class Cascade:
         """Every exchange, queue and binding of the cascade, in declaration order."""
         n = self.levels
         specs: list[Spec] = [ExchangeSpec(self.delivery_exchange)]
-        specs += [ExchangeSpec(self.exchange(k), arguments=(("alternate-exchange", self._next_hop(k)),))
-                  for k in range(n)]
-        specs += [QueueSpec(self.queue(k), (("x-dead-letter-exchange", self._next_hop(k)),
-                                            ("x-message-ttl", 2**k * QUANTUM_MS)))
-                  for k in range(n)]
+        specs += [
+            ExchangeSpec(self.exchange(k), arguments=(("alternate-exchange", self._next_hop(k)),)) for k in range(n)
+        ]
+        specs += [
+            QueueSpec(
+                self.queue(k), (("x-dead-letter-exchange", self._next_hop(k)), ("x-message-ttl", 2**k * QUANTUM_MS))
+            )
+            for k in range(n)
+        ]
         specs += [BindingSpec(self.queue(k), self.exchange(k), bit_key(k)) for k in range(n)]
         return specs
 

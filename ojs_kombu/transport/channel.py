@@ -46,7 +46,7 @@ removed before the py-amqp connection sees them:
 ``prefix``
     multi-tenant entity prefix (``tenant1.ojs.queue.email``).
 ``queue_options``
-    a :class:`~ojs_kombu.topology.QueueOptions` or a dict of its fields for every job queue.
+    a :class:`~ojs_kombu.wire.entities.QueueOptions` or a dict of its fields for every job queue.
 ``passthrough_queues``
     durable queue names that stay plain AMQP queues.
 ``codec``
@@ -64,8 +64,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import amqp
 from amqp import spec
@@ -73,21 +74,24 @@ from amqp.exceptions import ConsumerCancelled, MessageNacked, RecoverableConnect
 from kombu.transport import TRANSPORT_ALIASES, pyamqp
 from kombu.utils.imports import symbol_by_name
 
-from .codec import ACCEPTED_CONTENT_TYPES, CONTENT_TYPE, Header, OutgoingMessage, decode
-from .envelope import Job
-from .errors import DecodeError, ValidationError
-from .framing import FrameReader, supports as framing_supports
-from .metrics import METRICS
-from .naming import QUEUE_NAME_RE, Names, ojs_queue_for
-from .publisher import ConfirmedPublisher, PublishTicket
-from .retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure
-from .schedule import Cascade, delay_ms_until
-from .timefmt import utcnow
-from .topology import QueueOptions, Topology
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
+from ojs_kombu.amqp.framing import FrameReader
+from ojs_kombu.amqp.framing import supports as framing_supports
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
+from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.errors import DecodeError, ValidationError
+from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.naming import QUEUE_NAME_RE, Names, ojs_queue_for
+from ojs_kombu.model.timefmt import utcnow
+from ojs_kombu.observability.metrics import METRICS
+from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure
+from ojs_kombu.policy.schedule import Cascade, delay_ms_until
+from ojs_kombu.wire.codec import ACCEPTED_CONTENT_TYPES, CONTENT_TYPE, OutgoingMessage, decode
+from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.headers import Header
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_HEARTBEAT = 60
 DEFAULT_CODEC = "ojs_celery.protocol:CeleryCodec"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 #: A job delivered this much before its ``scheduled_at`` goes back into the cascade;
@@ -113,12 +117,14 @@ class TaskCodec(Protocol):
     def is_task(self, properties: dict[str, Any], headers: dict[str, Any]) -> bool:
         """Whether a message being published is a task message this codec converts."""
 
-    def to_job(self, body: bytes, properties: dict[str, Any], headers: dict[str, Any],
-               queue: str) -> tuple[Job, OutgoingMessage]:
+    def to_job(
+        self, body: bytes, properties: dict[str, Any], headers: dict[str, Any], queue: str
+    ) -> tuple[Job, OutgoingMessage]:
         """The OJS job of a task message bound for OJS queue ``queue``, and its encoded message."""
 
-    def from_job(self, job: Job, properties: dict[str, Any],
-                 headers: dict[str, Any]) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
+    def from_job(
+        self, job: Job, properties: dict[str, Any], headers: dict[str, Any]
+    ) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
         """A delivered job as the framework's task message: ``(body, properties, headers)``."""
 
 
@@ -157,7 +163,7 @@ class Settings:
     confirm_timeout: float
 
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "Settings":
+    def from_options(cls, options: dict[str, Any]) -> Settings:
         """Read (and validate) the OJS options of a transport options dict."""
         queue_options = options.get("queue_options") or QueueOptions()
         if isinstance(queue_options, dict):
@@ -203,7 +209,7 @@ class Channel(pyamqp.Channel):
     # -- helpers -------------------------------------------------------------------------------
 
     @property
-    def ojs(self) -> "_ConnectionState":
+    def ojs(self) -> _ConnectionState:
         """The OJS state of the connection this channel belongs to."""
         return self.connection.ojs
 
@@ -213,17 +219,33 @@ class Channel(pyamqp.Channel):
 
     # -- declarations --------------------------------------------------------------------------
 
-    def queue_declare(self, queue="", passive=False, durable=False, exclusive=False, auto_delete=True,
-                      nowait=False, arguments=None, argsig="BsbbbbbF"):
+    def queue_declare(
+        self,
+        queue="",
+        passive=False,
+        durable=False,
+        exclusive=False,
+        auto_delete=True,
+        nowait=False,
+        arguments=None,
+        argsig="BsbbbbbF",
+    ):
         """Declare ``ojs.queue.{q}`` (with DLQ and bindings) for a job queue; other queues as usual."""
         state = self.ojs
         ojs_queue = self._job_queue(queue)
-        if ojs_queue is None and not passive and durable and not exclusive and not auto_delete \
-                and queue and not _OJS_NAME_RE.match(queue) and queue not in state.settings.passthrough_queues:
+        if (
+            ojs_queue is None
+            and not passive
+            and durable
+            and not exclusive
+            and not auto_delete
+            and queue
+            and not _OJS_NAME_RE.match(queue)
+            and queue not in state.settings.passthrough_queues
+        ):
             ojs_queue = state.register_queue(queue, arguments)
         if ojs_queue is None:
-            return super().queue_declare(queue, passive, durable, exclusive, auto_delete, nowait, arguments,
-                                         argsig)
+            return super().queue_declare(queue, passive, durable, exclusive, auto_delete, nowait, arguments, argsig)
         if not passive:
             state.ensure_queue(ojs_queue)
         if nowait:
@@ -234,8 +256,14 @@ class Channel(pyamqp.Channel):
         """Remember a job queue's binding (for routing) instead of creating it."""
         ojs_queue = self._job_queue(queue)
         if ojs_queue is None or exchange == self.ojs.names.direct_exchange:
-            return super().queue_bind(queue if ojs_queue is None else self.ojs.names.job_queue(ojs_queue),
-                                      exchange, routing_key, nowait, arguments, argsig)
+            return super().queue_bind(
+                queue if ojs_queue is None else self.ojs.names.job_queue(ojs_queue),
+                exchange,
+                routing_key,
+                nowait,
+                arguments,
+                argsig,
+            )
         self.ojs.queues.bindings[(exchange, routing_key)] = queue
         return None
 
@@ -260,8 +288,17 @@ class Channel(pyamqp.Channel):
 
     # -- publishing ----------------------------------------------------------------------------
 
-    def basic_publish(self, msg, exchange="", routing_key="", mandatory=False, immediate=False, timeout=None,
-                      confirm_timeout=None, argsig="Bssbb"):
+    def basic_publish(
+        self,
+        msg,
+        exchange="",
+        routing_key="",
+        mandatory=False,
+        immediate=False,
+        timeout=None,
+        confirm_timeout=None,
+        argsig="Bssbb",
+    ):
         """Publish ``msg``: task messages and messages for job queues the OJS way, the rest untouched."""
         state = self.ojs
         target = state.route(exchange, routing_key)
@@ -275,8 +312,9 @@ class Channel(pyamqp.Channel):
         if confirm and not self._confirm_selected:
             self._confirm_selected = True
             self.confirm_select()
-        result = amqp.Channel._basic_publish(self, msg, exchange, routing_key, mandatory, immediate, timeout,
-                                             argsig=argsig)
+        result = amqp.Channel._basic_publish(
+            self, msg, exchange, routing_key, mandatory, immediate, timeout, argsig=argsig
+        )
         if confirm:
             self._wait_for_confirm(confirm_timeout or timeout)
         return result
@@ -303,16 +341,33 @@ class Channel(pyamqp.Channel):
         """Always per-consumer prefetch (``global=False``): the binding's FETCH, and what quorum queues need."""
         return super().basic_qos(prefetch_size, prefetch_count, False, argsig)
 
-    def basic_consume(self, queue="", consumer_tag="", no_local=False, no_ack=False, exclusive=False,
-                      nowait=False, callback=None, arguments=None, on_cancel=None, argsig="BssbbbbF"):
+    def basic_consume(
+        self,
+        queue="",
+        consumer_tag="",
+        no_local=False,
+        no_ack=False,
+        exclusive=False,
+        nowait=False,
+        callback=None,
+        arguments=None,
+        on_cancel=None,
+        argsig="BssbbbbF",
+    ):
         """Consume ``ojs.queue.{q}`` for a job queue; its deliveries are converted by :meth:`_deliver`."""
         ojs_queue = self._job_queue(queue)
         if ojs_queue is None:
-            return super().basic_consume(queue, consumer_tag, no_local, no_ack, exclusive, nowait, callback,
-                                         arguments, on_cancel, argsig)
+            return super().basic_consume(
+                queue, consumer_tag, no_local, no_ack, exclusive, nowait, callback, arguments, on_cancel, argsig
+            )
         amqp_name = self.ojs.names.job_queue(ojs_queue)
         tag = super().basic_consume(
-            amqp_name, consumer_tag, no_local, no_ack, exclusive, nowait,
+            amqp_name,
+            consumer_tag,
+            no_local,
+            no_ack,
+            exclusive,
+            nowait,
             callback=lambda raw, q=queue, cb=callback: self._deliver(raw, q, cb),
             arguments=arguments,
             on_cancel=on_cancel or (lambda tag, q=amqp_name: self._on_broker_cancel(q, tag)),
@@ -340,8 +395,9 @@ class Channel(pyamqp.Channel):
 
     def _on_broker_cancel(self, amqp_queue: str, consumer_tag: str) -> None:
         METRICS.consumer_cancellations.labels(amqp_queue).inc()
-        logger.warning("the broker cancelled the consumer of %s (Basic.Cancel); the consumer restarts "
-                       "and re-consumes", amqp_queue)
+        logger.warning(
+            "the broker cancelled the consumer of %s (Basic.Cancel); the consumer restarts and re-consumes", amqp_queue
+        )
         self._consumer_queues.pop(consumer_tag, None)
         raise ConsumerCancelled(consumer_tag, spec.Basic.Cancel)
 
@@ -358,11 +414,10 @@ class Channel(pyamqp.Channel):
             return self._dead_letter_invalid(raw, ojs_queue, exc.code, str(exc))
         attempt = job.attempt + 1
         if raw.delivery_info.get("redelivered"):
-            from .settle import worker_lost
+            from ojs_kombu.runtime.settle import worker_lost
 
             logger.warning("job %s was redelivered: counting attempt %d as failed (worker_lost)", job.id, attempt)
-            return self._fail(raw, job, ojs_queue, worker_lost(attempt),
-                              decide(job, attempt, error_type="worker_lost"))
+            return self._fail(raw, job, ojs_queue, worker_lost(attempt), decide(job, attempt, error_type="worker_lost"))
         scheduled = job.scheduled_datetime
         if scheduled is not None:
             early_ms = delay_ms_until(scheduled, utcnow())
@@ -404,8 +459,7 @@ class Channel(pyamqp.Channel):
         if requeue and unsettled is not None:
             job, attempt = unsettled.job, unsettled.job.attempt + 1
             failure = Failure("requeued", "Requeued", f"attempt {attempt} was rejected with requeue=True")
-            return self._fail(unsettled.raw, job, unsettled.queue, failure,
-                              decide(job, attempt, error_type="requeued"))
+            return self._fail(unsettled.raw, job, unsettled.queue, failure, decide(job, attempt, error_type="requeued"))
         if requeue:
             return super().basic_reject(delivery_tag, requeue, argsig)
         return self.basic_nack(delivery_tag)
@@ -423,17 +477,18 @@ class Channel(pyamqp.Channel):
             self._unsettled.pop(delivery_tag, None)
 
     def _fail(self, raw: amqp.Message, job: Job, queue: str, failure: Failure, decision: Decision) -> None:
-        """Carry out a :class:`~ojs_kombu.retry.Decision` for a job settled by the transport itself."""
+        """Carry out a :class:`~ojs_kombu.policy.retry.Decision` for a job settled by the transport itself."""
         tag = raw.delivery_tag
         if decision.outcome is Outcome.RETRY:
-            from .settle import failed_message
+            from ojs_kombu.runtime.settle import failed_message
 
             delay_ms = decision.delay_ms or 1
             message = failed_message(_outgoing(raw), record_failure(job, job.attempt + 1, failure), failure)
             names = self.ojs.names
             self.ojs.ensure_retry_queue(queue, delay_ms)
-            self._republish_then_ack(tag, message, names.retry_exchange, names.retry_routing_key(queue, delay_ms),
-                                     queue)
+            self._republish_then_ack(
+                tag, message, names.retry_exchange, names.retry_routing_key(queue, delay_ms), queue
+            )
         elif decision.outcome is Outcome.DISCARD:
             logger.info("job %s discarded: %s", job.id, decision.reason)
             self.basic_ack(tag)
@@ -453,12 +508,22 @@ class Channel(pyamqp.Channel):
         return None
 
     def _dead_letter_invalid(self, raw: amqp.Message, queue: str, code: str, text: str) -> None:
-        from .settle import error_headers
+        from ojs_kombu.wire.headers import error_headers
 
-        logger.warning("message %s on %s sent to the dead letter queue: %s (%s)",
-                       raw.properties.get("message_id"), queue, text, code)
-        self._republish_then_ack(raw.delivery_tag, _outgoing(raw, error_headers(code, text)),
-                                 self.ojs.names.dead_letter_exchange, queue, queue)
+        logger.warning(
+            "message %s on %s sent to the dead letter queue: %s (%s)",
+            raw.properties.get("message_id"),
+            queue,
+            text,
+            code,
+        )
+        self._republish_then_ack(
+            raw.delivery_tag,
+            _outgoing(raw, error_headers(code, text)),
+            self.ojs.names.dead_letter_exchange,
+            queue,
+            queue,
+        )
 
     def _republish_then_ack(self, tag: int, message: OutgoingMessage, exchange: str, key: str, queue: str) -> None:
         """Publish (confirmed), then ack ``tag``; Nack it into the DLQ if the broker refuses the publish.
@@ -473,12 +538,19 @@ class Channel(pyamqp.Channel):
             if ticket.error is None:
                 self.basic_ack(tag)
             else:
-                logger.error("republishing job %s failed (%s); sending it to its dead letter queue",
-                             ticket.job_id, ticket.error)
+                logger.error(
+                    "republishing job %s failed (%s); sending it to its dead letter queue", ticket.job_id, ticket.error
+                )
                 self.basic_nack(tag)
 
-        self.ojs.publisher.publish(message, exchange=exchange, routing_key=key, queue=queue,
-                                   job_id=message.properties.get("message_id"), on_done=settle)
+        self.ojs.publisher.publish(
+            message,
+            exchange=exchange,
+            routing_key=key,
+            queue=queue,
+            job_id=message.properties.get("message_id"),
+            on_done=settle,
+        )
 
     def collect(self):
         """Tear down this channel (py-amqp), dropping the per-delivery state."""
@@ -498,7 +570,7 @@ def _is_envelope(raw: amqp.Message) -> bool:
 
 def _outgoing(raw: amqp.Message, headers: dict[str, Any] | None = None) -> OutgoingMessage:
     """A delivered message for a republish: same body and properties, ``x-death*`` stripped."""
-    from .consumer import strip_death_headers
+    from ojs_kombu.wire.headers import strip_death_headers
 
     properties = {k: v for k, v in raw.properties.items() if k != "application_headers"}
     table = strip_death_headers(dict(raw.properties.get("application_headers") or {}))
@@ -511,19 +583,22 @@ def _outgoing(raw: amqp.Message, headers: dict[str, Any] | None = None) -> Outgo
 class _ConnectionState:
     """What one AMQP connection knows about the OJS deployment: names, topology, publisher."""
 
-    def __init__(self, connection: "Connection", settings: Settings):
+    def __init__(self, connection: Connection, settings: Settings):
         self.connection = connection
         self.settings = settings
         self.names = settings.names
         self.queues = queue_map(settings.names.prefix)
         # One topology per AMQP connection: a reconnect declares everything again, lazily.
-        self.topology = Topology(self.names, queue_options=settings.queue_options,
-                                 per_queue=self.queues.options)
+        self.topology = Topology(self.names, queue_options=settings.queue_options, per_queue=self.queues.options)
         self.cascade = Cascade(self.names)
-        self.ojs_exchanges = frozenset({
-            self.names.direct_exchange, self.names.retry_exchange, self.names.dead_letter_exchange,
-            self.cascade.top_exchange,
-        })
+        self.ojs_exchanges = frozenset(
+            {
+                self.names.direct_exchange,
+                self.names.retry_exchange,
+                self.names.dead_letter_exchange,
+                self.cascade.top_exchange,
+            }
+        )
         self._publisher: ConfirmedPublisher | None = None
         self._ensured: set[tuple] = set()
 
@@ -546,8 +621,10 @@ class _ConnectionState:
         ojs_queue = ojs_queue_for(name)
         known = {k: v for k, v in (arguments or {}).items() if k in _QUEUE_ARGUMENT_OPTIONS}
         if known:
-            fields = {**_fields_of(self.settings.queue_options),
-                      **{_QUEUE_ARGUMENT_OPTIONS[k]: v for k, v in known.items()}}
+            fields = {
+                **_fields_of(self.settings.queue_options),
+                **{_QUEUE_ARGUMENT_OPTIONS[k]: v for k, v in known.items()},
+            }
             self.queues.options[ojs_queue] = QueueOptions(**fields)
         ignored = sorted(set(arguments or {}) - set(known))
         if ignored:
@@ -579,13 +656,13 @@ class _ConnectionState:
 
     def ensure_scheduling(self, queue: str) -> None:
         """Lazily declare the scheduling cascade and its binding to ``queue``."""
-        self._once(("schedule", queue),
-                   lambda: self.topology.ensure_scheduling(self.connection, queue, self.cascade))
+        self._once(("schedule", queue), lambda: self.topology.ensure_scheduling(self.connection, queue, self.cascade))
 
     def ensure_retry_queue(self, queue: str, delay_ms: int) -> None:
         """Lazily declare ``ojs.queue.retry.{queue}.{delay_ms}``."""
-        self._once(("retry", queue, delay_ms),
-                   lambda: self.topology.ensure_retry_queue(self.connection, queue, delay_ms))
+        self._once(
+            ("retry", queue, delay_ms), lambda: self.topology.ensure_retry_queue(self.connection, queue, delay_ms)
+        )
 
     def _once(self, key: tuple, declare: Callable[[], None]) -> None:
         # The topology caches too, but checks every spec of the cascade: this is the per-publish fast path.
@@ -624,8 +701,9 @@ class _ConnectionState:
 
 
 def _fields_of(options: QueueOptions) -> dict[str, Any]:
-    return {name: getattr(options, name) for name in _QUEUE_ARGUMENT_OPTIONS.values()
-            if getattr(options, name) is not None}
+    return {
+        name: getattr(options, name) for name in _QUEUE_ARGUMENT_OPTIONS.values() if getattr(options, name) is not None
+    }
 
 
 class Connection(pyamqp.Connection):
@@ -663,12 +741,20 @@ class Transport(pyamqp.Transport):
         if isinstance(conninfo.ssl, dict) and conninfo.ssl.get("server_hostname", "") is None:
             conninfo.ssl["server_hostname"] = conninfo.hostname
         password = conninfo.password() if callable(conninfo.password) else conninfo.password
-        opts = dict({
-            "host": conninfo.host, "userid": conninfo.userid, "password": password,
-            "login_method": conninfo.login_method, "virtual_host": conninfo.virtual_host,
-            "insist": conninfo.insist, "ssl": conninfo.ssl, "connect_timeout": conninfo.connect_timeout,
-            "heartbeat": conninfo.heartbeat,
-        }, **{k: v for k, v in (conninfo.transport_options or {}).items() if k not in _OJS_OPTIONS})
+        opts = dict(
+            {
+                "host": conninfo.host,
+                "userid": conninfo.userid,
+                "password": password,
+                "login_method": conninfo.login_method,
+                "virtual_host": conninfo.virtual_host,
+                "insist": conninfo.insist,
+                "ssl": conninfo.ssl,
+                "connect_timeout": conninfo.connect_timeout,
+                "heartbeat": conninfo.heartbeat,
+            },
+            **{k: v for k, v in (conninfo.transport_options or {}).items() if k not in _OJS_OPTIONS},
+        )
         conn = self.Connection(ojs_settings=self.settings, **opts)
         conn.client = self.client
         conn.connect()
@@ -720,7 +806,6 @@ __all__ = [
     "Settings",
     "TaskCodec",
     "Transport",
-    "ojs_queue_for",
     "queue_map",
     "register_aliases",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError as _PydanticValidationError
 
-from .errors import ValidationError
+from ojs_kombu.errors import ValidationError
 
 
 class Problem(ValueError):

@@ -12,13 +12,15 @@ the worker writes to ``x-ojs-error-code`` when it dead-letters the message.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
-from .envelope import MAX_ENVELOPE_BYTES, Job, RetryPolicy
-from .timefmt import format_timestamp
-from .errors import DecodeError, ValidationError
+from ojs_kombu.errors import DecodeError, ValidationError
+from ojs_kombu.model.envelope import MAX_ENVELOPE_BYTES, Job, RetryPolicy
+from ojs_kombu.model.timefmt import format_timestamp
+from ojs_kombu.wire.headers import Header
 
 CONTENT_TYPE = "application/openjobspec+json"
 CONTENT_ENCODING = "utf-8"
@@ -28,23 +30,6 @@ DEFAULT_APP_ID = "ojs"
 ACCEPTED_CONTENT_TYPES = frozenset({CONTENT_TYPE, "application/json"})
 DEFAULT_MAX_ATTEMPTS = 3
 AMQP_MAX_PRIORITY = 9
-
-
-class Header:
-    """The ``x-ojs-*`` header names of binding §6.2."""
-
-    QUEUE = "x-ojs-queue"
-    ATTEMPT = "x-ojs-attempt"
-    MAX_ATTEMPTS = "x-ojs-max-attempts"
-    CREATED_AT = "x-ojs-created-at"
-    ENQUEUED_AT = "x-ojs-enqueued-at"
-    SCHEDULED_AT = "x-ojs-scheduled-at"
-    TAGS = "x-ojs-tags"
-    TRACE_ID = "x-ojs-trace-id"
-    TRACE_STATE = "x-ojs-trace-state"
-    IDEMPOTENCY_KEY = "x-ojs-idempotency-key"
-    ERROR_MESSAGE = "x-ojs-error-message"
-    ERROR_CODE = "x-ojs-error-code"
 
 
 @dataclass
@@ -123,8 +108,9 @@ def _set_if(table: dict[str, Any], key: str, value: Any) -> None:
         table[key] = value
 
 
-def decode(body: bytes | str, properties: Mapping[str, Any] | None = None,
-           headers: Mapping[str, Any] | None = None) -> Job:
+def decode(
+    body: bytes | str, properties: Mapping[str, Any] | None = None, headers: Mapping[str, Any] | None = None
+) -> Job:
     """Decode a delivered message into a :class:`Job`, tolerantly (DESIGN §2).
 
     The body is the authority; properties and headers fill what it lacks
@@ -199,8 +185,8 @@ def _fill_from_properties(data: dict[str, Any], properties: Mapping[str, Any], h
         elif isinstance(properties.get("timestamp"), (int, datetime)) and not isinstance(properties["timestamp"], bool):
             ts = properties["timestamp"]  # epoch seconds (py-amqp), or a datetime (other clients)
             if isinstance(ts, int):
-                ts = datetime.fromtimestamp(ts, tz=timezone.utc)
-            data["created_at"] = format_timestamp(ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc))
+                ts = datetime.fromtimestamp(ts, tz=UTC)
+            data["created_at"] = format_timestamp(ts if ts.tzinfo else ts.replace(tzinfo=UTC))
 
 
 def _int_header(headers: Mapping[str, Any], name: str, *, minimum: int) -> int | None:
@@ -224,7 +210,6 @@ __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_APP_ID",
     "DEFAULT_MAX_ATTEMPTS",
-    "Header",
     "OutgoingMessage",
     "amqp_priority",
     "decode",

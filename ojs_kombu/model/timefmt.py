@@ -10,11 +10,11 @@ Bad input raises :class:`ojs_kombu.errors.ValidationError`.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ._problems import Problem, public_error
-from .errors import ValidationError
+from ojs_kombu.errors import ValidationError
+from ojs_kombu.model._problems import Problem, public_error
 
 _RFC3339_RE = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})"
@@ -29,12 +29,12 @@ _DURATION_RE = re.compile(
 
 def utcnow() -> datetime:
     """Return the current time as an aware UTC datetime."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _format_ts(dt: datetime) -> str:
-    if dt.tzinfo is not timezone.utc:
-        dt = dt.astimezone(timezone.utc)
+    if dt.tzinfo is not UTC:
+        dt = dt.astimezone(UTC)
     return dt.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 

@@ -21,105 +21,16 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from collections.abc import Iterable
+from typing import Any, Literal
 
 from amqp.exceptions import PreconditionFailed
 
-from .errors import ArgumentDifference, TopologyConflictError, TopologyError, ValidationError
-from .naming import Names, validate_queue_name
+from ojs_kombu.errors import ArgumentDifference, TopologyConflictError, TopologyError, ValidationError
+from ojs_kombu.model.naming import Names, validate_queue_name
+from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueOptions, QueueSpec, Spec, frozen_arguments
 
 logger = logging.getLogger(__name__)
-
-Overflow = Literal["drop-head", "reject-publish", "reject-publish-dlx"]
-QueueType = Literal["classic", "quorum"]
-
-
-@dataclass(frozen=True)
-class QueueOptions:
-    """Optional job queue arguments (binding §7.2).  Unset options are not sent.
-
-    ``max_priority`` enables AMQP priorities (OJS priority clamped to 0..9 is
-    sent as the message priority, DESIGN §8); ``queue_type="quorum"`` is the
-    durable choice on a cluster (AMQP-032).
-    """
-
-    max_priority: int | None = None
-    max_length: int | None = None
-    max_length_bytes: int | None = None
-    overflow: Overflow | None = None
-    message_ttl: int | None = None
-    queue_type: QueueType | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_priority", "max_length", "max_length_bytes", "message_ttl"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValidationError(f"{name} must be a non-negative integer, got {value!r}", field=name)
-        if self.max_priority is not None and not 1 <= self.max_priority <= 255:
-            raise ValidationError("max_priority must be between 1 and 255 (10 is the OJS choice)",
-                                  field="max_priority")
-        if self.overflow not in (None, "drop-head", "reject-publish", "reject-publish-dlx"):
-            raise ValidationError(f"unknown overflow behaviour {self.overflow!r}", field="overflow")
-        if self.queue_type not in (None, "classic", "quorum"):
-            raise ValidationError(f"unknown queue type {self.queue_type!r}", field="queue_type")
-        if self.queue_type == "quorum" and self.max_priority is not None:
-            raise ValidationError("quorum queues do not support x-max-priority on RabbitMQ 3.x",
-                                  field="max_priority")
-
-    def arguments(self) -> dict[str, Any]:
-        """The ``x-*`` queue arguments these options stand for."""
-        args: dict[str, Any] = {}
-        for key, value in (
-            ("x-max-priority", self.max_priority),
-            ("x-max-length", self.max_length),
-            ("x-max-length-bytes", self.max_length_bytes),
-            ("x-overflow", self.overflow),
-            ("x-message-ttl", self.message_ttl),
-            ("x-queue-type", self.queue_type),
-        ):
-            if value is not None:
-                args[key] = value
-        return args
-
-
-def _frozen(arguments: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted((arguments or {}).items()))
-
-
-@dataclass(frozen=True)
-class ExchangeSpec:
-    """A durable exchange to declare, with its arguments (e.g. ``alternate-exchange``)."""
-
-    name: str
-    type: str = "direct"
-    arguments: tuple[tuple[str, Any], ...] = ()
-
-
-@dataclass(frozen=True)
-class QueueSpec:
-    """A durable, non-exclusive, non-auto-delete queue to declare, with its arguments."""
-
-    name: str
-    arguments: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def argument_dict(self) -> dict[str, Any]:
-        """The arguments as a dict."""
-        return dict(self.arguments)
-
-
-@dataclass(frozen=True)
-class BindingSpec:
-    """A binding of ``destination`` (a queue, or an exchange if ``to_exchange``) to ``exchange``."""
-
-    destination: str
-    exchange: str
-    routing_key: str
-    to_exchange: bool = False
-
-
-Spec = ExchangeSpec | QueueSpec | BindingSpec
 
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<arg>[^']+)' for (?:queue|exchange) '(?P<name>[^']+)' in vhost '[^']*': "
@@ -143,12 +54,18 @@ class Topology:
     named queues.  Thread-safe: declarations are serialised by a lock.
     """
 
-    def __init__(self, names: Names | None = None, *, queue_options: QueueOptions | None = None,
-                 per_queue: dict[str, QueueOptions] | None = None,
-                 on_conflict: Literal["use-existing", "raise"] = "use-existing"):
+    def __init__(
+        self,
+        names: Names | None = None,
+        *,
+        queue_options: QueueOptions | None = None,
+        per_queue: dict[str, QueueOptions] | None = None,
+        on_conflict: Literal["use-existing", "raise"] = "use-existing",
+    ):
         if on_conflict not in ("use-existing", "raise"):
-            raise ValidationError(f"on_conflict must be 'use-existing' or 'raise', got {on_conflict!r}",
-                                  field="on_conflict")
+            raise ValidationError(
+                f"on_conflict must be 'use-existing' or 'raise', got {on_conflict!r}", field="on_conflict"
+            )
         self.names = names or Names()
         self.queue_options = queue_options or QueueOptions()
         self.per_queue = dict(per_queue or {})
@@ -188,8 +105,8 @@ class Topology:
         n = self.names
         return [
             *self.base_specs(),
-            QueueSpec(n.job_queue(queue), _frozen(self.job_queue_arguments(queue))),
-            QueueSpec(n.dead_letter_queue(queue), _frozen(self.dead_letter_queue_arguments(queue))),
+            QueueSpec(n.job_queue(queue), frozen_arguments(self.job_queue_arguments(queue))),
+            QueueSpec(n.dead_letter_queue(queue), frozen_arguments(self.dead_letter_queue_arguments(queue))),
             BindingSpec(n.job_queue(queue), n.direct_exchange, queue),
             BindingSpec(n.dead_letter_queue(queue), n.dead_letter_exchange, queue),
         ]
@@ -206,7 +123,7 @@ class Topology:
         }
         return [
             *self.base_specs(),
-            QueueSpec(name, _frozen(args)),
+            QueueSpec(name, frozen_arguments(args)),
             BindingSpec(name, n.retry_exchange, n.retry_routing_key(queue, delay_ms)),
         ]
 
@@ -226,13 +143,15 @@ class Topology:
 
     def ensure_scheduling(self, connection, queue: str, cascade) -> None:
         """Lazily declare ``queue``, the scheduling cascade (a
-        :class:`~ojs_kombu.schedule.Cascade`) and the binding that delivers
+        :class:`~ojs_kombu.policy.schedule.Cascade`) and the binding that delivers
         scheduled jobs into ``ojs.queue.{queue}``."""
         self.declare(connection, [*self.queue_specs(queue), *cascade.specs(), cascade.queue_binding(queue)])
 
     def is_declared(self, queue: str) -> bool:
         """Whether the job queue ``queue`` has been declared by this topology."""
-        return QueueSpec(self.names.job_queue(queue), _frozen(self.job_queue_arguments(queue))) in self._declared
+        return (
+            QueueSpec(self.names.job_queue(queue), frozen_arguments(self.job_queue_arguments(queue))) in self._declared
+        )
 
     def declared_queues(self) -> list[str]:
         """The AMQP names of every queue this topology has declared, in declaration order."""
@@ -275,9 +194,11 @@ class Topology:
         """Re-declare everything declared so far: exchanges, then queues, then bindings."""
         with self._lock:
             specs = list(self._declared)
-            ordered = ([s for s in specs if isinstance(s, ExchangeSpec)]
-                       + [s for s in specs if isinstance(s, QueueSpec)]
-                       + [s for s in specs if isinstance(s, BindingSpec)])
+            ordered = (
+                [s for s in specs if isinstance(s, ExchangeSpec)]
+                + [s for s in specs if isinstance(s, QueueSpec)]
+                + [s for s in specs if isinstance(s, BindingSpec)]
+            )
             self.declare(connection, ordered, force=True)
 
     def declare(self, connection, specs: Iterable[Spec], *, force: bool = False) -> None:
@@ -297,26 +218,26 @@ class Topology:
     def _declare_one(self, connection, channel, spec: Spec):
         if isinstance(spec, BindingSpec):
             if spec.to_exchange:
-                channel.exchange_bind(destination=spec.destination, source=spec.exchange,
-                                      routing_key=spec.routing_key)
+                channel.exchange_bind(destination=spec.destination, source=spec.exchange, routing_key=spec.routing_key)
             else:
                 channel.queue_bind(queue=spec.destination, exchange=spec.exchange, routing_key=spec.routing_key)
             return channel
         try:
             if isinstance(spec, ExchangeSpec):
-                channel.exchange_declare(spec.name, spec.type, durable=True, auto_delete=False,
-                                         arguments=dict(spec.arguments) or None)
+                channel.exchange_declare(
+                    spec.name, spec.type, durable=True, auto_delete=False, arguments=dict(spec.arguments) or None
+                )
             else:
-                channel.queue_declare(spec.name, durable=True, exclusive=False, auto_delete=False,
-                                      arguments=spec.argument_dict or None)
+                channel.queue_declare(
+                    spec.name, durable=True, exclusive=False, auto_delete=False, arguments=spec.argument_dict or None
+                )
             return channel
         except PreconditionFailed as exc:
             conflict = parse_precondition_failed(spec.name, getattr(exc, "reply_text", str(exc)))
             self.conflicts.append(conflict)
             if self.on_conflict == "raise":
                 raise conflict from None
-            logger.warning("%s; using the existing entity as it is (never re-declared with other arguments)",
-                           conflict)
+            logger.warning("%s; using the existing entity as it is (never re-declared with other arguments)", conflict)
             # The 406 closed the channel: confirm the entity exists on a fresh one.
             channel = connection.channel()
             try:
@@ -324,7 +245,7 @@ class Topology:
                     channel.exchange_declare(spec.name, spec.type, passive=True)
                 else:
                     channel.queue_declare(spec.name, passive=True)
-            except Exception as passive_exc:  # noqa: BLE001
+            except Exception as passive_exc:
                 raise TopologyError(f"{spec.name!r} could not be declared nor found: {passive_exc}") from passive_exc
             return channel
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .errors import ValidationError
+from ojs_kombu.errors import ValidationError
 
 QUEUE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9\-.]*$")
 JOB_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
@@ -42,8 +42,7 @@ def validate_queue_name(queue: str) -> str:
     """Return ``queue`` if it is a valid, unreserved OJS queue name; raise ValidationError otherwise."""
     if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue) or len(queue) > MAX_QUEUE_NAME:
         raise ValidationError(
-            f"invalid queue name {queue!r}: must match [a-z0-9][a-z0-9-.]* and be at most "
-            f"{MAX_QUEUE_NAME} characters",
+            f"invalid queue name {queue!r}: must match [a-z0-9][a-z0-9-.]* and be at most {MAX_QUEUE_NAME} characters",
             field="queue",
         )
     for reserved in RESERVED_QUEUE_PREFIXES:
@@ -61,7 +60,7 @@ def validate_job_type(job_type: str) -> str:
     if not isinstance(job_type, str) or not JOB_TYPE_RE.fullmatch(job_type) or len(job_type) > MAX_JOB_TYPE:
         raise ValidationError(
             f"invalid job type {job_type!r}: dot-separated segments of [a-z][a-z0-9_]*, "
-            f"at most {MAX_JOB_TYPE} characters (use ojs_kombu.naming.job_type_for() "
+            f"at most {MAX_JOB_TYPE} characters (use ojs_kombu.model.naming.job_type_for() "
             "to map a framework task name)",
             field="type",
         )
@@ -194,7 +193,7 @@ class Names:
         head = self.job_queue("")
         if not amqp_name.startswith(head):
             return None
-        queue = amqp_name[len(head):]
+        queue = amqp_name[len(head) :]
         if not queue or queue.startswith(RESERVED_QUEUE_PREFIXES) or not QUEUE_NAME_RE.fullmatch(queue):
             return None
         return queue

@@ -48,8 +48,11 @@ _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 def supports(connection) -> bool:
     """Whether :class:`FrameReader` can serve ``connection`` (a plain TCP py-amqp connection)."""
     transport = getattr(connection, "_transport", None)
-    return isinstance(transport, TCPTransport) and isinstance(getattr(transport, "sock", None), socket.socket) \
-        and not hasattr(transport.sock, "pending")  # an ssl.SSLSocket
+    return (
+        isinstance(transport, TCPTransport)
+        and isinstance(getattr(transport, "sock", None), socket.socket)
+        and not hasattr(transport.sock, "pending")
+    )  # an ssl.SSLSocket
 
 
 class FrameReader:
@@ -122,7 +125,7 @@ class FrameReader:
             self._pos = end + 1
             if buf[end] != _FRAME_END:
                 raise UnexpectedFrame(f"Received frame_end {buf[end]:#04x} while expecting 0xce")
-            on_frame((frame_type, channel, buf[pos + 7:end]))
+            on_frame((frame_type, channel, buf[pos + 7 : end]))
             count += 1
 
     def _take_pushback(self) -> None:
@@ -131,7 +134,7 @@ class FrameReader:
         pushed = self._transport._read_buffer
         if pushed:
             self._transport._read_buffer = _EMPTY
-            self._buf = pushed + self._buf[self._pos:]
+            self._buf = pushed + self._buf[self._pos :]
             self._pos = 0
 
     def _read(self, n: int, initial: bool = False, _errnos=(errno.EAGAIN, errno.EINTR)) -> bytes:
@@ -152,7 +155,7 @@ class FrameReader:
             except OSError as exc:
                 if exc.errno in _errnos:
                     if initial and self._transport.raise_on_initial_eintr:
-                        raise socket.timeout() from None
+                        raise TimeoutError() from None
                     continue
                 raise
             if not data:

@@ -16,92 +16,17 @@ A channel is never shared between threads: one publisher per pooled connection.
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
 
 from amqp import spec
-from amqp.basic_message import Message
 from amqp.serialization import dumps
 
-from .codec import OutgoingMessage
-from .errors import PublishError, PublishNackedError, PublishTimeoutError, UnroutableError
-from .metrics import METRICS
-
-
-# -- wire encoding ----------------------------------------------------------------------------------
-# py-amqp serialises message properties through a generic, format-string driven
-# encoder that dominates the cost of a pipelined publish (measured: ~45 % of
-# enqueue_many).  Our properties are a few short strings, octets and a headers
-# table of strings and ints, so they are encoded here directly; anything else in
-# a headers table falls back to py-amqp's encoder.
-
-_PROPERTIES = (  # (name, kind) in the order and flag positions of AMQP 0-9-1 basic properties
-    ("content_type", "s"), ("content_encoding", "s"), ("application_headers", "F"), ("delivery_mode", "o"),
-    ("priority", "o"), ("correlation_id", "s"), ("reply_to", "s"), ("expiration", "s"), ("message_id", "s"),
-    ("timestamp", "T"), ("type", "s"), ("user_id", "s"), ("app_id", "s"), ("cluster_id", "s"),
-)
-_U32 = struct.Struct(">I")
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
-_U64 = struct.Struct(">Q")
-_INT32_MIN, _INT32_MAX = -(2**31 - 1), 2**31 - 1  # py-amqp's range for 'I'; beyond it 'L' as py-amqp
-
-
-def _shortstr(value: Any) -> bytes:
-    raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
-    if len(raw) > 255:
-        raise ValueError(f"AMQP short string longer than 255 bytes: {raw[:40]!r}...")
-    return bytes((len(raw),)) + raw
-
-
-def encode_table(table: dict[str, Any]) -> bytes:
-    """An AMQP field table (with its length prefix), fast for str / int / bool values."""
-    parts = []
-    for key, value in table.items():
-        parts.append(_shortstr(key))
-        if isinstance(value, str):
-            raw = value.encode("utf-8")
-            parts += (b"S", _U32.pack(len(raw)), raw)
-        elif isinstance(value, bool):
-            parts.append(b"t\x01" if value else b"t\x00")
-        elif isinstance(value, int) and _INT32_MIN <= value <= _INT32_MAX:
-            parts += (b"I", _I32.pack(value))
-        elif isinstance(value, int):
-            parts += (b"L", _I64.pack(value))
-        else:
-            return dumps("F", [table])  # nested tables, arrays, floats, …: py-amqp's encoder
-    body = b"".join(parts)
-    return _U32.pack(len(body)) + body
-
-
-def encode_properties(properties: dict[str, Any]) -> bytes:
-    """Basic properties as they go in a content header frame: flags, then values."""
-    flags = 0
-    parts = []
-    for position, (name, kind) in enumerate(_PROPERTIES):
-        value = properties.get(name)
-        if value is None:
-            continue
-        flags |= 1 << (15 - position)
-        if kind == "s":
-            parts.append(_shortstr(value))
-        elif kind == "o":
-            parts.append(bytes((int(value),)))
-        elif kind == "T":
-            parts.append(_U64.pack(int(value.timestamp()) if hasattr(value, "timestamp") else int(value)))
-        else:
-            parts.append(encode_table(value))
-    return struct.pack(">H", flags) + b"".join(parts)
-
-
-class _WireMessage(Message):
-    """A py-amqp message whose properties are encoded by :func:`encode_properties`."""
-
-    def _serialize_properties(self) -> bytes:
-        return encode_properties(self.properties)
+from ojs_kombu.amqp.properties import WireMessage
+from ojs_kombu.errors import PublishError, PublishNackedError, PublishTimeoutError, UnroutableError
+from ojs_kombu.observability.metrics import METRICS
+from ojs_kombu.wire.codec import OutgoingMessage
 
 
 @dataclass
@@ -117,7 +42,7 @@ class PublishTicket:
     done: bool = False
     returned: UnroutableError | None = None
     error: PublishError | None = None
-    on_done: Callable[["PublishTicket"], None] | None = None
+    on_done: Callable[[PublishTicket], None] | None = None
 
     def settle(self, error: PublishError | None) -> None:
         """Record the broker's answer and run the ``on_done`` callback."""
@@ -162,14 +87,22 @@ class ConfirmedPublisher:
         """Publishes still waiting for their confirm."""
         return len(self._unconfirmed)
 
-    def publish(self, message: OutgoingMessage, *, exchange: str, routing_key: str, queue: str,
-                job_id: str | None = None, confirm_timeout: float = 30.0,
-                on_done: Callable[[PublishTicket], None] | None = None) -> PublishTicket:
+    def publish(
+        self,
+        message: OutgoingMessage,
+        *,
+        exchange: str,
+        routing_key: str,
+        queue: str,
+        job_id: str | None = None,
+        confirm_timeout: float = 30.0,
+        on_done: Callable[[PublishTicket], None] | None = None,
+    ) -> PublishTicket:
         """Send one message with ``mandatory=True``; return its ticket without waiting.
 
         ``on_done(ticket)`` runs when the broker's confirm (or its absence) settles it.
         """
-        msg = _WireMessage(message.body, application_headers=message.headers, **message.properties)
+        msg = WireMessage(message.body, application_headers=message.headers, **message.properties)
         # Straight to the frame writer: py-amqp's basic_publish may be its one-at-a-time
         # confirm wrapper, and its plain version polls the socket before every publish.
         method_args = self._method_args.get((exchange, routing_key))
@@ -204,15 +137,18 @@ class ConfirmedPublisher:
                 return
             try:
                 self.connection.drain_events(timeout=min(remaining, 1.0))
-            except socket.timeout:
+            except TimeoutError:
                 continue
 
     def _expire_all(self, timeout: float) -> None:
         expired = list(self._unconfirmed.values())
         self._unconfirmed.clear()
         for ticket in expired:
-            ticket.settle(PublishTimeoutError(
-                f"no publisher confirm within {timeout:.1f}s for job {ticket.job_id}", job_id=ticket.job_id))
+            ticket.settle(
+                PublishTimeoutError(
+                    f"no publisher confirm within {timeout:.1f}s for job {ticket.job_id}", job_id=ticket.job_id
+                )
+            )
 
     def _settle(self, delivery_tag: int, multiple: bool) -> list[PublishTicket]:
         if multiple:
@@ -230,11 +166,13 @@ class ConfirmedPublisher:
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
         for ticket in self._settle(delivery_tag, multiple):
             METRICS.nacked_publish(ticket.queue)
-            ticket.settle(PublishNackedError(
-                f"broker refused job {ticket.job_id} (Basic.Nack) on queue {ticket.queue!r}; "
-                "is the queue full (x-overflow=reject-publish)?",
-                job_id=ticket.job_id,
-            ))
+            ticket.settle(
+                PublishNackedError(
+                    f"broker refused job {ticket.job_id} (Basic.Nack) on queue {ticket.queue!r}; "
+                    "is the queue full (x-overflow=reject-publish)?",
+                    job_id=ticket.job_id,
+                )
+            )
 
     def _on_return(self, exc, exchange: str, routing_key: str, message) -> None:
         # The Return precedes the Ack of the same message; mark the oldest

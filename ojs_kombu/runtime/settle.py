@@ -1,47 +1,39 @@
 """Settling deliveries that are not simply acked: the outcomes of DESIGN §5, shared by every worker.
 
-:class:`Settler` is what :class:`~ojs_kombu.worker.Worker` (and the Dramatiq
+:class:`Settler` is what :class:`~ojs_kombu.runtime.worker.Worker` (and the Dramatiq
 adapter's consumer) do with a delivery besides ``Basic.Ack``:
 
 * :meth:`Settler.triage` decodes a delivery and settles the ones that must not
   run: undecodable (to the DLQ with the reason in the headers), redelivered
   (a worker died running it: a failed attempt, ``worker_lost``), expired
   (acked, not run) and early (back into the scheduling cascade);
-* :meth:`Settler.fail` carries out a :class:`~ojs_kombu.retry.Decision`:
+* :meth:`Settler.fail` carries out a :class:`~ojs_kombu.policy.retry.Decision`:
   retry (confirmed publish to the retry queue, then ack), dead letter
   (``Basic.Nack(requeue=False)``, or republish with the error headers),
   discard (ack);
 * :meth:`Settler.hand_back` returns an unstarted job at shutdown without
   spending an attempt.
 
-Every republish goes through :meth:`ojs_kombu.consumer.Consumer.republish`:
+Every republish goes through :meth:`ojs_kombu.runtime.consumer.Consumer.republish`:
 published (confirmed) first, acked after.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from .codec import Header, OutgoingMessage, decode, encode
-from .consumer import Consumer, Delivery
-from .envelope import Job
-from .errors import DecodeError, ValidationError
-from .naming import Names
-from .retry import Decision, Failure, Outcome, decide, record_failure
-from .schedule import Cascade, delay_ms_until
-from .timefmt import utcnow
-from .topology import Topology
+from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.errors import DecodeError, ValidationError
+from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.naming import Names
+from ojs_kombu.model.timefmt import utcnow
+from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, record_failure
+from ojs_kombu.policy.schedule import Cascade, delay_ms_until
+from ojs_kombu.runtime.consumer import Consumer, Delivery
+from ojs_kombu.wire.codec import OutgoingMessage, decode, encode
+from ojs_kombu.wire.headers import error_headers
 
 logger = logging.getLogger(__name__)
-
-#: Longest error message carried in ``x-ojs-error-message``.
-MAX_ERROR_HEADER = 4096
-
-
-def error_headers(code: str, message: str) -> dict[str, Any]:
-    """``x-ojs-error-code`` and ``x-ojs-error-message`` (truncated to :data:`MAX_ERROR_HEADER`)."""
-    return {Header.ERROR_CODE: code, Header.ERROR_MESSAGE: message[:MAX_ERROR_HEADER]}
 
 
 def failed_message(original: OutgoingMessage, job: Job, failure: Failure) -> OutgoingMessage:
@@ -50,12 +42,15 @@ def failed_message(original: OutgoingMessage, job: Job, failure: Failure) -> Out
     ``original`` is the delivered message (``x-death*`` already stripped, see
     :meth:`Delivery.outgoing`); its properties and headers are kept, the
     envelope and the ``x-ojs-*`` headers come from ``job`` (as returned by
-    :func:`~ojs_kombu.retry.record_failure`), and the error headers are set.
+    :func:`~ojs_kombu.policy.retry.record_failure`), and the error headers are set.
     """
     encoded = encode(job)
-    properties = {**encoded.properties, **original.properties,
-                  "content_type": encoded.properties["content_type"],
-                  "content_encoding": encoded.properties["content_encoding"]}
+    properties = {
+        **encoded.properties,
+        **original.properties,
+        "content_type": encoded.properties["content_type"],
+        "content_encoding": encoded.properties["content_encoding"],
+    }
     headers = {**original.headers, **encoded.headers, **error_headers(failure.code, failure.message)}
     return OutgoingMessage(encoded.body, properties, headers)
 
@@ -73,8 +68,9 @@ class Settler:
     Every method only makes thread-safe requests to the consumer.
     """
 
-    def __init__(self, consumer: Consumer, names: Names, topology: Topology, cascade: Cascade, *,
-                 dead_letter_mode: str = "nack"):
+    def __init__(
+        self, consumer: Consumer, names: Names, topology: Topology, cascade: Cascade, *, dead_letter_mode: str = "nack"
+    ):
         self.consumer = consumer
         self.names = names
         self.topology = topology
@@ -125,12 +121,16 @@ class Settler:
     def retry(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, delay_ms: int) -> None:
         """Publish ``job`` (attempt+1, error recorded) to ``ojs.queue.retry.{q}.{delay_ms}``, then ack.
 
-        ``delay_ms`` must be a step of :func:`~ojs_kombu.retry.ladder_ms` (one queue per delay).
+        ``delay_ms`` must be a step of :func:`~ojs_kombu.policy.retry.ladder_ms` (one queue per delay).
         """
         message = failed_message(delivery.outgoing(), record_failure(job, attempt, failure), failure)
         queue = job.queue
         self.consumer.republish(
-            delivery, message, self.names.retry_exchange, self.names.retry_routing_key(queue, delay_ms), queue,
+            delivery,
+            message,
+            self.names.retry_exchange,
+            self.names.retry_routing_key(queue, delay_ms),
+            queue,
             prepare=lambda connection: self.topology.ensure_retry_queue(connection, queue, delay_ms),
         )
 
@@ -142,16 +142,31 @@ class Settler:
             self.reject_invalid(delivery, "invalid_schedule", str(exc))
             return
         logger.debug("job %s arrived %d ms early; delaying it again", job.id, delay_ms)
-        self.consumer.republish(delivery, message, exchange, key, job.queue,
-                                prepare=lambda connection: self.topology.ensure_scheduling(
-                                    connection, job.queue, self.cascade))
+        self.consumer.republish(
+            delivery,
+            message,
+            exchange,
+            key,
+            job.queue,
+            prepare=lambda connection: self.topology.ensure_scheduling(connection, job.queue, self.cascade),
+        )
 
     def reject_invalid(self, delivery: Delivery, code: str, message: str) -> None:
         """A message no handler can run: to its DLQ with the reason in the headers, then ack."""
-        logger.warning("message %s on %s sent to the dead letter queue: %s (%s)",
-                       delivery.properties.get("message_id"), delivery.queue, message, code)
-        self.consumer.republish(delivery, delivery.outgoing(error_headers(code, message)),
-                                self.names.dead_letter_exchange, delivery.queue, delivery.queue)
+        logger.warning(
+            "message %s on %s sent to the dead letter queue: %s (%s)",
+            delivery.properties.get("message_id"),
+            delivery.queue,
+            message,
+            code,
+        )
+        self.consumer.republish(
+            delivery,
+            delivery.outgoing(error_headers(code, message)),
+            self.names.dead_letter_exchange,
+            delivery.queue,
+            delivery.queue,
+        )
 
     def hand_back(self, delivery: Delivery) -> None:
         """An unstarted job at shutdown: republish it unchanged to its queue, then ack (no attempt spent).
@@ -162,8 +177,9 @@ class Settler:
         if delivery.redelivered:
             self.triage(delivery)  # settles a redelivery as a failed attempt; never runs it
             return
-        self.consumer.republish(delivery, delivery.outgoing(), self.names.direct_exchange, delivery.queue,
-                                delivery.queue)
+        self.consumer.republish(
+            delivery, delivery.outgoing(), self.names.direct_exchange, delivery.queue, delivery.queue
+        )
 
 
-__all__ = ["MAX_ERROR_HEADER", "Settler", "error_headers", "failed_message", "worker_lost"]
+__all__ = ["Settler", "failed_message", "worker_lost"]

@@ -12,13 +12,14 @@ context still propagates.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Iterator
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-from .envelope import Job
+from ojs_kombu.model.envelope import Job
 
 _tracer = trace.get_tracer("ojs_kombu")
 
@@ -80,9 +81,16 @@ def _producer_context(carrier: dict[str, str]) -> Iterator[None]:
 def _consumer_span(job: Job, attempt: int, carrier: dict[str, str]) -> Iterator[Any]:
     parent = propagate.extract(carrier) if carrier else otel_context.get_current()
     with _tracer.start_as_current_span(
-        f"{job.queue} process", context=parent, kind=trace.SpanKind.CONSUMER,
-        attributes={"messaging.system": "ojs", "ojs.job.id": job.id, "ojs.job.type": job.type,
-                    "ojs.job.queue": job.queue, "ojs.job.attempt": attempt},
+        f"{job.queue} process",
+        context=parent,
+        kind=trace.SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": "ojs",
+            "ojs.job.id": job.id,
+            "ojs.job.type": job.type,
+            "ojs.job.queue": job.queue,
+            "ojs.job.attempt": attempt,
+        },
     ) as span:
         yield span
 

@@ -27,21 +27,33 @@ import threading
 import time
 import uuid as _uuid
 from collections.abc import Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic import ValidationError as _PydanticValidationError
 
-from ._problems import Problem as _Problem
-from ._problems import convert_pydantic_error as _convert
-from ._problems import public_error as _public
-from ._problems import short_repr as _short
-from .errors import ValidationError
-from .jsonvalue import MAX_JSON_DEPTH, MAX_SAFE_INTEGER, _walk, ensure_json_native
-from .naming import RESERVED_QUEUE_PREFIXES  # refused by Job.create (DESIGN §3)
-from .timefmt import (_aware, _check_timestamp, _duration, _duration_groups, _duration_input, _format_ts, _timestamp,
-                      format_duration, format_timestamp, parse_duration, parse_timestamp, utcnow)
+from ojs_kombu.errors import ValidationError
+from ojs_kombu.model._problems import Problem as _Problem
+from ojs_kombu.model._problems import convert_pydantic_error as _convert
+from ojs_kombu.model._problems import public_error as _public
+from ojs_kombu.model._problems import short_repr as _short
+from ojs_kombu.model.jsonvalue import MAX_JSON_DEPTH, MAX_SAFE_INTEGER, _walk, ensure_json_native
+from ojs_kombu.model.naming import RESERVED_QUEUE_PREFIXES  # refused by Job.create (DESIGN §3)
+from ojs_kombu.model.timefmt import (
+    _aware,
+    _check_timestamp,
+    _duration,
+    _duration_groups,
+    _duration_input,
+    _format_ts,
+    _timestamp,
+    format_duration,
+    format_timestamp,
+    parse_duration,
+    parse_timestamp,
+    utcnow,
+)
 
 SPEC_VERSION = "1.0"
 """The only ``specversion`` this library reads and writes."""
@@ -558,11 +570,17 @@ class Job(_OjsModel):
                     f"must be a list of positional arguments, got {_type_name(args)}; pass keywords as kwargs="
                 )
             size = _walk(args, False, 0)
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             stamp = _format_ts(now)
             values: dict[str, Any] = {
-                "specversion": SPEC_VERSION, "id": job_id, "type": type, "queue": queue, "args": args,
-                "attempt": 0, "created_at": stamp, "enqueued_at": stamp,
+                "specversion": SPEC_VERSION,
+                "id": job_id,
+                "type": type,
+                "queue": queue,
+                "args": args,
+                "attempt": 0,
+                "created_at": stamp,
+                "enqueued_at": stamp,
             }
             field = "meta"
             if meta is None:

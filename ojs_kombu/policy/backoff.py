@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from .envelope import RetryPolicy
-from .errors import ValidationError
+from ojs_kombu.errors import ValidationError
+from ojs_kombu.model.envelope import RetryPolicy
 
 RECONNECT_MAX_DELAY = 60.0
 """Longest reconnect delay before jitter, in seconds (DESIGN §9)."""

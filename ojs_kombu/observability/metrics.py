@@ -18,40 +18,50 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY):
         self.connections_active = Gauge(
-            "ojs_amqp_connections_active", "Number of active AMQP connections", registry=registry)
-        self.channels_active = Gauge(
-            "ojs_amqp_channels_active", "Number of active AMQP channels", registry=registry)
+            "ojs_amqp_connections_active", "Number of active AMQP connections", registry=registry
+        )
+        self.channels_active = Gauge("ojs_amqp_channels_active", "Number of active AMQP channels", registry=registry)
         self.messages_published = Counter(
-            "ojs_amqp_messages_published_total", "Total messages published", ["queue"], registry=registry)
+            "ojs_amqp_messages_published_total", "Total messages published", ["queue"], registry=registry
+        )
         self.messages_consumed = Counter(
-            "ojs_amqp_messages_consumed_total", "Total messages consumed", ["queue"], registry=registry)
+            "ojs_amqp_messages_consumed_total", "Total messages consumed", ["queue"], registry=registry
+        )
         self.messages_acked = Counter(
-            "ojs_amqp_messages_acked_total", "Total messages acknowledged", ["queue"], registry=registry)
+            "ojs_amqp_messages_acked_total", "Total messages acknowledged", ["queue"], registry=registry
+        )
         self.messages_nacked = Counter(
-            "ojs_amqp_messages_nacked_total", "Total messages negatively acknowledged", ["queue"],
-            registry=registry)
+            "ojs_amqp_messages_nacked_total", "Total messages negatively acknowledged", ["queue"], registry=registry
+        )
         self.messages_returned = Counter(
-            "ojs_amqp_messages_returned_total", "Total messages returned via Basic.Return", ["queue"],
-            registry=registry)
+            "ojs_amqp_messages_returned_total", "Total messages returned via Basic.Return", ["queue"], registry=registry
+        )
         self.publish_nacked = Counter(
-            "ojs_amqp_publish_nacked_total", "Publishes the broker answered with Basic.Nack", ["queue"],
-            registry=registry)
+            "ojs_amqp_publish_nacked_total",
+            "Publishes the broker answered with Basic.Nack",
+            ["queue"],
+            registry=registry,
+        )
         self.messages_unacked = Gauge(
-            "ojs_amqp_messages_unacked", "Current unacknowledged message count", ["consumer"],
-            registry=registry)
+            "ojs_amqp_messages_unacked", "Current unacknowledged message count", ["consumer"], registry=registry
+        )
         self.consumer_utilization = Gauge(
-            "ojs_amqp_consumer_utilization", "Consumer utilization ratio (0.0-1.0)", ["queue"],
-            registry=registry)
+            "ojs_amqp_consumer_utilization", "Consumer utilization ratio (0.0-1.0)", ["queue"], registry=registry
+        )
         self.confirm_latency = Histogram(
-            "ojs_amqp_publish_confirm_latency_seconds", "Publisher confirm latency",
+            "ojs_amqp_publish_confirm_latency_seconds",
+            "Publisher confirm latency",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-            registry=registry)
+            registry=registry,
+        )
         self._published: dict[str, Any] = {}
-        self.reconnections = Counter(
-            "ojs_amqp_reconnections_total", "Total reconnection attempts", registry=registry)
+        self.reconnections = Counter("ojs_amqp_reconnections_total", "Total reconnection attempts", registry=registry)
         self.consumer_cancellations = Counter(
-            "ojs_amqp_consumer_cancellations_total", "Broker-initiated consumer cancellations (Basic.Cancel)",
-            ["queue"], registry=registry)
+            "ojs_amqp_consumer_cancellations_total",
+            "Broker-initiated consumer cancellations (Basic.Cancel)",
+            ["queue"],
+            registry=registry,
+        )
 
     def published(self, queue: str) -> None:
         """A job message was published to ``queue``."""

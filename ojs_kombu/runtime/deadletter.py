@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .codec import Header, decode
-from .envelope import Job
-from .errors import DecodeError
-from .timefmt import format_timestamp, utcnow
+from ojs_kombu.errors import DecodeError
+from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.timefmt import format_timestamp, utcnow
+from ojs_kombu.wire.codec import decode
+from ojs_kombu.wire.headers import Header
 
 
 def _text(value: Any) -> str | None:
@@ -45,7 +46,7 @@ class DeadLetterEntry:
     decode_error: str | None = None
 
     @classmethod
-    def from_message(cls, message) -> "DeadLetterEntry":
+    def from_message(cls, message) -> DeadLetterEntry:
         """Read a py-amqp message fetched from a dead letter queue."""
         properties = dict(message.properties)
         headers = dict(properties.pop("application_headers", None) or {})
@@ -75,8 +76,9 @@ def replayable(job: Job) -> Job:
     meta = dict(job.meta or {})
     meta["ojs.replay_count"] = int(meta.get("ojs.replay_count", 0) or 0) + 1
     meta["ojs.last_replayed_at"] = format_timestamp(utcnow())
-    return job.model_copy(update={"attempt": 0, "meta": meta, "enqueued_at": meta["ojs.last_replayed_at"],
-                                  "state": None})
+    return job.model_copy(
+        update={"attempt": 0, "meta": meta, "enqueued_at": meta["ojs.last_replayed_at"], "state": None}
+    )
 
 
 __all__ = ["DeadLetterEntry", "replayable"]

@@ -23,34 +23,27 @@ import logging
 import os
 import queue as queue_module
 import select
-import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import kombu
 from amqp import spec
 from amqp.basic_message import Message
 
-from .backoff import reconnect_delay
-from .client import connect_once, make_connection, safe_url
-from .codec import OutgoingMessage
-from .framing import FrameReader, supports as framing_supports
-from .metrics import METRICS
-from .publisher import ConfirmedPublisher, PublishTicket
-from .topology import Topology
+from ojs_kombu.amqp.connection import connect_once, make_connection, safe_url
+from ojs_kombu.amqp.framing import FrameReader
+from ojs_kombu.amqp.framing import supports as framing_supports
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
+from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.observability.metrics import METRICS
+from ojs_kombu.policy.backoff import reconnect_delay
+from ojs_kombu.wire.codec import OutgoingMessage
+from ojs_kombu.wire.headers import strip_death_headers
 
 logger = logging.getLogger(__name__)
-
-#: Headers RabbitMQ adds on dead-lettering; stripped on every republish (DESIGN §6).
-DEATH_HEADERS = ("x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
-                 "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason")
-
-
-def strip_death_headers(headers: dict[str, Any]) -> dict[str, Any]:
-    """``headers`` without RabbitMQ's ``x-death*`` / ``x-first-death-*`` / ``x-last-death-*``."""
-    return {k: v for k, v in headers.items() if k not in DEATH_HEADERS}
 
 
 @dataclass
@@ -89,11 +82,22 @@ class Consumer:
         declare: called with the kombu connection after (re)connecting, before consuming.
     """
 
-    def __init__(self, url: str, queues: dict[str, str], prefetch: int, on_delivery: Callable[[Delivery], None],
-                 *, topology: Topology, declare: Callable[[Any], None] | None = None,
-                 heartbeat: float = 60, connect_retries: int | None = None, cancel_retry_delay: float = 1.0,
-                 connection_name: str = "ojs_kombu worker", transport_options: dict[str, Any] | None = None,
-                 ssl: Any = None):
+    def __init__(
+        self,
+        url: str,
+        queues: dict[str, str],
+        prefetch: int,
+        on_delivery: Callable[[Delivery], None],
+        *,
+        topology: Topology,
+        declare: Callable[[Any], None] | None = None,
+        heartbeat: float = 60,
+        connect_retries: int | None = None,
+        cancel_retry_delay: float = 1.0,
+        connection_name: str = "ojs_kombu worker",
+        transport_options: dict[str, Any] | None = None,
+        ssl: Any = None,
+    ):
         self.url = url
         self.queues = dict(queues)
         self.prefetch = prefetch
@@ -103,8 +107,9 @@ class Consumer:
         self.heartbeat = heartbeat
         self.connect_retries = connect_retries
         self.cancel_retry_delay = cancel_retry_delay
-        self._kombu = make_connection(url, heartbeat=heartbeat, ssl=ssl, transport_options=transport_options,
-                                      connection_name=connection_name)
+        self._kombu = make_connection(
+            url, heartbeat=heartbeat, ssl=ssl, transport_options=transport_options, connection_name=connection_name
+        )
         self._requests: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._wake_pending = False  # a byte is (about to be) in the pipe: the loop will wake
@@ -135,8 +140,15 @@ class Consumer:
         """Reject ``delivery`` without requeue: ``Basic.Nack(requeue=False)``, into the DLQ."""
         self._request(("nack", delivery))
 
-    def republish(self, delivery: Delivery, message: OutgoingMessage, exchange: str, routing_key: str,
-                  queue: str, prepare: Callable[[Any], None] | None = None) -> None:
+    def republish(
+        self,
+        delivery: Delivery,
+        message: OutgoingMessage,
+        exchange: str,
+        routing_key: str,
+        queue: str,
+        prepare: Callable[[Any], None] | None = None,
+    ) -> None:
         """Publish ``message`` (confirmed), then ack ``delivery`` (DESIGN §5: never ack first).
 
         ``prepare(connection)`` runs first in the loop thread (e.g. to declare a
@@ -207,8 +219,9 @@ class Consumer:
                     delay = reconnect_delay(attempt)
                     self.reconnections += 1
                     METRICS.reconnected()
-                    logger.warning("consumer connection to %s lost (%s); reconnecting in %.1fs",
-                                   safe_url(self.url), exc, delay)
+                    logger.warning(
+                        "consumer connection to %s lost (%s); reconnecting in %.1fs", safe_url(self.url), exc, delay
+                    )
                     self._stop.wait(delay)
         finally:
             self._drain_requests_after_disconnect()
@@ -247,7 +260,9 @@ class Consumer:
 
     def _consume(self, amqp_queue: str) -> None:
         tag = self._channel.basic_consume(
-            amqp_queue, no_ack=False, callback=self._on_message,
+            amqp_queue,
+            no_ack=False,
+            callback=self._on_message,
             on_cancel=lambda consumer_tag, q=amqp_queue: self._on_cancel(q, consumer_tag),
         )
         self._consumer_tags[amqp_queue] = tag
@@ -308,7 +323,7 @@ class Consumer:
         while True:
             try:
                 connection.drain_events(timeout=0)
-            except socket.timeout:
+            except TimeoutError:
                 return
 
     def _clear_wake(self) -> None:
@@ -329,19 +344,30 @@ class Consumer:
         queue = self.queues.get(amqp_queue, amqp_queue)
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
         self._metric(METRICS.messages_consumed, queue).inc()
-        self.on_delivery(Delivery(
-            body=body, properties=properties, headers=headers, delivery_tag=info["delivery_tag"],
-            redelivered=bool(info["redelivered"]), exchange=info["exchange"], routing_key=info["routing_key"],
-            queue=queue, generation=self._generation,
-        ))
+        self.on_delivery(
+            Delivery(
+                body=body,
+                properties=properties,
+                headers=headers,
+                delivery_tag=info["delivery_tag"],
+                redelivered=bool(info["redelivered"]),
+                exchange=info["exchange"],
+                routing_key=info["routing_key"],
+                queue=queue,
+                generation=self._generation,
+            )
+        )
 
     def _on_cancel(self, amqp_queue: str, consumer_tag: str) -> None:
         self._consumer_tags.pop(amqp_queue, None)
         self._queue_by_tag.pop(consumer_tag, None)
         self.cancellations += 1
         METRICS.consumer_cancellations.labels(self.queues.get(amqp_queue, amqp_queue)).inc()
-        logger.warning("the broker cancelled the consumer of %s (Basic.Cancel); re-consuming in %.1fs",
-                       amqp_queue, self.cancel_retry_delay)
+        logger.warning(
+            "the broker cancelled the consumer of %s (Basic.Cancel); re-consuming in %.1fs",
+            amqp_queue,
+            self.cancel_retry_delay,
+        )
         self._recancelled[amqp_queue] = time.monotonic() + self.cancel_retry_delay
 
     def _reconsume_cancelled(self) -> None:
@@ -392,7 +418,10 @@ class Consumer:
                 if prepare is not None:
                     prepare(self._kombu.connection)
                 self._publisher.publish(
-                    message, exchange=exchange, routing_key=routing_key, queue=queue,
+                    message,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    queue=queue,
                     job_id=message.properties.get("message_id"),
                     on_done=lambda ticket, d=delivery: self._after_republish(d, ticket),
                 )
@@ -403,8 +432,9 @@ class Consumer:
         if ticket.error is None:
             self._ack(delivery)
             return
-        logger.error("republishing job %s failed (%s); sending it to its dead letter queue",
-                     ticket.job_id, ticket.error)
+        logger.error(
+            "republishing job %s failed (%s); sending it to its dead letter queue", ticket.job_id, ticket.error
+        )
         self._nack(delivery)
 
     def _ack(self, delivery: Delivery) -> None:
@@ -431,4 +461,7 @@ class Consumer:
                 return
 
 
-__all__ = ["DEATH_HEADERS", "Consumer", "Delivery", "strip_death_headers"]
+__all__ = [
+    "Consumer",
+    "Delivery",
+]
