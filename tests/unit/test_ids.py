@@ -1,4 +1,4 @@
-"""Job ids (ojs_kombu.model.ids): the UUIDv7 layout, the monotonic generator and the id= argument."""
+"""Job ids (ojs_kombu.model.ids): the UUIDv7 layout, the one pattern, and the monotonic generator."""
 
 from __future__ import annotations
 
@@ -6,9 +6,6 @@ import re
 import time
 import uuid
 
-import pytest
-
-from ojs_kombu import Job, ValidationError
 from ojs_kombu.model.ids import JOB_ID_PATTERN, JOB_ID_RE, new_job_id, uuid7
 
 
@@ -28,14 +25,6 @@ def test_job_id_pattern_and_its_compiled_form_agree():
     assert JOB_ID_RE.fullmatch(new_job_id())
     for bad in ["019461A8-1A2B-7C3D-8E4F-5A6B7C8D9E0F", str(uuid.uuid4()), "019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f\n"]:
         assert JOB_ID_RE.fullmatch(bad) is None
-
-
-def test_create_takes_a_uuid_object_and_refuses_other_ids():
-    value = uuid.UUID(new_job_id())
-    assert Job.create("a.b", id=value).id == str(value)
-    with pytest.raises(ValidationError, match="omit id= to get a new one") as info:
-        Job.create("a.b", id=str(uuid.uuid4()))
-    assert info.value.field == "id"
 
 
 def test_job_ids_are_monotonic_uuidv7_that_keep_to_the_clock():
