@@ -33,7 +33,7 @@ from typing import Any
 import celery
 from celery.exceptions import ImproperlyConfigured
 
-from ojs_kombu.model.envelope import new_job_id
+from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.transport.channel import register_aliases
 
 from .request import REQUEST, STOCK_REQUEST

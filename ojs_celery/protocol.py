@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import contextvars
 import json
-import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
 from ojs_kombu.errors import ValidationError
-from ojs_kombu.model.envelope import Job, RetryPolicy, new_job_id
+from ojs_kombu.model.ids import JOB_ID_RE, new_job_id
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for
+from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy
 from ojs_kombu.model.timefmt import format_timestamp
 from ojs_kombu.policy.retry import Failure, record_failure
 from ojs_kombu.wire.codec import CONTENT_ENCODING, OutgoingMessage, encode
@@ -48,15 +49,12 @@ from ojs_kombu.wire.headers import DEATH_HEADERS, Header, error_headers
 #: Celery header carrying the envelope fields Celery does not model, inside Celery only.
 ENVELOPE_HEADER = "ojs_envelope"
 JSON_CONTENT_TYPE = "application/json"
-#: Celery ``max_retries=None`` (retry forever) as ``x-ojs-max-attempts``.
-UNLIMITED_ATTEMPTS = 2**31 - 1
 
 #: The exception a running ``Task.retry(exc=…)`` was given (set by :class:`ojs_celery.Task`).
 retrying_exception: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
     "ojs_celery_retrying_exception", default=None
 )
 
-_V7_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 #: Celery headers with a field of their own in the envelope.
 _MAPPED = frozenset({"lang", "task", "id", "eta", "expires", "retries", "traceparent", "tracestate", ENVELOPE_HEADER})
 #: Envelope fields carried in ``ojs_envelope`` (the rest is rebuilt from Celery's own data).
@@ -257,7 +255,7 @@ def _payload(body: bytes, properties: dict[str, Any], headers: dict[str, Any]) -
 def _v7(value: Any) -> str | None:
     if isinstance(value, str):
         lowered = value.lower()
-        if _V7_RE.fullmatch(lowered):
+        if JOB_ID_RE.fullmatch(lowered):
             return lowered
     return None
 

@@ -47,8 +47,9 @@ from dramatiq.middleware import Middleware, Retries
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
 from ojs_kombu.client import Client
 from ojs_kombu.errors import BrokerConnectionError, DecodeError, UnroutableError
-from ojs_kombu.model.envelope import Job, RetryPolicy
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for
+from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, ladder_ms
 from ojs_kombu.runtime.consumer import Consumer as AmqpConsumer
 from ojs_kombu.runtime.consumer import Delivery

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -38,10 +37,12 @@ import dramatiq
 from dramatiq.message import Message
 
 from ojs_kombu.errors import DecodeError
-from ojs_kombu.model.envelope import JOB_ID_PATTERN, Job, RetryPolicy
+from ojs_kombu.model.ids import JOB_ID_RE, uuid7
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.jsonvalue import ensure_json_native
 from ojs_kombu.model.naming import job_type_for
 from ojs_kombu.model.naming import ojs_queue_for as map_queue_name
+from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy
 from ojs_kombu.model.timefmt import format_duration, format_timestamp
 
 #: The ``meta`` key holding what only Dramatiq needs (DESIGN §2).
@@ -49,10 +50,6 @@ META_KEY = "dramatiq"
 #: Options that never travel: ``eta`` (nothing waits in worker memory; delays go through the
 #: broker) and ``retries`` (the ``x-ojs-attempt`` header counts executions).
 LOCAL_OPTIONS = frozenset({"eta", "retries"})
-#: ``max_attempts`` written for actors whose retries are unbounded (``max_retries=None``).
-UNBOUNDED_ATTEMPTS = 2**31 - 1
-
-_UUID7 = re.compile(JOB_ID_PATTERN)
 
 
 def job_id_for(message_id: str, timestamp_ms: int) -> str:
@@ -63,20 +60,13 @@ def job_id_for(message_id: str, timestamp_ms: int) -> str:
     UUIDv7 whose timestamp is ``message_timestamp``: the same message (a retry,
     a re-enqueue) always gets the same job id, and ids sort by creation time.
     """
-    if _UUID7.match(message_id):
+    if JOB_ID_RE.match(message_id):
         return message_id
     try:
         bits = uuid.UUID(message_id).int
     except ValueError:
         bits = int.from_bytes(hashlib.sha256(message_id.encode("utf-8")).digest()[:16], "big")
-    value = (
-        (timestamp_ms & 0xFFFF_FFFF_FFFF) << 80
-        | 0x7 << 76
-        | (bits >> 64 & 0xFFF) << 64
-        | 0b10 << 62
-        | bits & ((1 << 62) - 1)
-    )
-    return str(uuid.UUID(int=value))
+    return uuid7(timestamp_ms, bits >> 64, bits)
 
 
 @lru_cache(maxsize=1024)
@@ -101,7 +91,7 @@ def retry_policy_for(max_retries: int | None, min_backoff: int, max_backoff: int
     Dramatiq's own ``Retries`` middleware keeps deciding for Dramatiq workers;
     the policy tells other OJS workers, and counts lost workers (DESIGN §5).
     """
-    attempts = UNBOUNDED_ATTEMPTS if max_retries is None else max(0, max_retries) + 1
+    attempts = UNLIMITED_ATTEMPTS if max_retries is None else max(0, max_retries) + 1
     initial = max(1, min_backoff)
     return RetryPolicy(
         max_attempts=attempts,
@@ -216,7 +206,7 @@ __all__ = [
     "LOCAL_OPTIONS",
     "META_KEY",
     "OjsEncoder",
-    "UNBOUNDED_ATTEMPTS",
+    "UNLIMITED_ATTEMPTS",
     "job_id_for",
     "job_to_message",
     "message_to_job",

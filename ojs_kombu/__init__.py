@@ -36,8 +36,9 @@ from ojs_kombu.errors import (
     UnroutableError,
     ValidationError,
 )
-from ojs_kombu.model.envelope import Job, JobError, RetryPolicy, UniquePolicy
+from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
+from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
 from ojs_kombu.runtime.worker import Worker, current_job
 from ojs_kombu.transport.channel import register_aliases

@@ -34,7 +34,7 @@ from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_conn
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
 from ojs_kombu.amqp.topology import Topology, _close_quietly
 from ojs_kombu.errors import BrokerConnectionError, OjsError, PublishError, ValidationError
-from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.observability.tracing import with_trace_context

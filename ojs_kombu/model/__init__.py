@@ -1,20 +1,58 @@
 """The binding's data model: jobs and their policies, ids, names, timestamps and JSON checks.
 
-Pure Python and pydantic: nothing here imports kombu or py-amqp.
+Pure Python and pydantic: nothing here imports kombu or py-amqp.  Modules, bottom up:
+``_problems`` (validation problems with a path), ``timefmt`` (timestamps, durations),
+``jsonvalue`` (JSON-native values, JSON text in and out), ``ids`` (UUIDv7 job ids),
+``naming`` (job type and queue name rules, AMQP entity names), ``body`` (an envelope's
+JSON text), ``fields`` and ``base`` (the models' field types and machinery),
+``policies`` (retry and unique policies), ``job`` (the envelope).
 """
 
-from ojs_kombu.model.envelope import Job, JobError, RetryPolicy, UniquePolicy, new_job_id
-from ojs_kombu.model.naming import Names, job_type_for, ojs_queue_for, validate_job_type, validate_queue_name
+from ojs_kombu.model.body import MAX_ENVELOPE_BYTES
+from ojs_kombu.model.fields import JobState
+from ojs_kombu.model.ids import JOB_ID_PATTERN, new_job_id
+from ojs_kombu.model.job import SPEC_VERSION, Job, JobError
+from ojs_kombu.model.jsonvalue import MAX_JSON_DEPTH, MAX_SAFE_INTEGER, ensure_json_native
+from ojs_kombu.model.naming import (
+    JOB_TYPE_PATTERN,
+    MAX_JOB_TYPE_LENGTH,
+    MAX_QUEUE_NAME_LENGTH,
+    QUEUE_NAME_PATTERN,
+    Names,
+    job_type_for,
+    ojs_queue_for,
+    validate_job_type,
+    validate_queue_name,
+)
+from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy, UniquePolicy
+from ojs_kombu.model.timefmt import format_duration, format_timestamp, parse_duration, parse_timestamp, utcnow
 
 __all__ = [
+    "JOB_ID_PATTERN",
+    "JOB_TYPE_PATTERN",
+    "MAX_ENVELOPE_BYTES",
+    "MAX_JOB_TYPE_LENGTH",
+    "MAX_JSON_DEPTH",
+    "MAX_QUEUE_NAME_LENGTH",
+    "MAX_SAFE_INTEGER",
+    "QUEUE_NAME_PATTERN",
+    "SPEC_VERSION",
+    "UNLIMITED_ATTEMPTS",
     "Job",
     "JobError",
+    "JobState",
     "Names",
     "RetryPolicy",
     "UniquePolicy",
+    "ensure_json_native",
+    "format_duration",
+    "format_timestamp",
     "job_type_for",
     "new_job_id",
     "ojs_queue_for",
+    "parse_duration",
+    "parse_timestamp",
+    "utcnow",
     "validate_job_type",
     "validate_queue_name",
 ]

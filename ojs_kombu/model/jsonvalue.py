@@ -1,14 +1,18 @@
-"""JSON-native values: what ``args``, ``meta`` and ``result`` may hold (ojs-json-format).
+"""JSON values: what ``args``, ``meta`` and ``result`` may hold (ojs-json-format), and JSON text in and out.
 
 :func:`ensure_json_native` refuses anything that would not survive a trip through JSON
 in every language unchanged: bytes, sets, datetimes, Decimal, NaN, integers beyond
 ±(2**53-1), non-string keys, lone surrogates, nesting deeper than :data:`MAX_JSON_DEPTH`.
+:func:`loads` reads JSON text as RFC 8259 defines it (no NaN, no infinities), and
+:func:`dumps` writes it compactly.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import uuid as _uuid
+from collections.abc import Callable
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -66,7 +70,8 @@ def _walk(value: Any, large_ints: bool, depth: int) -> int:
             raise Problem(
                 f"integer {value} is outside ±(2**53-1) and is not exact in every JSON consumer; pass it as a string"
             )
-        return value.bit_length() // 3 + 3
+        bits: int = value.bit_length()
+        return bits // 3 + 3
     if kind is float:
         if not math.isfinite(value):
             raise Problem(f"{value!r} is not a JSON number (NaN and infinities are refused)")
@@ -125,4 +130,53 @@ def ensure_json_native(value: Any, field: str, *, allow_large_ints: bool = False
         raise public_error(problem, field) from None
 
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_SAFE_INTEGER", "ensure_json_native"]
+class JsonTextError(ValueError):
+    """Why :func:`loads` refused a text.
+
+    Its message completes a sentence about the text, e.g. ``f"body {exc}"`` reads
+    ``"body is not JSON: Expecting value: line 1 column 1 (char 0)"``.
+    """
+
+
+def loads(data: str | bytes | bytearray | memoryview, *, strip_bom: bool = False) -> Any:
+    """Parse JSON text as RFC 8259 defines it: ``NaN`` and ``Infinity``, which Python's json accepts, are refused.
+
+    Parameters:
+        data: the text, or its UTF-8 encoding.
+        strip_bom: drop a leading byte order mark instead of refusing it (ojs-json-format forbids it;
+            the tolerant consumer lets it pass).
+
+    Returns:
+        The value: ``dict``, ``list``, ``str``, ``int``, ``float``, ``bool`` or ``None``.
+
+    Raises:
+        JsonTextError: invalid UTF-8, a byte order mark, invalid JSON, or nesting too deep for the parser.
+    """
+    if isinstance(data, str):
+        text = data
+    else:
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonTextError(f"is not valid UTF-8: {exc}") from None
+    if text.startswith("\ufeff"):
+        if not strip_bom:
+            raise JsonTextError("starts with a byte order mark; OJS requires UTF-8 without BOM")
+        text = text[1:]
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, or an integer beyond sys.get_int_max_str_digits()
+        raise JsonTextError(f"is not JSON: {exc}") from None
+    except RecursionError:
+        raise JsonTextError("is not usable JSON: nested too deeply") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+dumps: Callable[[Any], str] = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+"""``dumps(value) -> str``: compact JSON text of a JSON-native value (not ASCII-escaped: encode it as UTF-8)."""
+
+
+__all__ = ["MAX_JSON_DEPTH", "MAX_SAFE_INTEGER", "JsonTextError", "dumps", "ensure_json_native", "loads"]

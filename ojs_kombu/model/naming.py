@@ -1,4 +1,8 @@
-"""Every AMQP entity name of the binding (§4.1), from one place.
+"""Names: the rules of job types and queue names (DESIGN §3), and every AMQP entity name of the binding (§4.1).
+
+The patterns and limits of job.schema.json live here only: :func:`check_job_type` and
+:func:`check_queue_name` serve the envelope's validators, :func:`validate_job_type` and
+:func:`validate_queue_name` the public API.
 
 >>> names = Names()
 >>> names.job_queue("email")
@@ -21,14 +25,30 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from ojs_kombu.errors import ValidationError
+from ojs_kombu.model._problems import Problem, public_error, short_repr
 
-QUEUE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9\-.]*$")
-JOB_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+JOB_TYPE_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
+"""Job type: dot-separated lowercase segments (job.schema.json); at most :data:`MAX_JOB_TYPE_LENGTH`."""
+
+QUEUE_NAME_PATTERN = r"^[a-z0-9][a-z0-9\-\.]*$"
+"""OJS queue name (job.schema.json, DESIGN §3); at most :data:`MAX_QUEUE_NAME_LENGTH`."""
+
+MAX_JOB_TYPE_LENGTH = 255
+"""Longest job type the schema allows."""
+
+MAX_QUEUE_NAME_LENGTH = 128
+"""Longest queue name the schema allows."""
+
+JOB_TYPE_RE = re.compile(JOB_TYPE_PATTERN)
+""":data:`JOB_TYPE_PATTERN` compiled; use ``fullmatch`` (and mind the length)."""
+
+QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
+""":data:`QUEUE_NAME_PATTERN` compiled; use ``fullmatch`` (and mind the length)."""
+
 PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
-MAX_QUEUE_NAME = 128
-MAX_JOB_TYPE = 255
 
 #: Queue names that would collide with the binding's own per-queue entities.
 RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.")
@@ -38,33 +58,76 @@ CONTROL_TYPE_HEARTBEAT = "ojs.control.heartbeat"
 CONTROL_TYPE_INFO = "ojs.control.info"
 
 
-def validate_queue_name(queue: str) -> str:
-    """Return ``queue`` if it is a valid, unreserved OJS queue name; raise ValidationError otherwise."""
-    if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue) or len(queue) > MAX_QUEUE_NAME:
-        raise ValidationError(
-            f"invalid queue name {queue!r}: must match [a-z0-9][a-z0-9-.]* and be at most {MAX_QUEUE_NAME} characters",
-            field="queue",
+def check_job_type(value: Any) -> str:
+    """Return ``value`` if it is a valid OJS job type.
+
+    Raises:
+        Problem: not a string, not dot-separated lowercase segments, or longer than :data:`MAX_JOB_TYPE_LENGTH`.
+    """
+    if not isinstance(value, str):
+        raise Problem(f"job type must be a string, got {type(value).__name__}")
+    if len(value) > MAX_JOB_TYPE_LENGTH or JOB_TYPE_RE.fullmatch(value) is None:
+        raise Problem(
+            f"job type {short_repr(value)} is invalid: use dot-separated lowercase segments, each "
+            f"[a-z][a-z0-9_]* (e.g. 'email.send'), at most {MAX_JOB_TYPE_LENGTH} characters"
         )
-    for reserved in RESERVED_QUEUE_PREFIXES:
-        if queue.startswith(reserved):
-            raise ValidationError(
-                f"invalid queue name {queue!r}: names starting with {reserved!r} are reserved "
-                f"(they would collide with ojs.queue.{reserved}<queue>)",
-                field="queue",
-            )
+    return value
+
+
+def check_queue_name(value: Any) -> str:
+    """Return ``value`` if it is a valid OJS queue name (reserved prefixes allowed: a received job may use them).
+
+    Raises:
+        Problem: not a string, not matching :data:`QUEUE_NAME_PATTERN`, or longer than :data:`MAX_QUEUE_NAME_LENGTH`.
+    """
+    if not isinstance(value, str):
+        raise Problem(f"queue name must be a string, got {type(value).__name__}")
+    if len(value) > MAX_QUEUE_NAME_LENGTH or QUEUE_NAME_RE.fullmatch(value) is None:
+        raise Problem(
+            f"queue name {short_repr(value)} is invalid: use lowercase letters, digits, '-' and '.', starting "
+            f"with a letter or digit (e.g. 'default'), at most {MAX_QUEUE_NAME_LENGTH} characters"
+        )
+    return value
+
+
+def check_new_queue_name(value: Any) -> str:
+    """Return ``value`` if it is a valid queue name without a reserved prefix (what producers and workers may use).
+
+    Raises:
+        Problem: as :func:`check_queue_name`, or the name starts with one of :data:`RESERVED_QUEUE_PREFIXES`.
+    """
+    queue = check_queue_name(value)
+    if queue.startswith(RESERVED_QUEUE_PREFIXES):
+        raise Problem(
+            f"queue name {queue!r} starts with a reserved prefix ({', '.join(RESERVED_QUEUE_PREFIXES)}): "
+            "it would collide with the dead letter, retry or control queue of another queue"
+        )
     return queue
 
 
+def validate_queue_name(queue: str) -> str:
+    """Return ``queue`` if it is a valid, unreserved OJS queue name.
+
+    Raises:
+        ValidationError: ``field="queue"``; the message says which rule the name breaks.
+    """
+    try:
+        return check_new_queue_name(queue)
+    except Problem as problem:
+        raise public_error(problem, "queue") from None
+
+
 def validate_job_type(job_type: str) -> str:
-    """Return ``job_type`` if it matches the OJS type pattern; raise ValidationError otherwise."""
-    if not isinstance(job_type, str) or not JOB_TYPE_RE.fullmatch(job_type) or len(job_type) > MAX_JOB_TYPE:
-        raise ValidationError(
-            f"invalid job type {job_type!r}: dot-separated segments of [a-z][a-z0-9_]*, "
-            f"at most {MAX_JOB_TYPE} characters (use ojs_kombu.model.naming.job_type_for() "
-            "to map a framework task name)",
-            field="type",
-        )
-    return job_type
+    """Return ``job_type`` if it is a valid OJS job type.
+
+    Raises:
+        ValidationError: ``field="type"``; the message points at :func:`job_type_for` for framework task names.
+    """
+    try:
+        return check_job_type(job_type)
+    except Problem as problem:
+        problem.text += " (use ojs_kombu.model.naming.job_type_for() to map a framework task name)"
+        raise public_error(problem, "type") from None
 
 
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -81,7 +144,7 @@ def job_type_for(name: str) -> str:
     an ``x`` in front.  ``Reports.BuildPDF`` -> ``reports.build_pdf``,
     ``send-email`` -> ``send_email``, ``tasks.2fa`` -> ``tasks.x2fa``.
     """
-    if JOB_TYPE_RE.fullmatch(name) and len(name) <= MAX_JOB_TYPE:
+    if JOB_TYPE_RE.fullmatch(name) and len(name) <= MAX_JOB_TYPE_LENGTH:
         return name
     segments = []
     for raw in name.split("."):
@@ -93,7 +156,7 @@ def job_type_for(name: str) -> str:
             segment = "x" + segment
         segments.append(segment)
     mapped = ".".join(segments) or "unnamed"
-    return mapped[:MAX_JOB_TYPE].rstrip("._")
+    return mapped[:MAX_JOB_TYPE_LENGTH].rstrip("._")
 
 
 def ojs_queue_for(name: str) -> str:
@@ -203,7 +266,11 @@ __all__ = [
     "CONTROL_TYPE_CANCEL",
     "CONTROL_TYPE_HEARTBEAT",
     "CONTROL_TYPE_INFO",
+    "JOB_TYPE_PATTERN",
     "JOB_TYPE_RE",
+    "MAX_JOB_TYPE_LENGTH",
+    "MAX_QUEUE_NAME_LENGTH",
+    "QUEUE_NAME_PATTERN",
     "Names",
     "QUEUE_NAME_RE",
     "RESERVED_QUEUE_PREFIXES",

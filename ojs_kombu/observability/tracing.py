@@ -19,7 +19,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.job import Job
 
 _tracer = trace.get_tracer("ojs_kombu")
 

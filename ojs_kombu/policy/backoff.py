@@ -10,7 +10,7 @@ import random
 from collections.abc import Callable
 
 from ojs_kombu.errors import ValidationError
-from ojs_kombu.model.envelope import RetryPolicy
+from ojs_kombu.model.policies import RetryPolicy
 
 RECONNECT_MAX_DELAY = 60.0
 """Longest reconnect delay before jitter, in seconds (DESIGN §9)."""

@@ -23,7 +23,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from ojs_kombu.errors import DeadLetter, Discard
-from ojs_kombu.model.envelope import Job, JobError, RetryPolicy
+from ojs_kombu.model.job import MAX_BACKTRACE_LINES, Job, JobError
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
 from ojs_kombu.policy.backoff import retry_delay
 from ojs_kombu.wire.codec import max_attempts_of
@@ -32,7 +32,6 @@ from ojs_kombu.wire.codec import max_attempts_of
 LADDER_MANTISSAS = (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
 #: How many failures ``errors[]`` keeps (the spec asks for at least 10).
 ERROR_HISTORY = 20
-MAX_BACKTRACE_LINES = 50
 
 
 def _ladder() -> list[int]:
@@ -117,7 +116,7 @@ def decide(job: Job, attempt: int, exc: BaseException | None = None, *, error_ty
 
     ``error_type`` names failures that are not exceptions (``"worker_lost"``).
     """
-    policy = job.retry or RetryPolicy()
+    policy = job.retry_policy
     terminal = Outcome.DEAD_LETTER if policy.dead_letters_on_exhaustion else Outcome.DISCARD
     if isinstance(exc, Discard):
         return Decision(Outcome.DISCARD, reason="the handler raised Discard")

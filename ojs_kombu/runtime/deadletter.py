@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ojs_kombu.errors import DecodeError
-from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
 from ojs_kombu.wire.codec import decode
 from ojs_kombu.wire.headers import Header

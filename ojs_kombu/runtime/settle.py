@@ -24,7 +24,7 @@ import logging
 
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, ValidationError
-from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, record_failure

@@ -53,7 +53,7 @@ from typing import Any
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import OjsError, ValidationError
-from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
 from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide

@@ -80,7 +80,7 @@ from ojs_kombu.amqp.framing import supports as framing_supports
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, ValidationError
-from ojs_kombu.model.envelope import Job
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import QUEUE_NAME_RE, Names, ojs_queue_for
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.metrics import METRICS

@@ -11,14 +11,15 @@ the worker writes to ``x-ojs-error-code`` when it dead-letters the message.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from ojs_kombu.errors import DecodeError, ValidationError
-from ojs_kombu.model.envelope import MAX_ENVELOPE_BYTES, Job, RetryPolicy
+from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, parse_envelope
+from ojs_kombu.model.job import Job
+from ojs_kombu.model.policies import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from ojs_kombu.model.timefmt import format_timestamp
 from ojs_kombu.wire.headers import Header
 
@@ -28,7 +29,6 @@ DEFAULT_APP_ID = "ojs"
 #: Content types a consumer accepts as an OJS envelope.  Everything else
 #: (pickle, yaml, msgpack, ...) is refused: JSON only.
 ACCEPTED_CONTENT_TYPES = frozenset({CONTENT_TYPE, "application/json"})
-DEFAULT_MAX_ATTEMPTS = 3
 AMQP_MAX_PRIORITY = 9
 
 
@@ -132,22 +132,10 @@ def decode(
     encoding = properties.get("content_encoding")
     if encoding and encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
         raise DecodeError(f"content encoding {encoding!r} is not UTF-8", code="unsupported_content_encoding")
-    if isinstance(body, str):
-        body = body.encode("utf-8")
-    if len(body) > MAX_ENVELOPE_BYTES:
-        raise DecodeError(
-            f"envelope is {len(body)} bytes; the limit is {MAX_ENVELOPE_BYTES}", code="envelope_too_large"
-        )
     try:
-        data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
-    except UnicodeDecodeError as exc:
-        raise DecodeError(f"body is not valid UTF-8: {exc}", code="decode_error") from None
-    except ValueError as exc:
-        raise DecodeError(f"body is not JSON: {exc}", code="decode_error") from None
-    except RecursionError:
-        raise DecodeError("body is not usable JSON: nested too deeply", code="decode_error") from None
-    if not isinstance(data, dict):
-        raise DecodeError("envelope must be a JSON object", code="invalid_envelope")
+        data = parse_envelope(body, tolerant=True)
+    except BodyError as exc:
+        raise DecodeError(f"body {exc}", code=exc.code) from None
     _fill_from_properties(data, properties, headers)
     attempt = _int_header(headers, Header.ATTEMPT, minimum=1)
     if attempt is not None:
@@ -160,11 +148,6 @@ def decode(
     if max_attempts is not None and job.retry is None and max_attempts != DEFAULT_MAX_ATTEMPTS:
         job = job.model_copy(update={"retry": RetryPolicy(max_attempts=max_attempts)})
     return job
-
-
-def _refuse_constant(name: str) -> Any:
-    # Python's json accepts NaN and +-Infinity; JSON (RFC 8259), hence OJS, does not.
-    raise ValueError(f"{name} is not a JSON value")
 
 
 def _fill_from_properties(data: dict[str, Any], properties: Mapping[str, Any], headers: Mapping[str, Any]) -> None:

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from ojs_kombu.errors import ValidationError
-from ojs_kombu.model.envelope import RetryPolicy
+from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.policy.backoff import reconnect_delay, retry_delay
 
 

@@ -125,3 +125,27 @@ def test_bad_messages_raise_decode_error_with_a_code(body, properties, headers, 
     with pytest.raises(DecodeError) as info:
         decode(body, properties, headers)
     assert info.value.code == code
+
+
+def test_decode_is_as_tolerant_as_from_json_of_a_byte_order_mark():
+    body = "\ufeff" + Job.create("a.b", [1]).to_json()
+    assert decode(body.encode("utf-8")).args == [1]
+    assert Job.from_json(body.encode("utf-8"), strict=False).args == [1]
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        (b"{this is not json", "body is not JSON: "),
+        (b'{"args": [NaN]}', "body is not JSON: NaN is not a JSON value"),
+        (b'{"args": ["\xff"]}', "body is not valid UTF-8: "),
+        (b"[" * 100_000 + b"]" * 100_000, "body is not usable JSON: nested too deeply"),
+        (b"[1]", "body must be a JSON object, got a JSON list"),
+        (b" " * (1024 * 1024 + 1), "body is 1048577 bytes, over the 1048576-byte limit"),
+    ],
+)
+def test_decode_errors_say_what_is_wrong_with_the_body(body, message):
+    # The message becomes x-ojs-error-message of the dead letter.
+    with pytest.raises(DecodeError) as info:
+        decode(body)
+    assert str(info.value).startswith(message)

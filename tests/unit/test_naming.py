@@ -2,8 +2,15 @@
 
 import pytest
 
-from ojs_kombu import Names, ValidationError, job_type_for
-from ojs_kombu.model.naming import JOB_TYPE_RE, validate_job_type, validate_queue_name
+from ojs_kombu import Job, Names, ValidationError, job_type_for
+from ojs_kombu.model.naming import (
+    JOB_TYPE_PATTERN,
+    JOB_TYPE_RE,
+    QUEUE_NAME_PATTERN,
+    QUEUE_NAME_RE,
+    validate_job_type,
+    validate_queue_name,
+)
 
 
 def test_spec_names_without_prefix():
@@ -81,3 +88,27 @@ def test_queue_from_job_queue():
     assert n.queue_from_job_queue("p.ojs.queue.email") == "email"
     assert n.queue_from_job_queue("p.ojs.queue.dlx.email") is None
     assert n.queue_from_job_queue("ojs.queue.email") is None
+
+
+def test_compiled_patterns_are_the_schema_patterns():
+    assert (JOB_TYPE_RE.pattern, QUEUE_NAME_RE.pattern) == (JOB_TYPE_PATTERN, QUEUE_NAME_PATTERN)
+
+
+@pytest.mark.parametrize("queue", ["Email", "x" * 129, "dlx.email", "control.x", 7])
+def test_a_queue_name_is_refused_in_the_same_words_everywhere(queue):
+    with pytest.raises(ValidationError) as by_name:
+        validate_queue_name(queue)
+    with pytest.raises(ValidationError) as by_job:
+        Job.create("a.b", queue=queue)
+    assert (by_name.value.field, str(by_name.value)) == (by_job.value.field, str(by_job.value))
+
+
+@pytest.mark.parametrize("job_type", ["Email.send", "a" * 256, "a..b", None])
+def test_a_job_type_is_refused_by_the_same_rule_everywhere(job_type):
+    with pytest.raises(ValidationError) as by_name:
+        validate_job_type(job_type)
+    with pytest.raises(ValidationError) as by_job:
+        Job.create(job_type)
+    assert by_name.value.field == by_job.value.field == "type"
+    assert str(by_name.value).startswith(str(by_job.value))
+    assert "job_type_for()" in str(by_name.value)

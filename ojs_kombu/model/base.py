@@ -1,0 +1,128 @@
+"""The machinery of the envelope's models: strict and tolerant reading, known keys, ``to_dict``.
+
+A model is read in one of two modes, passed as pydantic validation context
+(:func:`mode_context`): *strict* applies the JSON schema's rules (unknown keys
+refused unless the model allows them, ``null`` refused for optional fields);
+*tolerant* is the consumer path of DESIGN §2 (``null`` counts as absent, unknown
+keys are kept).  Plain Python construction (no context) behaves like strict,
+except that ``None`` means "absent".  Every failure is our
+:class:`~ojs_kombu.errors.ValidationError`, never pydantic's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
+from pydantic import ValidationError as _PydanticValidationError
+
+from ojs_kombu.model._problems import Problem
+from ojs_kombu.model._problems import convert_pydantic_error as _convert
+
+# Context key of the validation mode, and its two values.
+_MODE = "ojs_mode"
+_STRICT = "strict"
+_TOLERANT = "tolerant"
+
+
+def mode_context(*, strict: bool) -> dict[str, str]:
+    """The pydantic validation context that reads a model strictly or tolerantly."""
+    return {_MODE: _STRICT if strict else _TOLERANT}
+
+
+def is_tolerant(info: ValidationInfo) -> bool:
+    """Whether the validation in progress is tolerant (the consumer path)."""
+    context = info.context
+    return isinstance(context, dict) and context.get(_MODE) == _TOLERANT
+
+
+_KNOWN_KEYS: dict[type, dict[str, str]] = {}  # per model: JSON key -> attribute name
+_RENAMED: dict[type, dict[str, str]] = {}  # per model: attribute name -> JSON key, where they differ
+
+
+class OjsModel(BaseModel):
+    """Shared behaviour: our ValidationError only, modes, ``to_dict`` of set fields."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    _label: ClassVar[str] = "object"
+    _allows_unknown: ClassVar[bool] = False  # unknown keys outside tolerant mode
+    _nullable: ClassVar[frozenset[str]] = frozenset()  # known keys that may be JSON null in strict mode
+
+    def __init__(self, /, **data: Any) -> None:
+        """Validate ``data`` (Python values; ``None`` means absent); raise ``ValidationError``."""
+        try:
+            super().__init__(**data)
+        except _PydanticValidationError as exc:
+            raise _convert(exc) from None
+
+    # Without this mark pydantic-core would call this __init__ for nested models too,
+    # dropping the validation context (strict/tolerant mode).
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assign with validation; a bad value raises ``ValidationError``."""
+        try:
+            super().__setattr__(name, value)
+        except _PydanticValidationError as exc:
+            raise _convert(exc) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        """pydantic's ``model_validate``, raising :class:`ValidationError` instead of pydantic's."""
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except _PydanticValidationError as exc:
+            raise _convert(exc) from None
+
+    @classmethod
+    def _known(cls) -> dict[str, str]:
+        """JSON key -> attribute name, in declaration order."""
+        known = _KNOWN_KEYS.get(cls)
+        if known is None:
+            known = _KNOWN_KEYS[cls] = {(f.alias or name): name for name, f in cls.model_fields.items()}
+            _RENAMED[cls] = {name: key for key, name in known.items() if key != name}
+        return known
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_mode(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict):
+            return data
+        mode = info.context.get(_MODE) if isinstance(info.context, dict) else None
+        known = cls._known()
+        if mode == _TOLERANT:
+            # ojs-json-format: null counts as absent.  Unknown keys are kept verbatim.
+            return {k: v for k, v in data.items() if v is not None or k not in known}
+        if not cls._allows_unknown:
+            for key in data:
+                if key not in known:
+                    raise Problem(f"unknown field of the {cls._label} (allowed: {', '.join(known)})", str(key))
+        if mode == _STRICT:
+            for key, value in data.items():
+                if value is None and key in known and key not in cls._nullable:
+                    hint = "" if cls.model_fields[known[key]].is_required() else " (omit the field instead)"
+                    raise Problem(f"must not be null{hint}", key)
+        return data
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready dict: set fields that are not None, then unknown fields.
+
+        Nested policies become dicts; other nested values (``args``, ``meta``...) are
+        shared with the model, not copied.
+        """
+        out: dict[str, Any] = {}
+        fields_set = self.__pydantic_fields_set__
+        renamed = _RENAMED.get(type(self))
+        if renamed is None:
+            type(self)._known()
+            renamed = _RENAMED[type(self)]
+        for name, value in self.__dict__.items():  # declaration order
+            if value is not None and name in fields_set:
+                out[renamed.get(name, name)] = value.to_dict() if isinstance(value, OjsModel) else value
+        if self.__pydantic_extra__:
+            out.update(self.__pydantic_extra__)
+        return out
+
+
+__all__ = ["OjsModel", "is_tolerant", "mode_context"]

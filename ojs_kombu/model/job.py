@@ -1,0 +1,487 @@
+"""The OJS job envelope (job.schema.json of Open Job Spec 1.0): :class:`Job` and :class:`JobError`.
+
+Two ways in, one way out:
+
+* :meth:`Job.create` builds a new job for a producer.  It checks every argument
+  itself (no pydantic validation on this path: it runs per enqueued job) and
+  always emits ``specversion``, a lowercase UUIDv7 ``id``, ``created_at``,
+  ``enqueued_at`` and ``attempt`` (DESIGN §2).
+* :meth:`Job.from_json` reads a received envelope, either *strictly* (the rules of
+  the JSON schema) or *tolerantly* (the consumer path of DESIGN §2: missing
+  ``specversion``, uppercase or non-v7 ids, ``null`` optional fields are accepted).
+* :meth:`Job.to_dict` / :meth:`Job.to_json` emit only the fields that were set,
+  plus every unknown field received, so a valid envelope round-trips unchanged.
+
+Timestamps stay the RFC 3339 strings they were given (so envelopes round-trip
+byte for byte); ``job.scheduled_datetime`` and friends turn them into aware
+datetimes.  Every problem surfaces as :class:`ojs_kombu.errors.ValidationError`
+whose ``field`` is a path such as ``"args[2].when"`` or ``"retry.max_interval"``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid as _uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ValidationError as _PydanticValidationError
+
+from ojs_kombu.errors import ValidationError
+from ojs_kombu.model._problems import Problem as _Problem
+from ojs_kombu.model._problems import convert_pydantic_error as _convert
+from ojs_kombu.model._problems import public_error as _public
+from ojs_kombu.model._problems import short_repr as _short
+from ojs_kombu.model.base import OjsModel, is_tolerant, mode_context
+from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, parse_envelope
+from ojs_kombu.model.fields import Int, JobState, NonEmptyStr, Timestamp, int_field, json_int, tuple_to_list
+from ojs_kombu.model.ids import EXAMPLE_JOB_ID, JOB_ID_RE, UUID_RE, job_id_argument
+from ojs_kombu.model.jsonvalue import MAX_SAFE_INTEGER, _walk, dumps
+from ojs_kombu.model.naming import check_job_type, check_new_queue_name, check_queue_name
+from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
+from ojs_kombu.model.timefmt import _aware, _check_timestamp, _format_ts, _timestamp, parse_timestamp
+
+SPEC_VERSION = "1.0"
+"""The only ``specversion`` this library reads and writes."""
+
+MAX_BACKTRACE_LINES = 50
+"""Most lines ``error.backtrace`` may hold (error.schema.json)."""
+
+_URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s]*")
+
+
+class JobError(OjsModel):
+    """The ``error`` object of a job (error.schema.json): the most recent failure."""
+
+    _label: ClassVar[str] = "error object"
+
+    type: NonEmptyStr
+    message: NonEmptyStr
+    backtrace: Annotated[list[Annotated[str, Field(strict=True)]], BeforeValidator(tuple_to_list)] | None = Field(
+        None, max_length=MAX_BACKTRACE_LINES
+    )
+
+
+def _check_error_entries(entries: list[Any], large_ints: bool) -> None:
+    """Check ``errors[]`` items: ``code``, ``message``, ``attempt`` >= 1, ``occurred_at`` (job.schema.json)."""
+    for index, entry in enumerate(entries):
+        try:
+            if not isinstance(entry, dict):
+                raise _Problem(f"each error entry must be an object, got {type(entry).__name__}")
+            for key in ("code", "message", "attempt", "occurred_at"):
+                if key not in entry:
+                    raise _Problem("is required", key)
+            for key in ("code", "message"):
+                if not isinstance(entry[key], str) or not entry[key]:
+                    raise _Problem(f"must be a non-empty string, got {_short(entry[key])}", key)
+            attempt = json_int(entry["attempt"])
+            if type(attempt) is not int or attempt < 1:
+                raise _Problem(f"must be an integer >= 1, got {_short(entry['attempt'])}", "attempt")
+            try:
+                _timestamp(entry["occurred_at"])
+            except _Problem as problem:
+                raise problem.under("occurred_at") from None
+            if "type" in entry and not isinstance(entry["type"], str):
+                raise _Problem(f"must be a string, got {_short(entry['type'])}", "type")
+            _walk(entry, large_ints, 1)
+        except _Problem as problem:
+            raise problem.under(f"[{index}]") from None
+
+
+# Bytes left for args/meta once the other fields of a created envelope are counted
+# (generous: names at their maximum lengths, a full retry policy).  Above it, measure.
+_SIZE_BUDGET = MAX_ENVELOPE_BYTES - 4096
+
+
+class Job(OjsModel):
+    """An OJS job envelope (job.schema.json).
+
+    Unknown top-level fields are kept (``extra="allow"``) and emitted again by
+    :meth:`to_dict`.  Timestamps are the RFC 3339 strings of the wire; read them as
+    datetimes through ``created_datetime``, ``scheduled_datetime``...  ``schema`` is
+    the attribute ``schema_uri`` (``schema`` is a pydantic method name).
+    """
+
+    _label: ClassVar[str] = "job"
+    _allows_unknown: ClassVar[bool] = True
+    _nullable: ClassVar[frozenset[str]] = frozenset({"result"})
+
+    specversion: Literal["1.0"]
+    id: str = Field(strict=True)
+    type: str = Field(strict=True)
+    queue: str = Field(strict=True)
+    args: Annotated[list[Any], BeforeValidator(tuple_to_list), Field(strict=True)]
+    meta: dict[str, Any] | None = Field(None, strict=True)
+    priority: Int | None = int_field(None)
+    timeout: Int | None = int_field(None, ge=0)
+    scheduled_at: Timestamp | None = None
+    expires_at: Timestamp | None = None
+    retry: RetryPolicy | None = None
+    unique: UniquePolicy | None = None
+    schema_uri: str | None = Field(None, alias="schema", strict=True)
+    state: JobState | None = None
+    attempt: Int = int_field(0, ge=0)
+    created_at: Timestamp | None = None
+    enqueued_at: Timestamp | None = None
+    started_at: Timestamp | None = None
+    completed_at: Timestamp | None = None
+    error: JobError | None = None
+    errors: list[Any] | None = Field(None, strict=True)
+    result: Any = None
+
+    # -- validators (from_json / Job(...); Job.create checks its arguments itself)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tolerant_fixups(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and is_tolerant(info):
+            data = dict(data)
+            if data.get("specversion") is None:
+                data["specversion"] = SPEC_VERSION
+            if isinstance(data.get("id"), str):
+                data["id"] = data["id"].lower()
+        return data
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str, info: ValidationInfo) -> str:
+        if is_tolerant(info):
+            if UUID_RE.fullmatch(value) is None:
+                raise _Problem(f"{_short(value)} is not a UUID (8-4-4-4-12 hexadecimal)")
+        elif JOB_ID_RE.fullmatch(value) is None:
+            raise _Problem(f"{_short(value)} is not a lowercase UUIDv7 (e.g. {EXAMPLE_JOB_ID!r})")
+        return value
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        return check_job_type(value)
+
+    @field_validator("queue")
+    @classmethod
+    def _queue(cls, value: str) -> str:
+        return check_queue_name(value)
+
+    @field_validator("args", "meta", "result")
+    @classmethod
+    def _native(cls, value: Any, info: ValidationInfo) -> Any:
+        _walk(value, is_tolerant(info), 0)
+        return value
+
+    @field_validator("scheduled_at", "expires_at", "created_at", "enqueued_at", "started_at", "completed_at")
+    @classmethod
+    def _timestamps(cls, value: str | None) -> str | None:
+        return value if value is None else _check_timestamp(value)
+
+    @field_validator("schema_uri")
+    @classmethod
+    def _schema_uri(cls, value: str | None) -> str | None:
+        if value is not None and _URI_RE.fullmatch(value) is None:
+            raise _Problem(f"{_short(value)} is not a URI (e.g. 'urn:ojs:schema:email.send:v1')")
+        return value
+
+    @field_validator("errors")
+    @classmethod
+    def _errors(cls, value: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+        if value is not None:
+            _check_error_entries(value, is_tolerant(info))
+        return value
+
+    @model_validator(mode="after")
+    def _native_extras(self, info: ValidationInfo) -> Job:
+        for key, value in (self.__pydantic_extra__ or {}).items():
+            try:
+                _walk(value, is_tolerant(info), 0)
+            except _Problem as problem:
+                raise problem.under(key) from None
+        return self
+
+    # -- producing
+
+    @classmethod
+    def create(
+        cls,
+        type: str,
+        args: list[Any] | tuple[Any, ...] | None = None,
+        *,
+        queue: str = "default",
+        kwargs: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+        priority: int | None = None,
+        retry: RetryPolicy | Mapping[str, Any] | None = None,
+        scheduled_at: datetime | str | timedelta | None = None,
+        expires_at: datetime | str | timedelta | None = None,
+        timeout: int | None = None,
+        tags: list[str] | tuple[str, ...] | None = None,
+        id: str | _uuid.UUID | None = None,
+    ) -> Job:
+        """Build a new job envelope, ready to publish.
+
+        ``args`` are the positional arguments (a tuple becomes a list); ``kwargs`` go
+        to ``meta["kwargs"]`` and ``tags`` to ``meta["tags"]`` (both omitted when
+        empty).  ``retry`` is a :class:`RetryPolicy` or a dict of its fields.
+        ``scheduled_at``/``expires_at`` take an aware datetime, an RFC 3339 string or
+        a ``timedelta`` from now; they are emitted in UTC with milliseconds
+        (``scheduled_at`` rounded up, so a job never becomes due early).  The id is
+        a new UUIDv7 unless ``id`` (a lowercase UUIDv7) is given.  ``created_at`` =
+        ``enqueued_at`` = now, ``attempt`` = 0.
+
+        Raises :class:`ValidationError` with ``field`` naming the bad argument.
+        """
+        # One try for the whole body (this runs per job): `field` names the argument
+        # being checked, and a _Problem raised while checking it is reported under it.
+        field = "type"
+        try:
+            check_job_type(type)
+            field = "queue"
+            check_new_queue_name(queue)
+            field = "id"
+            job_id = job_id_argument(id)
+            field = "args"
+            if args is None:
+                args = []
+            elif isinstance(args, (list, tuple)):
+                args = list(args)
+            else:
+                raise _Problem(
+                    f"must be a list of positional arguments, got {_type_name(args)}; pass keywords as kwargs="
+                )
+            size = _walk(args, False, 0)
+            now = datetime.now(UTC)
+            stamp = _format_ts(now)
+            values: dict[str, Any] = {
+                "specversion": SPEC_VERSION,
+                "id": job_id,
+                "type": type,
+                "queue": queue,
+                "args": args,
+                "attempt": 0,
+                "created_at": stamp,
+                "enqueued_at": stamp,
+            }
+            field = "meta"
+            if meta is None:
+                meta = {}
+            elif isinstance(meta, dict):
+                size += _walk(meta, False, 0)
+                meta = dict(meta)
+            else:
+                raise _Problem(f"must be a dict, got {_type_name(meta)}")
+            if kwargs is not None:
+                field = "kwargs"
+                if not isinstance(kwargs, dict):
+                    raise _Problem(f"must be a dict of keyword arguments, got {_type_name(kwargs)}")
+                if kwargs:
+                    if "kwargs" in meta:
+                        raise _Problem("given both kwargs= and meta['kwargs']; pass one of them")
+                    size += _walk(kwargs, False, 1)
+                    meta["kwargs"] = dict(kwargs)
+            if tags is not None:
+                field = "tags"
+                tags = _tags(tags)
+                if tags:
+                    if "tags" in meta:
+                        raise _Problem("given both tags= and meta['tags']; pass one of them")
+                    size += _walk(tags, False, 1)
+                    meta["tags"] = tags
+            if meta:
+                values["meta"] = meta
+            if priority is not None:
+                field = "priority"
+                values["priority"] = _checked_int(priority, -MAX_SAFE_INTEGER)
+            if timeout is not None:
+                field = "timeout"
+                values["timeout"] = _checked_int(timeout, 0)
+            if scheduled_at is not None:
+                field = "scheduled_at"
+                values["scheduled_at"] = _moment(scheduled_at, now, round_up=True)
+            if expires_at is not None:
+                field = "expires_at"
+                values["expires_at"] = _moment(expires_at, now, round_up=False)
+            if retry is not None:
+                field = "retry"
+                values["retry"] = _retry_argument(retry)
+            job = cls._trusted(values)
+            if size > _SIZE_BUDGET:
+                _check_size(job)
+        except _Problem as problem:
+            raise _public(problem, field) from None
+        return job
+
+    @classmethod
+    def _trusted(cls, values: dict[str, Any]) -> Job:
+        # What model_construct does, minus its per-field Python loop (Job.create is hot).
+        job = cls.__new__(cls)
+        fields = _JOB_TEMPLATE.copy()  # declaration order, which to_dict keeps
+        fields.update(values)
+        object.__setattr__(job, "__dict__", fields)
+        object.__setattr__(job, "__pydantic_fields_set__", set(values))
+        object.__setattr__(job, "__pydantic_extra__", {})
+        object.__setattr__(job, "__pydantic_private__", None)
+        return job
+
+    # -- reading
+
+    @classmethod
+    def from_json(cls, data: str | bytes | bytearray | memoryview | dict[str, Any], *, strict: bool = True) -> Job:
+        """Read an envelope from JSON text, UTF-8 bytes or an already decoded dict.
+
+        ``strict=True`` applies the schema's rules.  ``strict=False`` is the consumer
+        path (DESIGN §2): a missing ``specversion`` reads as ``"1.0"``, the id is
+        lowercased and may be any canonical UUID, ``null`` optional fields are
+        absent, unknown fields inside ``retry``/``unique``/``error`` are kept, and
+        integers beyond ±(2**53-1) are accepted, and so is a leading byte order mark.
+        Both refuse bodies over :data:`MAX_ENVELOPE_BYTES`, invalid UTF-8 and invalid JSON.
+
+        Raises:
+            ValidationError: the text is not an envelope, or the envelope breaks a rule of the mode.
+        """
+        if isinstance(data, dict):
+            obj: Any = data
+        elif isinstance(data, (str, bytes, bytearray, memoryview)):
+            try:
+                obj = parse_envelope(data, tolerant=not strict)
+            except BodyError as exc:
+                raise ValidationError(f"envelope {exc}") from None
+        else:
+            raise ValidationError(f"expected JSON text, UTF-8 bytes or a dict, got {type(data).__name__}")
+        return cls.model_validate(obj, context=mode_context(strict=strict))
+
+    # -- writing
+
+    def to_json(self) -> str:
+        """Serialise :meth:`to_dict` compactly (``ensure_ascii=False``: encode as UTF-8)."""
+        return dumps(self.to_dict())
+
+    # -- convenience
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments (``meta["kwargs"]``), ``{}`` when there are none."""
+        return (self.meta or {}).get("kwargs") or {}
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The job's retry policy, or a new one with the spec defaults when it has none."""
+        return self.retry if self.retry is not None else RetryPolicy()
+
+    @property
+    def scheduled_datetime(self) -> datetime | None:
+        """``scheduled_at`` as an aware datetime, or None."""
+        return _as_datetime(self.scheduled_at)
+
+    @property
+    def expires_datetime(self) -> datetime | None:
+        """``expires_at`` as an aware datetime, or None."""
+        return _as_datetime(self.expires_at)
+
+    @property
+    def created_datetime(self) -> datetime | None:
+        """``created_at`` as an aware datetime, or None."""
+        return _as_datetime(self.created_at)
+
+    @property
+    def enqueued_datetime(self) -> datetime | None:
+        """``enqueued_at`` as an aware datetime, or None."""
+        return _as_datetime(self.enqueued_at)
+
+    @property
+    def started_datetime(self) -> datetime | None:
+        """``started_at`` as an aware datetime, or None."""
+        return _as_datetime(self.started_at)
+
+    @property
+    def completed_datetime(self) -> datetime | None:
+        """``completed_at`` as an aware datetime, or None."""
+        return _as_datetime(self.completed_at)
+
+
+_JOB_TEMPLATE = {name: None if field.is_required() else field.default for name, field in Job.model_fields.items()}
+
+
+# --------------------------------------------------------------------------- helpers of Job
+
+
+def _as_datetime(value: str | None) -> datetime | None:
+    return None if value is None else parse_timestamp(value)
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _checked_int(value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Problem(f"must be an integer, got {type(value).__name__} {_short(value)}")
+    if not minimum <= value <= MAX_SAFE_INTEGER:
+        raise _Problem(f"must be between {minimum} and {MAX_SAFE_INTEGER}, got {value}")
+    return int(value)
+
+
+def _moment(value: Any, now: datetime, *, round_up: bool) -> str:
+    """A scheduled_at/expires_at argument as an OJS timestamp."""
+    if isinstance(value, timedelta):
+        try:
+            moment = now + value
+        except OverflowError:
+            raise _Problem(f"now + {value!r} is outside the supported dates") from None
+    elif isinstance(value, datetime):
+        moment = _aware(value)
+    elif isinstance(value, str):
+        moment = _timestamp(value)
+    else:
+        raise _Problem(
+            f"expected an aware datetime, an RFC 3339 string or a timedelta from now, got {type(value).__name__}"
+        )
+    try:
+        if round_up and moment.microsecond % 1000:
+            moment += timedelta(microseconds=1000 - moment.microsecond % 1000)
+        return _format_ts(moment)
+    except OverflowError:
+        raise _Problem(f"{moment!r} is outside the supported dates") from None
+
+
+def _tags(tags: Any) -> list[str]:
+    if not isinstance(tags, (list, tuple)):
+        raise _Problem(f"must be a list of strings, got {type(tags).__name__}")
+    for index, tag in enumerate(tags):
+        if not isinstance(tag, str):
+            raise _Problem(f"each tag must be a string, got {type(tag).__name__}", f"[{index}]")
+    return list(tags)
+
+
+def _retry_argument(retry: Any) -> RetryPolicy:
+    if isinstance(retry, RetryPolicy):
+        return retry
+    if not isinstance(retry, Mapping):
+        raise _Problem(f"must be a RetryPolicy or a dict, got {type(retry).__name__}")
+    try:
+        policy: RetryPolicy = RetryPolicy.__pydantic_validator__.validate_python(dict(retry))
+    except _PydanticValidationError as exc:
+        raise _convert(exc, "retry") from None
+    return policy
+
+
+def _check_size(job: Job) -> None:
+    """Raise ValidationError, naming the biggest part, if the envelope is over the limit."""
+    size = len(job.to_json().encode("utf-8"))
+    if size <= MAX_ENVELOPE_BYTES:
+        return
+    meta = job.meta or {}
+    parts = {
+        "args": job.args,
+        "kwargs": job.kwargs,
+        "tags": meta.get("tags", []),
+        "meta": {k: v for k, v in meta.items() if k not in ("kwargs", "tags")},
+    }
+    biggest = max(parts, key=lambda name: len(dumps(parts[name]).encode("utf-8")))
+    raise ValidationError(
+        f"{biggest}: the envelope would be {size} bytes, over the {MAX_ENVELOPE_BYTES}-byte limit; "
+        "store large payloads elsewhere and pass a reference",
+        field=biggest,
+    )
+
+
+__all__ = ["MAX_BACKTRACE_LINES", "SPEC_VERSION", "Job", "JobError"]
