@@ -34,7 +34,7 @@ import celery
 from celery.exceptions import ImproperlyConfigured
 
 from ojs_kombu.model.envelope import new_job_id
-from ojs_kombu.transport.channel import register_aliases
+from ojs_kombu.transport import register_aliases
 
 from .request import REQUEST, STOCK_REQUEST
 
