@@ -21,7 +21,11 @@ The transport is py-amqp's, with a :class:`Channel` that rewrites task traffic
   OJS job is not.  kombu declares a queue's exchange right before the queue,
   so a durable queue declared just after such an exchange on the same channel
   is declared as a plain queue; a job queue bound to such an exchange later is
-  declared as the plain queue it was meant to be and bound for real.  Plain
+  declared as the plain queue it was meant to be and bound for real (the
+  ``ojs.queue.{q}`` already declared for it stays, empty).  An exchange's type
+  is known when it was declared through the transport (by any connection with
+  the same prefix); a binding to an exchange of unknown type is taken for a
+  direct one.  Plain
   queues, and every other queue (exclusive, auto-delete, transient), behave as
   on ``pyamqp://``: their messages, requeues and redeliveries are untouched.
 * **Publishing.**  A task message (recognised by the framework codec, by default

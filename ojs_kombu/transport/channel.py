@@ -130,8 +130,11 @@ class Channel(pyamqp.Channel):
         arguments: dict[str, Any] | None = None,
         argsig: str = "BssbbbbbF",
     ) -> Any:
-        """Declare an exchange as usual, remembering its type (see :meth:`queue_declare`)."""
-        if exchange and not passive:
+        """Declare an exchange as usual, remembering its type (see :meth:`queue_declare`).
+
+        A passive declaration carries the type the caller expects: it counts too.
+        """
+        if exchange and type:
             self.ojs.queues.exchange_types[exchange] = type
             self._exchange_type = type
         return super().exchange_declare(exchange, type, passive, durable, auto_delete, nowait, arguments, argsig)
