@@ -34,7 +34,7 @@ import celery
 from celery.exceptions import ImproperlyConfigured
 
 from ojs_kombu.model.ids import new_job_id
-from ojs_kombu.transport.channel import register_aliases
+from ojs_kombu.transport import register_aliases
 
 from .request import REQUEST, STOCK_REQUEST
 
@@ -59,7 +59,7 @@ _BACKENDS = {"ojs": "ojs", "ojss": "ojss"}
 _REFUSED_CONTENT = ("pickle", "application/x-python-serialize", "yaml", "application/x-yaml")
 
 
-class Celery(celery.Celery):
+class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
     """A Celery app on the OJS wire; see the module documentation.
 
     Arguments:
@@ -70,7 +70,7 @@ class Celery(celery.Celery):
 
     task_cls = "ojs_celery.task:Task"
 
-    def __init__(self, main: str | None = None, *args: Any, broker_backend: str | None = None, **kwargs: Any):
+    def __init__(self, main: str | None = None, *args: Any, broker_backend: str | None = None, **kwargs: Any) -> None:
         if broker_backend is not None and broker_backend not in _BACKENDS:
             raise ImproperlyConfigured(f"broker_backend must be one of {sorted(_BACKENDS)}, got {broker_backend!r}")
         register_aliases()
@@ -80,7 +80,7 @@ class Celery(celery.Celery):
             self.conf.broker_transport = _BACKENDS[broker_backend]
         self.on_after_finalize.connect(self._install_request, weak=False)
 
-    def _load_config(self):
+    def _load_config(self) -> Any:
         conf = super()._load_config()
         for key, value in OJS_DEFAULTS.items():
             if not any(_user_set(conf, name) for name in (key, *_ALIASES.get(key, ()))):
@@ -89,8 +89,16 @@ class Celery(celery.Celery):
         return conf
 
     def send_task(
-        self, name, args=None, kwargs=None, countdown=None, eta=None, task_id=None, *more: Any, **options: Any
-    ):
+        self,
+        name: str,
+        args: Any = None,
+        kwargs: Any = None,
+        countdown: float | None = None,
+        eta: Any = None,
+        task_id: str | None = None,
+        *more: Any,
+        **options: Any,
+    ) -> Any:
         """As :meth:`celery.Celery.send_task`, with a UUIDv7 task id by default."""
         return super().send_task(name, args, kwargs, countdown, eta, task_id or new_job_id(), *more, **options)
 
@@ -101,13 +109,13 @@ class Celery(celery.Celery):
                 task.Request = REQUEST
 
 
-def _user_set(conf, key: str) -> bool:
+def _user_set(conf: Any, key: str) -> bool:
     if key in conf.changes:
         return True
     return any(key in layer for layer in conf.defaults[:-1])
 
 
-def _refuse_pickle(conf) -> None:
+def _refuse_pickle(conf: Any) -> None:
     for key in ("task_serializer", "result_serializer", "event_serializer"):
         if str(conf.get(key) or "").lower() in _REFUSED_CONTENT:
             raise ImproperlyConfigured(f"{key}={conf.get(key)!r}: the OJS wire is JSON only")

@@ -231,7 +231,9 @@ def _carried(job: Job) -> dict[str, Any]:
     return carried
 
 
-def _payload(body: bytes, properties: dict[str, Any], headers: dict[str, Any]) -> tuple[list, dict, dict]:
+def _payload(
+    body: bytes, properties: dict[str, Any], headers: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
     content_type = (properties.get("content_type") or "").split(";")[0].strip().lower()
     if content_type != JSON_CONTENT_TYPE:
         raise ValidationError(
@@ -290,7 +292,7 @@ def _amqp_safe(value: Any) -> Any:
     return value
 
 
-def _moment(value: Any) -> str | None:
+def _moment(value: Any) -> datetime | None:
     """A Celery ``eta``/``expires`` header (ISO 8601, naive = UTC) as an OJS timestamp."""
     if value in (None, ""):
         return None
@@ -300,14 +302,17 @@ def _moment(value: Any) -> str | None:
     return moment  # Job.create formats it (scheduled_at rounded up)
 
 
-def _retry_policy(carried: Any, header: Any, from_task: int | None) -> RetryPolicy | dict | None:
+def _retry_policy(carried: Any, header: Any, from_task: int | None) -> RetryPolicy | dict[str, Any] | None:
     if isinstance(carried, dict) and carried:
         return carried
     if isinstance(header, int) and not isinstance(header, bool) and header >= 0:
-        return RetryPolicy(max_attempts=header)
-    if from_task is not None:
-        return RetryPolicy(max_attempts=from_task)
-    return None
+        max_attempts: int | None = header
+    else:
+        max_attempts = from_task
+    if max_attempts is None:
+        return None
+    policy: RetryPolicy = RetryPolicy.model_validate({"max_attempts": max_attempts})
+    return policy
 
 
 def _current_failure() -> Failure:
@@ -322,7 +327,7 @@ def _repr(value: Any) -> str:
     try:
         from celery.utils.saferepr import saferepr
 
-        return saferepr(value, 1024)
+        return str(saferepr(value, 1024))
     except ImportError:  # pragma: no cover - the codec is used inside Celery
         return repr(value)[:1024]
 

@@ -21,8 +21,9 @@ finalizes).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
+from billiard.einfo import ExceptionInfo, ExceptionWithTraceback  # type: ignore[import-untyped]
 from celery.exceptions import Retry, TimeLimitExceeded, WorkerLostError
 from celery.worker import request as celery_request
 from celery.worker.request import task_ready
@@ -33,7 +34,7 @@ STOCK_REQUEST = "celery.worker.request:Request"
 REQUEST = "ojs_celery.request:Request"
 
 
-class Request(celery_request.Request):
+class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untyped
     """A Celery ``Request`` that never requeues: timeouts and lost workers are counted attempts."""
 
     # A hard time limit reaches the request twice (the pool's timeout handler and
@@ -41,7 +42,7 @@ class Request(celery_request.Request):
     _ojs_counted = False
     _ojs_exhausted = False
 
-    def on_timeout(self, soft, timeout):
+    def on_timeout(self, soft: bool, timeout: float) -> Any:
         """Hard time limit: retry through the retry queue while attempts remain, else dead-letter."""
         if soft or self._ojs_counted:
             return None if self._ojs_counted else super().on_timeout(soft, timeout)
@@ -55,7 +56,7 @@ class Request(celery_request.Request):
         # Exhausted: Celery's failure handling; its requeue becomes a Nack (see reject()).
         return super().on_timeout(soft, timeout)
 
-    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
         """A hard time limit or a lost worker (the pool process died) is a counted attempt."""
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
@@ -76,7 +77,7 @@ class Request(celery_request.Request):
                 return None
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
-    def reject(self, requeue=False):
+    def reject(self, requeue: bool = False) -> Any:
         """Reject the message; a requeue left after the above (an exhausted task) becomes a Nack."""
         if requeue and self._ojs_exhausted:
             requeue = False

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import celery
 
 from .protocol import retrying_exception
 from .request import REQUEST
 
 
-class Task(celery.Task):
+class Task(celery.Task):  # type: ignore[misc]  # Celery is untyped
     """``celery.Task`` with :class:`ojs_celery.request.Request` (counted time limits and lost workers).
 
     :meth:`retry` also hands its ``exc`` to the transport, which writes it to the
@@ -18,7 +20,14 @@ class Task(celery.Task):
 
     Request = REQUEST
 
-    def retry(self, args=None, kwargs=None, exc=None, *more, **options):
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        *more: Any,
+        **options: Any,
+    ) -> Any:
         """As :meth:`celery.Task.retry`; the failure recorded on the wire is ``exc``."""
         token = retrying_exception.set(exc)
         try:

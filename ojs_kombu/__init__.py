@@ -41,7 +41,7 @@ from ojs_kombu.model.naming import Names, job_type_for
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
 from ojs_kombu.runtime.worker import Worker, current_job
-from ojs_kombu.transport.channel import register_aliases
+from ojs_kombu.transport import register_aliases
 from ojs_kombu.wire.codec import CONTENT_TYPE, decode, encode
 from ojs_kombu.wire.entities import QueueOptions
 from ojs_kombu.wire.headers import Header

@@ -14,13 +14,19 @@ adapter's consumer) do with a delivery besides ``Basic.Ack``:
 * :meth:`Settler.hand_back` returns an unstarted job at shutdown without
   spending an attempt.
 
-Every republish goes through :meth:`ojs_kombu.runtime.consumer.Consumer.republish`:
-published (confirmed) first, acked after.
+The Settler never touches a channel itself: it settles through a
+:class:`Settlement` (``ack``, ``nack``, ``republish``).  The Worker and the
+Dramatiq adapter pass their :class:`~ojs_kombu.runtime.consumer.Consumer`;
+the ``ojs://`` transport passes an adapter over its kombu channel
+(:mod:`ojs_kombu.transport.settlement`).  Every republish is published
+(confirmed) first and acked after.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
 
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, ValidationError
@@ -29,7 +35,7 @@ from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, record_failure
 from ojs_kombu.policy.schedule import Cascade, delay_ms_until
-from ojs_kombu.runtime.consumer import Consumer, Delivery
+from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.wire.codec import OutgoingMessage, decode, encode
 from ojs_kombu.wire.headers import error_headers
 
@@ -60,22 +66,80 @@ def worker_lost(attempt: int) -> Failure:
     return Failure("worker_lost", "WorkerLost", f"attempt {attempt} was interrupted: the worker running it was lost")
 
 
-class Settler:
-    """Settles deliveries of one :class:`Consumer` according to DESIGN §5.
+class Settlement(Protocol):
+    """How a :class:`Settler` settles a delivery: what every consumer of the binding provides.
 
-    ``dead_letter_mode`` is ``"nack"`` (``Basic.Nack``, the binding's FAIL) or
-    ``"republish"`` (publish to the DLX with the final error headers, then ack).
-    Every method only makes thread-safe requests to the consumer.
+    :class:`~ojs_kombu.runtime.consumer.Consumer` implements it with thread-safe
+    requests to its loop; the ``ojs://`` transport with an adapter over its channel.
+    """
+
+    def ack(self, delivery: Delivery) -> None:
+        """``Basic.Ack`` ``delivery``."""
+
+    def nack(self, delivery: Delivery) -> None:
+        """``Basic.Nack(requeue=False)`` ``delivery``: into its dead letter queue."""
+
+    def republish(
+        self,
+        delivery: Delivery,
+        message: OutgoingMessage,
+        exchange: str,
+        routing_key: str,
+        queue: str,
+        prepare: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Publish ``message`` (confirmed), then ack ``delivery``; nack it if the broker refuses the publish.
+
+        Parameters:
+            delivery: the delivery the republish replaces.
+            message: what to publish.
+            exchange: where to publish it.
+            routing_key: its routing key.
+            queue: the OJS queue it belongs to (metrics, errors).
+            prepare: called with the py-amqp connection before publishing (e.g. to declare a retry queue).
+        """
+
+
+DeadLetterMode = Literal["nack", "republish"]
+
+
+class Settler:
+    """Settles deliveries according to DESIGN §5, through a :class:`Settlement`.
+
+    Parameters:
+        consumer: the :class:`Settlement` that acks, nacks and republishes.
+        names: the entity names of the deployment.
+        topology: declares retry queues and the scheduling cascade on demand.
+        cascade: the scheduling cascade (early jobs go back into it).
+        dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL) or
+            ``"republish"`` (publish to the DLX with the final error headers, then ack).
+        early_tolerance_ms: a job delivered at most this much before its
+            ``scheduled_at`` is run (the ``ojs://`` transport leaves such a
+            job to Celery, which waits for the ETA itself); earlier ones go
+            back into the cascade.
+        discard_expired: whether :meth:`triage` acks an expired job without
+            running it (the ``ojs://`` transport leaves that to the framework,
+            which records the task as revoked).
     """
 
     def __init__(
-        self, consumer: Consumer, names: Names, topology: Topology, cascade: Cascade, *, dead_letter_mode: str = "nack"
+        self,
+        consumer: Settlement,
+        names: Names,
+        topology: Topology,
+        cascade: Cascade,
+        *,
+        dead_letter_mode: DeadLetterMode | str = "nack",
+        early_tolerance_ms: int = 0,
+        discard_expired: bool = True,
     ):
         self.consumer = consumer
         self.names = names
         self.topology = topology
         self.cascade = cascade
         self.dead_letter_mode = dead_letter_mode
+        self.early_tolerance_ms = early_tolerance_ms
+        self.discard_expired = discard_expired
 
     def triage(self, delivery: Delivery) -> Job | None:
         """Decode ``delivery``; return the job if it is to run now, else settle it and return None.
@@ -94,20 +158,22 @@ class Settler:
             return None
         now = utcnow()
         expires = job.expires_datetime
-        if expires is not None and expires <= now:
+        if self.discard_expired and expires is not None and expires <= now:
             logger.info("job %s expired at %s; discarded without running", job.id, job.expires_at)
             self.consumer.ack(delivery)
             return None
         scheduled = job.scheduled_datetime
         if scheduled is not None and scheduled > now:
-            self.delay(delivery, job, delay_ms_until(scheduled, now))
-            return None
+            early_ms = delay_ms_until(scheduled, now)
+            if early_ms > self.early_tolerance_ms:
+                self.delay(delivery, job, early_ms)
+                return None
         return job
 
     def fail(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, decision: Decision) -> None:
         """Carry out ``decision`` for attempt ``attempt`` of ``job`` that failed with ``failure``."""
         if decision.outcome is Outcome.RETRY:
-            self.retry(delivery, job, attempt, failure, decision.delay_ms)
+            self.retry(delivery, job, attempt, failure, decision.delay_ms or 1)
         elif decision.outcome is Outcome.DISCARD:
             logger.info("job %s discarded: %s", job.id, decision.reason)
             self.consumer.ack(delivery)
@@ -182,4 +248,4 @@ class Settler:
         )
 
 
-__all__ = ["Settler", "failed_message", "worker_lost"]
+__all__ = ["DeadLetterMode", "Settlement", "Settler", "failed_message", "worker_lost"]

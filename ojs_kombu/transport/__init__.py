@@ -1,23 +1,106 @@
-"""The ``ojs://`` / ``ojss://`` kombu transports (see :mod:`ojs_kombu.transport.channel`).
+"""The ``ojs://`` / ``ojss://`` kombu transports: kombu and Celery task traffic on the OJS wire.
 
-``broker_transport="ojs_kombu.transport:Transport"`` names the transport class.
+Importing :mod:`ojs_kombu` registers the aliases, so ``kombu.Connection("ojs://…")``
+and Celery's ``broker_url="ojs://…"`` resolve to these classes; the config-only
+path is ``broker_transport="ojs_kombu.transport:Transport"``.
+
+The transport is py-amqp's, with a :class:`Channel` that rewrites task traffic
+(DESIGN §2–§6) and leaves everything else exactly as ``pyamqp://`` would:
+
+* **Job queues.**  A queue declared through the channel is an OJS job queue when
+  it is durable, non-exclusive and non-auto-delete, is not listed in
+  ``passthrough_queues``, and is used the way task queues are: on the default
+  exchange (kombu's ``Queue("email")``) or bound to a direct exchange (Celery's
+  ``celery`` queue).  Declaring it declares ``ojs.queue.{q}`` with its dead
+  letter queue and bindings; consuming, purging or deleting it acts on
+  ``ojs.queue.{q}``.  Its bindings to direct exchanges are remembered (for
+  routing), not created.  Queue names that are not valid OJS names are mapped
+  (:func:`~ojs_kombu.model.naming.ojs_queue_for`: ``Reports_High`` -> ``reports-high``).
+* **Plain queues.**  A queue bound to a **fanout, topic or headers** exchange is
+  never a job queue: a message there is meant for every bound queue, which an
+  OJS job is not.  kombu declares a queue's exchange right before the queue,
+  so a durable queue declared just after such an exchange on the same channel
+  is declared as a plain queue; a job queue bound to such an exchange later is
+  declared as the plain queue it was meant to be and bound for real (the
+  ``ojs.queue.{q}`` already declared for it stays, empty).  An exchange's type
+  is known when it was declared through the transport (by any connection with
+  the same prefix); a binding to an exchange of unknown type is taken for a
+  direct one.  Plain
+  queues, and every other queue (exclusive, auto-delete, transient), behave as
+  on ``pyamqp://``: their messages, requeues and redeliveries are untouched.
+* **Publishing.**  A task message (recognised by the framework codec, by default
+  Celery protocol v2: see :mod:`ojs_celery.protocol`) addressed to a job queue
+  becomes an OJS envelope published with confirms and ``mandatory`` to
+  ``ojs.exchange.direct``; a retried task (``retries > 0``) goes to
+  ``ojs.queue.retry.{q}.{ms}`` (the delay rounded up to the retry ladder); a
+  task with a future ETA goes through the scheduling cascade.  A ``Basic.Return``
+  or ``Basic.Nack`` raises :class:`~ojs_kombu.errors.UnroutableError` /
+  :class:`~ojs_kombu.errors.PublishNackedError`.  Any other message addressed
+  to a job queue is re-addressed to ``ojs.exchange.direct`` with its body
+  untouched; everything else (fanout/topic/headers exchanges, remote control,
+  events, ``rpc://`` results, exchanges the transport does not know) passes
+  through untouched.
+* **Consuming.**  An OJS envelope delivered from a job queue is handed to the
+  consumer as the framework's task message (an envelope from any other OJS
+  producer becomes a task message for the task whose name maps to its
+  ``type``).  The runtime's :class:`~ojs_kombu.runtime.settle.Settler` (the
+  Worker's) triages it first: a ``redelivered`` job (the worker running it
+  died) counts as a failed attempt (``worker_lost``); a job that arrives more
+  than :data:`~ojs_kombu.transport.channel.EARLY_TOLERANCE_MS` before its
+  ``scheduled_at`` goes back into the cascade (less is left to Celery, which
+  waits for the ETA itself); an invalid envelope goes to its dead letter queue
+  with ``x-ojs-error-code``.  Expired jobs are left to Celery (it records them
+  as revoked).  Other messages pass through untouched.
+* **Settling.**  ``basic_reject(requeue=False)`` sends a real ``Basic.Nack``
+  (dead-lettered into ``ojs.queue.dlx.{q}``); ``requeue=True`` on a job never
+  requeues: it counts a failed attempt (``requeued``: retry queue, confirmed,
+  then ack; or the dead letter queue once the attempts are spent).  Job
+  deliveries count ``ojs_amqp_messages_consumed/acked/nacked_total`` like the
+  Worker's.  ``basic_qos`` is always ``global=False``.  A broker-initiated
+  consumer cancel is logged and counted, then raised as kombu's recoverable
+  ``ConsumerCancelled`` so the consumer re-declares and re-consumes.
+* **Event loop.**  Under kombu's event loop (Celery's worker) the socket is read
+  through :class:`~ojs_kombu.amqp.framing.FrameReader`, every complete frame
+  per ``recv``; frames left in its buffer by any other read are dispatched
+  before the loop polls again, so nothing waits for the next heartbeat.
+
+Transport options (``transport_options=`` / Celery ``broker_transport_options``),
+removed before the py-amqp connection sees them:
+
+``prefix``
+    multi-tenant entity prefix (``tenant1.ojs.queue.email``).
+``queue_options``
+    a :class:`~ojs_kombu.wire.entities.QueueOptions` or a dict of its fields for every job queue.
+``passthrough_queues``
+    durable queue names that stay plain AMQP queues.
+``codec``
+    the task message codec: an object or ``"module:Class"`` (default
+    :class:`ojs_celery.protocol.CeleryCodec`).
+``confirm_timeout``
+    seconds to wait for the confirm of a job publish (default 30).
+
+``confirm_publish`` keeps its py-amqp meaning for pass-through traffic; job
+messages are always confirmed.
+
+Modules: :mod:`~ojs_kombu.transport.settings` (options, the codec protocol),
+:mod:`~ojs_kombu.transport.queues` (what is learnt about queues, per prefix),
+:mod:`~ojs_kombu.transport.state` (per-connection routing, declarations, task
+publishing), :mod:`~ojs_kombu.transport.settlement` (the Settler over a
+channel), :mod:`~ojs_kombu.transport.channel` (:class:`Channel`) and
+:mod:`~ojs_kombu.transport.transport` (:class:`Transport`, :class:`SSLTransport`).
 """
 
-from ojs_kombu.transport.channel import (
-    Channel,
-    Connection,
-    QueueMap,
-    Settings,
-    SSLTransport,
-    TaskCodec,
-    Transport,
-    queue_map,
-    register_aliases,
-)
+from ojs_kombu.transport.channel import EARLY_TOLERANCE_MS, Channel
+from ojs_kombu.transport.queues import QueueMap, queue_map
+from ojs_kombu.transport.settings import Settings, TaskCodec
+from ojs_kombu.transport.state import ConnectionState
+from ojs_kombu.transport.transport import Connection, SSLTransport, Transport, register_aliases
 
 __all__ = [
+    "EARLY_TOLERANCE_MS",
     "Channel",
     "Connection",
+    "ConnectionState",
     "QueueMap",
     "SSLTransport",
     "Settings",

@@ -1,0 +1,105 @@
+"""The OJS options of an ``ojs://`` connection (``transport_options`` / ``broker_transport_options``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from kombu.utils.imports import symbol_by_name
+
+from ojs_kombu.model.job import Job
+from ojs_kombu.model.naming import Names
+from ojs_kombu.wire.codec import OutgoingMessage
+from ojs_kombu.wire.entities import QueueOptions
+
+DEFAULT_CODEC = "ojs_celery.protocol:CeleryCodec"
+DEFAULT_CONFIRM_TIMEOUT = 30.0
+
+#: The transport options that are the binding's (removed before py-amqp sees the options).
+OJS_OPTIONS = ("prefix", "queue_options", "passthrough_queues", "codec", "confirm_timeout")
+
+#: ``x-*`` queue arguments of a framework queue that become fields of its OJS queue's options.
+QUEUE_ARGUMENT_OPTIONS = {
+    "x-max-priority": "max_priority",
+    "x-max-length": "max_length",
+    "x-max-length-bytes": "max_length_bytes",
+    "x-overflow": "overflow",
+    "x-message-ttl": "message_ttl",
+    "x-queue-type": "queue_type",
+}
+
+
+class TaskCodec(Protocol):
+    """Turns a framework's task messages into OJS jobs and back (see :mod:`ojs_celery.protocol`)."""
+
+    def is_task(self, properties: dict[str, Any], headers: dict[str, Any]) -> bool:
+        """Whether a message being published is a task message this codec converts."""
+
+    def to_job(
+        self, body: bytes, properties: dict[str, Any], headers: dict[str, Any], queue: str
+    ) -> tuple[Job, OutgoingMessage]:
+        """The OJS job of a task message bound for OJS queue ``queue``, and its encoded message."""
+
+    def from_job(
+        self, job: Job, properties: dict[str, Any], headers: dict[str, Any]
+    ) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
+        """A delivered job as the framework's task message: ``(body, properties, headers)``."""
+
+
+@dataclass
+class Settings:
+    """The OJS transport options of one kombu connection (see :mod:`ojs_kombu.transport`)."""
+
+    names: Names
+    queue_options: QueueOptions
+    passthrough_queues: frozenset[str]
+    codec: TaskCodec | type | str
+    confirm_timeout: float
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> Settings:
+        """Read the OJS options of a transport options dict.
+
+        Parameters:
+            options: kombu's ``transport_options`` (other keys are ignored).
+
+        Returns:
+            The settings.
+
+        Raises:
+            TypeError: ``queue_options`` has fields :class:`QueueOptions` does not know.
+        """
+        queue_options = options.get("queue_options") or QueueOptions()
+        if isinstance(queue_options, dict):
+            queue_options = QueueOptions(**queue_options)
+        return cls(
+            names=Names(options.get("prefix") or ""),
+            queue_options=queue_options,
+            passthrough_queues=frozenset(options.get("passthrough_queues") or ()),
+            codec=options.get("codec") or DEFAULT_CODEC,
+            confirm_timeout=float(options.get("confirm_timeout") or DEFAULT_CONFIRM_TIMEOUT),
+        )
+
+    def load_codec(self) -> TaskCodec:
+        """The codec object (imported on first use: ``ojs_celery`` needs Celery only then)."""
+        if isinstance(self.codec, str):
+            self.codec = symbol_by_name(self.codec)()  # type: ignore[no-untyped-call]
+        elif isinstance(self.codec, type):
+            self.codec = self.codec()
+        return cast(TaskCodec, self.codec)
+
+    def options_with(self, arguments: dict[str, Any]) -> QueueOptions:
+        """The queue options with the fields of the ``x-*`` queue ``arguments`` a framework declared.
+
+        Parameters:
+            arguments: only the keys of :data:`QUEUE_ARGUMENT_OPTIONS`.
+        """
+        base = self.queue_options
+        fields = {
+            name: getattr(base, name) for name in QUEUE_ARGUMENT_OPTIONS.values() if getattr(base, name) is not None
+        }
+        fields.update({QUEUE_ARGUMENT_OPTIONS[k]: v for k, v in arguments.items()})
+        return QueueOptions(**fields)
+
+
+__all__ = ["DEFAULT_CODEC", "DEFAULT_CONFIRM_TIMEOUT", "OJS_OPTIONS", "QUEUE_ARGUMENT_OPTIONS", "Settings", "TaskCodec"]

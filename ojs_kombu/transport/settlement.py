@@ -1,0 +1,140 @@
+"""The ``ojs://`` channel's side of the settle path: the runtime's :class:`Settler` over a kombu channel.
+
+The transport does not settle jobs itself: it builds a
+:class:`~ojs_kombu.runtime.consumer.Delivery` from the raw py-amqp message
+(:func:`delivery_of`) and hands it to the same
+:class:`~ojs_kombu.runtime.settle.Settler` the Worker and the Dramatiq consumer
+use, with a :class:`ChannelSettlement` as its
+:class:`~ojs_kombu.runtime.settle.Settlement`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import amqp
+
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
+from ojs_kombu.runtime.consumer import Delivery
+from ojs_kombu.wire.codec import ACCEPTED_CONTENT_TYPES, CONTENT_TYPE, OutgoingMessage
+from ojs_kombu.wire.headers import Header
+
+logger = logging.getLogger(__name__)
+
+
+class SettlingChannel(Protocol):
+    """What :class:`ChannelSettlement` needs of the channel (:class:`~ojs_kombu.transport.channel.Channel`)."""
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the channel can still settle its deliveries."""
+
+    @property
+    def connection(self) -> Any:
+        """The py-amqp connection."""
+
+    @property
+    def publisher(self) -> ConfirmedPublisher:
+        """The connection's confirmed publisher."""
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        """``Basic.Ack``."""
+
+    def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = False) -> None:
+        """``Basic.Nack``."""
+
+
+class ChannelSettlement:
+    """A :class:`~ojs_kombu.runtime.settle.Settlement` over an ``ojs://`` channel.
+
+    Runs in the thread that owns the connection (kombu's consumer thread or
+    event loop), like every call the framework makes on the channel.
+
+    Parameters:
+        channel: the channel the deliveries came from.
+    """
+
+    def __init__(self, channel: SettlingChannel):
+        self.channel = channel
+
+    def ack(self, delivery: Delivery) -> None:
+        """``Basic.Ack`` ``delivery``."""
+        self.channel.basic_ack(delivery.delivery_tag)
+
+    def nack(self, delivery: Delivery) -> None:
+        """``Basic.Nack(requeue=False)`` ``delivery`` (into its dead letter queue)."""
+        self.channel.basic_nack(delivery.delivery_tag)
+
+    def republish(
+        self,
+        delivery: Delivery,
+        message: OutgoingMessage,
+        exchange: str,
+        routing_key: str,
+        queue: str,
+        prepare: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Publish ``message`` through the connection's confirmed publisher, then ack ``delivery``.
+
+        The confirm is read whenever the connection is next drained (the
+        framework's consumer loop), so a delivery callback never blocks on it.
+        If the broker refuses the publish, ``delivery`` is nacked into its
+        dead letter queue; if the channel has closed meanwhile, the broker
+        redelivers the original.
+        """
+        channel = self.channel
+        if prepare is not None:
+            prepare(channel.connection)
+
+        def settle(ticket: PublishTicket) -> None:
+            if not channel.is_open:
+                return
+            if ticket.error is None:
+                channel.basic_ack(delivery.delivery_tag)
+            else:
+                logger.error(
+                    "republishing job %s failed (%s); sending it to its dead letter queue", ticket.job_id, ticket.error
+                )
+                channel.basic_nack(delivery.delivery_tag)
+
+        channel.publisher.publish(
+            message,
+            exchange=exchange,
+            routing_key=routing_key,
+            queue=queue,
+            job_id=message.properties.get("message_id"),
+            on_done=settle,
+        )
+
+
+def is_envelope(raw: amqp.Message) -> bool:
+    """An OJS envelope: the OJS content type, or JSON carrying the binding's headers (lenient producers)."""
+    content_type = (raw.properties.get("content_type") or "").split(";")[0].strip().lower()
+    if content_type == CONTENT_TYPE:
+        return True
+    headers = raw.properties.get("application_headers") or {}
+    return content_type in ACCEPTED_CONTENT_TYPES and Header.QUEUE in headers and "task" not in headers
+
+
+def delivery_of(raw: amqp.Message, queue: str) -> Delivery:
+    """The runtime's :class:`Delivery` of a raw py-amqp message from OJS queue ``queue``."""
+    info = raw.delivery_info
+    properties = dict(raw.properties)
+    headers = dict(properties.pop("application_headers", None) or {})
+    body = raw.body if isinstance(raw.body, bytes) else str(raw.body).encode("utf-8")
+    return Delivery(
+        body=body,
+        properties=properties,
+        headers=headers,
+        delivery_tag=info["delivery_tag"],
+        redelivered=bool(info.get("redelivered")),
+        exchange=info.get("exchange", ""),
+        routing_key=info.get("routing_key", ""),
+        queue=queue,
+        generation=0,  # the channel's deliveries die with it: ChannelSettlement checks is_open
+    )
+
+
+__all__ = ["ChannelSettlement", "SettlingChannel", "delivery_of", "is_envelope"]

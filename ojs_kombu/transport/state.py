@@ -1,0 +1,165 @@
+"""The OJS state of one ``ojs://`` AMQP connection: routing, lazy declarations, publishing tasks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import amqp
+
+from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.model.job import Job
+from ojs_kombu.model.naming import QUEUE_NAME_RE, ojs_queue_for
+from ojs_kombu.policy.retry import ladder_ms
+from ojs_kombu.policy.schedule import Cascade, delay_ms_until
+from ojs_kombu.transport.queues import QueueMap
+from ojs_kombu.transport.settings import QUEUE_ARGUMENT_OPTIONS, Settings, TaskCodec
+from ojs_kombu.wire.codec import OutgoingMessage
+
+logger = logging.getLogger(__name__)
+
+
+class ConnectionState:
+    """What one AMQP connection knows about the OJS deployment: names, topology, publisher.
+
+    Parameters:
+        connection: the py-amqp connection (declarations and the publisher's channel use it).
+        settings: the connection's OJS options.
+        queues: the :class:`QueueMap` of the settings' prefix.
+    """
+
+    def __init__(self, connection: Any, settings: Settings, queues: QueueMap):
+        self.connection = connection
+        self.settings = settings
+        self.names = settings.names
+        self.queues = queues
+        # One topology per AMQP connection: a reconnect declares everything again, lazily.
+        self.topology = Topology(self.names, queue_options=settings.queue_options, per_queue=self.queues.options)
+        self.cascade = Cascade(self.names)
+        self.ojs_exchanges = frozenset(
+            {
+                self.names.direct_exchange,
+                self.names.retry_exchange,
+                self.names.dead_letter_exchange,
+                self.cascade.top_exchange,
+            }
+        )
+        self._publisher: ConfirmedPublisher | None = None
+        self._ensured: set[Hashable] = set()
+
+    @property
+    def codec(self) -> TaskCodec:
+        """The task message codec."""
+        return self.settings.load_codec()
+
+    @property
+    def publisher(self) -> ConfirmedPublisher:
+        """The confirmed publisher of this connection (its own channel), created on first use."""
+        if self._publisher is None or not self._publisher.channel.is_open:
+            self._publisher = ConfirmedPublisher(self.connection)
+        return self._publisher
+
+    # -- queues --------------------------------------------------------------------------------
+
+    def register_queue(self, name: str, arguments: dict[str, Any] | None) -> str:
+        """Make framework queue ``name`` a job queue.
+
+        Parameters:
+            name: the framework's queue name.
+            arguments: the arguments it was declared with (``x-max-priority`` and the like are used).
+
+        Returns:
+            Its OJS queue name.
+        """
+        ojs_queue = ojs_queue_for(name)
+        known = {k: v for k, v in (arguments or {}).items() if k in QUEUE_ARGUMENT_OPTIONS}
+        if known:
+            self.queues.options[ojs_queue] = self.settings.options_with(known)
+        ignored = sorted(set(arguments or {}) - set(known))
+        if ignored:
+            logger.debug("queue %s: arguments %s are the binding's own or unsupported; not used", name, ignored)
+        self.queues.arguments[name] = arguments
+        self.queues.queues[name] = ojs_queue
+        return ojs_queue
+
+    def route(self, exchange: str, routing_key: str) -> str | None:
+        """The OJS queue a publish to ``exchange``/``routing_key`` is meant for, or None."""
+        if exchange == self.names.direct_exchange:
+            return routing_key if QUEUE_NAME_RE.fullmatch(routing_key) else None
+        if exchange in self.ojs_exchanges:
+            return None  # already on the OJS path (the transport's own republishes)
+        name = routing_key if exchange == "" else self.queues.bindings.get((exchange, routing_key))
+        if name is None:
+            return None
+        ojs_queue = self.queues.queues.get(name)
+        if ojs_queue is None and exchange == "" and name.startswith(self.names.job_queue("")):
+            ojs_queue = self.names.queue_from_job_queue(name)
+        return ojs_queue
+
+    def ensure_queue(self, queue: str) -> None:
+        """Lazily declare job queue ``queue`` with its DLQ and bindings."""
+        options = self.queues.options.get(queue)  # learnt on any connection of this prefix
+        if options is not None and self.topology.per_queue.get(queue) != options:
+            self.topology.per_queue[queue] = options
+            self._ensured.discard(("queue", queue))
+        self._once(("queue", queue), lambda: self.topology.ensure_queue(self.connection, queue))
+
+    def ensure_scheduling(self, queue: str) -> None:
+        """Lazily declare the scheduling cascade and its binding to ``queue``."""
+        self._once(("schedule", queue), lambda: self.topology.ensure_scheduling(self.connection, queue, self.cascade))
+
+    def ensure_retry_queue(self, queue: str, delay_ms: int) -> None:
+        """Lazily declare ``ojs.queue.retry.{queue}.{delay_ms}``."""
+        self._once(
+            ("retry", queue, delay_ms), lambda: self.topology.ensure_retry_queue(self.connection, queue, delay_ms)
+        )
+
+    def _once(self, key: Hashable, declare: Callable[[], None]) -> None:
+        # The topology caches too, but checks every spec of the cascade: this is the per-publish fast path.
+        if key not in self._ensured:
+            declare()
+            self._ensured.add(key)
+
+    # -- publishing tasks ----------------------------------------------------------------------
+
+    def publish_task(self, msg: amqp.Message, queue: str, confirm_timeout: float | None) -> None:
+        """Publish a task message as an OJS job (confirmed, mandatory) and wait for the confirm.
+
+        Parameters:
+            msg: the framework's task message.
+            queue: the OJS queue it is for.
+            confirm_timeout: seconds to wait for the confirm (None: the settings' ``confirm_timeout``).
+
+        Raises:
+            ValidationError: the codec could not make a valid job of it.
+            PublishError: the broker returned or nacked it, or did not confirm it in time.
+        """
+        body = msg.body if isinstance(msg.body, bytes) else str(msg.body).encode("utf-8")
+        properties = {k: v for k, v in msg.properties.items() if k != "application_headers"}
+        headers = dict(msg.properties.get("application_headers") or {})
+        job, message = self.codec.to_job(body, properties, headers, queue)
+        message, exchange, key = self._destination(message, job, queue)
+        ticket = self.publisher.publish(message, exchange=exchange, routing_key=key, queue=queue, job_id=job.id)
+        self.publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
+        ticket.raise_for_error()
+
+    def _destination(self, message: OutgoingMessage, job: Job, queue: str) -> tuple[OutgoingMessage, str, str]:
+        """Where a job goes: its retry queue (a retry), the cascade (a future ETA) or its queue."""
+        scheduled = job.scheduled_datetime
+        delay_ms = delay_ms_until(scheduled) if scheduled is not None else 0
+        if job.attempt > 0:
+            delay_ms = ladder_ms(delay_ms)
+            self.ensure_queue(queue)
+            self.ensure_retry_queue(queue, delay_ms)
+            return message, self.names.retry_exchange, self.names.retry_routing_key(queue, delay_ms)
+        self.ensure_queue(queue)
+        if delay_ms > 0:
+            scheduled_message = self.cascade.route(message, delay_ms, queue)
+            self.ensure_scheduling(queue)
+            return scheduled_message
+        return message, self.names.direct_exchange, queue
+
+
+__all__ = ["ConnectionState"]

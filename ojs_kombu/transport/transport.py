@@ -1,0 +1,150 @@
+"""The ``ojs://`` / ``ojss://`` kombu transports and their py-amqp connection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amqp.exceptions import RecoverableConnectionError
+from kombu.transport import TRANSPORT_ALIASES, pyamqp
+
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
+from ojs_kombu.amqp.framing import FrameReader
+from ojs_kombu.amqp.framing import supports as framing_supports
+from ojs_kombu.transport.channel import Channel
+from ojs_kombu.transport.queues import QueueMap, queue_map
+from ojs_kombu.transport.settings import OJS_OPTIONS, Settings
+from ojs_kombu.transport.state import ConnectionState
+
+
+class Connection(pyamqp.Connection):
+    """A py-amqp connection carrying the OJS state of its channels.
+
+    Parameters:
+        ojs_settings: the OJS options of the kombu connection.
+        ojs_queues: the :class:`QueueMap` of their prefix.
+        *args, **kwargs: py-amqp's.
+    """
+
+    Channel = Channel
+
+    def __init__(self, *args: Any, ojs_settings: Settings, ojs_queues: QueueMap, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.ojs = ConnectionState(self, ojs_settings, ojs_queues)
+        #: Buffered frame reading (plain TCP), attached by the transport once connected.
+        self.frame_reader: FrameReader | None = None
+
+
+#: For annotations inside :class:`Transport`, whose ``Connection`` attribute shadows the class.
+_OjsConnection = Connection
+
+
+class Transport(pyamqp.Transport):
+    """``ojs://``: AMQP 0-9-1 over py-amqp speaking the OJS binding (see :mod:`ojs_kombu.transport`)."""
+
+    Connection = Connection
+    driver_name = "ojs"
+
+    def __init__(self, client: Any, **kwargs: Any):
+        if not client.heartbeat:
+            client.heartbeat = DEFAULT_HEARTBEAT
+        super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
+        self.settings = Settings.from_options(client.transport_options or {})
+        # Held here: the prefix's map lives as long as a kombu connection of that prefix.
+        self.queue_map = queue_map(self.settings.names.prefix)
+
+    def establish_connection(self) -> _OjsConnection:
+        """Connect, like py-amqp's transport, with the OJS settings attached to the connection."""
+        conninfo: Any = self.client
+        for name, default_value in self.default_connection_params.items():
+            if not getattr(conninfo, name, None):
+                setattr(conninfo, name, default_value)
+        if conninfo.hostname == "localhost":
+            conninfo.hostname = "127.0.0.1"
+        if isinstance(conninfo.ssl, dict) and conninfo.ssl.get("server_hostname", "") is None:
+            conninfo.ssl["server_hostname"] = conninfo.hostname
+        password = conninfo.password() if callable(conninfo.password) else conninfo.password
+        opts = dict(
+            {
+                "host": conninfo.host,
+                "userid": conninfo.userid,
+                "password": password,
+                "login_method": conninfo.login_method,
+                "virtual_host": conninfo.virtual_host,
+                "insist": conninfo.insist,
+                "ssl": conninfo.ssl,
+                "connect_timeout": conninfo.connect_timeout,
+                "heartbeat": conninfo.heartbeat,
+            },
+            **{k: v for k, v in (conninfo.transport_options or {}).items() if k not in OJS_OPTIONS},
+        )
+        conn = self.Connection(ojs_settings=self.settings, ojs_queues=self.queue_map, **opts)
+        conn.client = self.client
+        conn.connect()
+        if framing_supports(conn):
+            make_reader: Any = FrameReader  # amqp.framing is not annotated for mypy yet
+            conn.frame_reader = make_reader(conn)
+        return conn
+
+    def register_with_event_loop(self, connection: _OjsConnection, loop: Any) -> None:
+        """Read the socket from kombu's event loop (Celery's worker), and never sleep on buffered frames.
+
+        :class:`FrameReader` reads ahead: any read of the connection outside
+        :meth:`on_readable` (a synchronous reply such as ``Basic.ConsumeOk``, a
+        confirm wait, a ``drain_events``) can leave complete frames in its
+        buffer, and buffered bytes do not make the socket readable.  So the
+        buffer is dispatched on every tick of the loop, right before it polls.
+        """
+        super().register_with_event_loop(connection, loop)  # type: ignore[no-untyped-call]
+        reader = connection.frame_reader
+        if reader is None:
+            return
+
+        def dispatch_buffered() -> None:
+            if connection.frame_reader is not reader or not connection.connected:
+                loop.on_tick.discard(dispatch_buffered)  # this connection is gone
+                return
+            while reader.has_frame():
+                reader.dispatch()
+
+        loop.on_tick.add(dispatch_buffered)
+
+    def on_readable(self, connection: _OjsConnection, loop: Any) -> None:
+        """The event loop's read callback: every complete frame the socket holds, from one ``recv``.
+
+        Instead of kombu's one ``drain_events(timeout=0)`` per frame (about half
+        the CPU per delivery, see :mod:`ojs_kombu.amqp.framing`).  Frames a
+        callback reads ahead are dispatched by the loop's tick (see
+        :meth:`register_with_event_loop`).
+        """
+        reader = connection.frame_reader
+        if reader is None:
+            super().on_readable(connection, loop)  # type: ignore[no-untyped-call]
+            return
+        if not connection.connected:
+            raise RecoverableConnectionError("Socket was disconnected")
+        if not reader.has_frame():
+            reader.fill()
+        reader.dispatch()
+
+    def qos_semantics_matches_spec(self, connection: _OjsConnection) -> bool:
+        """Per-consumer prefetch: Celery then sends ``global=False`` itself."""
+        return True
+
+
+class SSLTransport(Transport):
+    """``ojss://``: the same over TLS (port 5671 by default)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        client: Any = self.client
+        if not client.ssl:  # TLS on unless the caller passed its own ssl options
+            client.ssl = True
+
+
+def register_aliases() -> None:
+    """Register ``ojs`` and ``ojss`` in kombu's transport alias table (idempotent)."""
+    TRANSPORT_ALIASES.setdefault("ojs", "ojs_kombu.transport:Transport")
+    TRANSPORT_ALIASES.setdefault("ojss", "ojs_kombu.transport:SSLTransport")
+
+
+__all__ = ["Connection", "SSLTransport", "Transport", "register_aliases"]

@@ -1,0 +1,145 @@
+"""Jobs the ``ojs://`` channel settles itself (through the runtime's Settler) and never hands to the framework."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import kombu
+import pika
+import pytest
+from support import get_messages, raw_channel, wait_until
+
+from ojs_kombu import Client
+from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.model.job import Job
+from ojs_kombu.model.naming import Names
+from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.runtime.consumer import Delivery
+from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.transport import EARLY_TOLERANCE_MS
+from ojs_kombu.wire.codec import encode
+
+
+def _ojs_url(amqp_url: str) -> str:
+    return "ojs" + amqp_url[amqp_url.index("://") :]
+
+
+def _drain(conn: kombu.Connection, seconds: float) -> None:
+    """Read the connection for ``seconds`` (the confirms of the channel's republishes arrive this way)."""
+    try:
+        conn.drain_events(timeout=seconds)
+    except TimeoutError:
+        pass
+
+
+def test_an_invalid_envelope_goes_to_the_dead_letter_queue_with_its_error_code(amqp_url, prefix, names):
+    queue_name = f"inv{uuid.uuid4().hex[:8]}"
+    received: list = []
+    with kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+        queue = kombu.Queue(queue_name, durable=True)
+        with kombu.Consumer(conn.channel(), [queue], callbacks=[lambda body, m: received.append(m)]):
+            with raw_channel(amqp_url) as channel:
+                channel.basic_publish(
+                    names.direct_exchange,
+                    queue_name,
+                    b'{"id": "not a job"}',
+                    pika.BasicProperties(content_type="application/openjobspec+json", message_id="bad-1"),
+                )
+            dead = []
+
+            def dead_lettered() -> bool:
+                _drain(conn, 0.05)
+                dead.extend(get_messages(amqp_url, names.dead_letter_queue(queue_name), 1, timeout=0.05))
+                return bool(dead)
+
+            wait_until(dead_lettered, timeout=10, interval=0, message="the invalid envelope in the DLQ")
+    assert received == []
+    _, properties, body = dead[0]
+    assert body == b'{"id": "not a job"}'
+    assert properties.headers["x-ojs-error-code"]
+    assert properties.message_id == "bad-1"
+
+
+def test_a_redelivered_job_counts_a_lost_worker_and_is_not_run_again(amqp_url, prefix, names):
+    """The first consumer dies holding the job; the broker redelivers it (``redelivered``): with one
+    attempt allowed, the Settler dead-letters it instead of handing it to the framework again."""
+    queue_name = f"rd{uuid.uuid4().hex[:8]}"
+    with Client(amqp_url, prefix=prefix) as client:
+        job = client.enqueue("lost.worker", [1], queue=queue_name, retry={"max_attempts": 1})
+    queue = kombu.Queue(queue_name, durable=True)
+    first: list = []
+    with kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+        with kombu.Consumer(conn.channel(), [queue], callbacks=[lambda body, m: first.append(m)]):
+            wait_until(lambda: _drain(conn, 0.05) or first, timeout=10, interval=0, message="the first delivery")
+    # closed without an ack: the broker requeues it, flagged redelivered
+    second: list = []
+    with kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+        with kombu.Consumer(conn.channel(), [queue], callbacks=[lambda body, m: second.append(m)]):
+            dead = []
+
+            def dead_lettered() -> bool:
+                _drain(conn, 0.05)
+                dead.extend(get_messages(amqp_url, names.dead_letter_queue(queue_name), 1, timeout=0.05))
+                return bool(dead)
+
+            wait_until(dead_lettered, timeout=10, interval=0, message="the redelivered job in the DLQ")
+    assert second == []
+    _, properties, _ = dead[0]
+    assert properties.message_id == job.id
+
+
+# -- the Settler's parameters for the transport (pure logic: a recording Settlement, no broker) -------
+
+
+class RecordingSettlement:
+    """A :class:`~ojs_kombu.runtime.settle.Settlement` that records what the Settler asks of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def ack(self, delivery: Delivery) -> None:
+        self.calls.append(("ack", ""))
+
+    def nack(self, delivery: Delivery) -> None:
+        self.calls.append(("nack", ""))
+
+    def republish(self, delivery, message, exchange, routing_key, queue, prepare=None) -> None:
+        self.calls.append(("republish", exchange))
+
+
+def _delivery(job: Job) -> Delivery:
+    message = encode(job)
+    return Delivery(
+        message.body, dict(message.properties), dict(message.headers), 1, False, "", job.queue, job.queue, 0
+    )
+
+
+def _settler(**options) -> tuple[Settler, RecordingSettlement]:
+    names = Names("unit")
+    recorder = RecordingSettlement()
+    return Settler(recorder, names, Topology(names), Cascade(names), **options), recorder
+
+
+@pytest.mark.parametrize(("tolerance_ms", "runs"), [(0, False), (EARLY_TOLERANCE_MS, True)])
+def test_a_slightly_early_job_is_run_within_the_tolerance(tolerance_ms, runs):
+    """The transport leaves a job less than 1 s early to Celery (which waits for the ETA); the Worker does not."""
+    job = Job.create("early.job", [], queue="q", scheduled_at=timedelta(milliseconds=500))
+    settler, recorder = _settler(early_tolerance_ms=tolerance_ms)
+    assert (settler.triage(_delivery(job)) is not None) is runs
+    assert [kind for kind, _ in recorder.calls] == ([] if runs else ["republish"])  # into the cascade
+
+
+def test_a_job_early_beyond_the_tolerance_goes_back_into_the_cascade():
+    job = Job.create("early.job", [], queue="q", scheduled_at=timedelta(minutes=5))
+    settler, recorder = _settler(early_tolerance_ms=EARLY_TOLERANCE_MS)
+    assert settler.triage(_delivery(job)) is None
+    assert [kind for kind, _ in recorder.calls] == ["republish"]
+
+
+@pytest.mark.parametrize(("discard", "expected"), [(True, [("ack", "")]), (False, [])])
+def test_an_expired_job_is_discarded_unless_left_to_the_framework(discard, expected):
+    job = Job.create("late.job", [], queue="q", expires_at="2000-01-01T00:00:00.000Z")
+    settler, recorder = _settler(discard_expired=discard)
+    assert (settler.triage(_delivery(job)) is None) is discard
+    assert recorder.calls == expected
