@@ -29,6 +29,7 @@ from ojs_kombu import (
     UnroutableError,
     ValidationError,
 )
+from ojs_kombu.testing.broker import PrivateNode
 
 # -- the error table (no broker) -------------------------------------------------------------
 
@@ -290,3 +291,20 @@ def test_parameters_fail_over_to_the_next_broker(make_broker, amqp_url, prefix, 
     failover.send(2)
     [(_, _, body)] = get_messages(amqp_url, names.job_queue("failover"), 1)
     assert Job.from_json(body).args == [2]
+
+
+def test_a_broker_that_stops_confirming_raises_connection_closed(make_broker):
+    """A memory alarm blocks every publishing connection: no confirm arrives (on a node of its own)."""
+    with PrivateNode() as node:
+        broker = make_broker(node.url, prefix="alarm", confirm_timeout=1, connect_retries=0)
+
+        @dramatiq.actor(broker=broker, queue_name="blocked")
+        def blocked():
+            pass
+
+        blocked.send()  # the queue is declared and a publish confirmed before the alarm
+        node._ctl("set_vm_memory_high_watermark", "0")
+        with pytest.raises(ConnectionClosed) as raised:
+            blocked.send()
+        assert isinstance(raised.value.__cause__, PublishTimeoutError)
+        broker.close()  # before the node stops
