@@ -58,7 +58,7 @@ from ojs_kombu.wire.entities import QueueOptions
 
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
 from .errors import dramatiq_error, dramatiq_errors
-from .parameters import PIKA_KEYWORDS, url_for_parameters
+from .parameters import PIKA_KEYWORDS, refuse_untranslatable, url_for_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -503,6 +503,7 @@ def _connection(
 ) -> tuple[str | list[str] | None, float | None]:
     """``url``, or the URL of ``RabbitmqBroker``'s ``parameters=`` / pika keyword arguments in
     ``options``; and the heartbeat those gave (``None``: none)."""
+    refuse_untranslatable(sorted(options))  # before any other complaint: it says what to use instead
     pika_options = {k: v for k, v in options.items() if k in PIKA_KEYWORDS}
     if parameters is None and not pika_options:
         return url, None

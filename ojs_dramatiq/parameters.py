@@ -9,7 +9,7 @@ URL equivalent and refuses the rest with a message naming the supported form.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -89,10 +89,23 @@ def url_for_parameters(parameters: Sequence[Any] | Any | None = None, **options:
     return Translation(";".join(url for url, _ in entries), heartbeats.pop() if heartbeats else None)
 
 
-def _from_mapping(options: Mapping[str, Any]) -> tuple[str, float | None]:
-    for name in options:
+def refuse_untranslatable(names: Iterable[str]) -> None:
+    """Refuse the pika parameters among ``names`` that ``OjsBroker`` cannot honour.
+
+    Parameters:
+      names: keyword argument names.
+
+    Raises:
+      TypeError: naming the first such parameter and what to use instead.
+    """
+    for name in names:
         if name in REFUSED:
             raise TypeError(f"OjsBroker cannot honour the pika parameter {name}=: {REFUSED[name]}")
+
+
+def _from_mapping(options: Mapping[str, Any]) -> tuple[str, float | None]:
+    refuse_untranslatable(options)
+    for name in options:
         if name not in TRANSLATED:
             raise TypeError(f"unknown pika connection parameter {name!r}; OjsBroker takes {_SUPPORTED}")
     return _url(
@@ -162,4 +175,4 @@ def _heartbeat(value: Any) -> float | None:
     return value
 
 
-__all__ = ["PIKA_KEYWORDS", "REFUSED", "TRANSLATED", "Translation", "url_for_parameters"]
+__all__ = ["PIKA_KEYWORDS", "REFUSED", "TRANSLATED", "Translation", "refuse_untranslatable", "url_for_parameters"]

@@ -167,6 +167,8 @@ def test_ojs_broker_refuses_mixed_forms_and_untranslatable_parameters():
         OjsBroker(parameters=[{"host": "a"}], port=5673)
     with pytest.raises(TypeError, match=r"ssl_options.*amqps://"):
         OjsBroker(host="a", ssl_options=object())
+    with pytest.raises(TypeError, match=r"connection_attempts=.*connect_retries="):
+        OjsBroker("amqp://guest:guest@localhost//", connection_attempts=3)
     with pytest.raises(ValueError, match="differs"):
         OjsBroker(parameters=[{"host": "a", "heartbeat": 10}], heartbeat=20)
     with pytest.raises(TypeError, match="unexpected keyword arguments: hostname"):
