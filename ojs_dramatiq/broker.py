@@ -33,20 +33,21 @@ import queue as queue_module
 import threading
 import time
 import weakref
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import dramatiq
-import kombu
+from amqp.channel import Channel
 from amqp.exceptions import NotFound
 from dramatiq.broker import Consumer, MessageProxy
 from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware, Retries
+from kombu.connection import Connection
 
-from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, make_connection
 from ojs_kombu.client import Client
-from ojs_kombu.errors import BrokerConnectionError, DecodeError, UnroutableError
+from ojs_kombu.errors import DecodeError, UnroutableError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for
 from ojs_kombu.model.policies import RetryPolicy
@@ -57,12 +58,22 @@ from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.wire.entities import QueueOptions
 
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
+from .errors import dramatiq_error, dramatiq_errors
+from .parameters import PIKA_KEYWORDS, refuse_untranslatable, url_for_parameters
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class _Releasable(Protocol):
+    def release(self) -> None: ...
+
 
 #: Options of :class:`ojs_kombu.Client` that ``OjsBroker`` passes through.
 CLIENT_OPTIONS = frozenset(
     {
+        "declare",
         "queue_options",
         "pool_size",
         "confirm_timeout",
@@ -73,6 +84,9 @@ CLIENT_OPTIONS = frozenset(
         "connection_name",
     }
 )
+
+#: Options of the kombu connections that ``OjsBroker`` passes through.
+KOMBU_OPTIONS = frozenset({"heartbeat", "ssl", "transport_options"})
 
 
 class OjsBroker(dramatiq.Broker):
@@ -92,10 +106,45 @@ class OjsBroker(dramatiq.Broker):
         (``Basic.Nack(requeue=False)``, the binding's FAIL; RabbitMQ adds ``x-death``) or
         ``"republish"`` (published there with the final error in the envelope and the
         ``x-ojs-error-*`` headers, confirmed, then acked).
-      **kombu_options: ``heartbeat``, ``ssl``, ``transport_options`` (kombu connection
-        options) and the :class:`ojs_kombu.Client` options ``queue_options``,
-        ``pool_size``, ``confirm_timeout``, ``connect_retries``, ``app_id``,
-        ``on_conflict``, ``window``, ``connection_name``.
+      parameters: ``RabbitmqBroker``'s other form instead of ``url``: a list of dicts of pika
+        connection parameters (or ``pika.ConnectionParameters`` objects), a failover list.
+      **options: ``RabbitmqBroker``'s pika keyword arguments ``host``, ``port``,
+        ``virtual_host``, ``credentials`` (``pika.PlainCredentials``) and ``heartbeat``, instead
+        of ``url`` (translated into an AMQP URL by :func:`ojs_dramatiq.parameters.url_for_parameters`;
+        the pika parameters without a py-amqp equivalent, such as ``ssl_options``, are refused
+        with a ``TypeError`` naming what to use instead); the kombu connection options
+        ``heartbeat``, ``ssl``, ``transport_options``; the :class:`ojs_kombu.Client` options
+        ``queue_options``, ``pool_size``, ``confirm_timeout``, ``connect_retries``, ``app_id``,
+        ``on_conflict``, ``window``, ``connection_name`` and ``declare`` (``False``: never
+        declare job queues when publishing, for producers without the configure permission).
+
+    Raises:
+      TypeError: for an unknown keyword argument, a pika parameter that cannot be honoured, or
+        ``url`` together with ``parameters`` / pika keyword arguments.
+      ValueError: for a bad ``max_priority``, ``dead_letter_mode`` or connection parameter.
+
+    Errors of :meth:`enqueue` (and ``send()``): Dramatiq's, so that code written for
+    ``RabbitmqBroker`` that catches :class:`dramatiq.errors.BrokerError` keeps working; the
+    ``ojs_kombu`` error is the ``__cause__`` (:mod:`ojs_dramatiq.errors`):
+
+    ==============================  ======================  ==========================================
+    ``ojs_kombu`` error             Dramatiq error          why
+    ==============================  ======================  ==========================================
+    ``BrokerConnectionError``       ``ConnectionClosed``    what ``RabbitmqBroker.enqueue`` raises when
+                                                            the broker cannot be reached
+    ``PublishTimeoutError``         ``ConnectionClosed``    the broker stopped answering (as pika's
+                                                            blocked-connection timeout); the job may
+                                                            have been queued all the same
+    ``UnroutableError``             ``QueueNotFound``       no queue is bound for the message, even
+                                                            after declaring it again
+    ``PublishNackedError``          ``BrokerError``         the broker refused the message (a full
+                                                            ``reject-publish`` queue ...)
+    any other ``OjsError``          ``BrokerError``         a ``TopologyError``, a channel the broker
+                                                            closed, a closed broker ...
+    ``ValidationError``             raised as is            a bad argument: a ``ValueError``, as
+                                                            Dramatiq's JSON encoder raises a
+                                                            ``TypeError``; no retry would succeed
+    ==============================  ======================  ==========================================
     """
 
     def __init__(
@@ -107,7 +156,8 @@ class OjsBroker(dramatiq.Broker):
         max_priority: int | None = None,
         confirm_delivery: bool = True,
         dead_letter_mode: str = "nack",
-        **kombu_options: Any,
+        parameters: Sequence[Any] | None = None,
+        **options: Any,
     ):
         super().__init__(middleware=middleware)
         if max_priority is not None and not 0 < max_priority <= 255:
@@ -115,19 +165,23 @@ class OjsBroker(dramatiq.Broker):
         if dead_letter_mode not in ("nack", "republish"):
             raise ValueError("dead_letter_mode must be 'nack' or 'republish'")
         self.dead_letter_mode = dead_letter_mode
-        unknown = set(kombu_options) - CLIENT_OPTIONS - {"heartbeat", "ssl", "transport_options"}
+        unknown = set(options) - CLIENT_OPTIONS - KOMBU_OPTIONS - PIKA_KEYWORDS
         if unknown:
             raise TypeError(f"OjsBroker() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+        url, heartbeat = _connection(url, parameters, options)
+        kombu_options = {k: v for k, v in options.items() if k in KOMBU_OPTIONS}
+        if heartbeat is not None:
+            kombu_options["heartbeat"] = heartbeat
         self.max_priority = max_priority
         self.heartbeat: float = kombu_options.get("heartbeat", DEFAULT_HEARTBEAT)
         self.ssl = kombu_options.get("ssl")
         self.transport_options = kombu_options.get("transport_options")
-        client_options = {k: v for k, v in kombu_options.items() if k in CLIENT_OPTIONS}
+        client_options = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
         client_options.setdefault("pool_size", 64)  # one pooled connection per publishing worker thread
         if max_priority is not None and "queue_options" not in client_options:
             client_options["queue_options"] = QueueOptions(max_priority=max_priority)
         self.client = Client(
-            url,
+            ";".join(url) if isinstance(url, list) else url,
             prefix=prefix,
             heartbeat=self.heartbeat,
             ssl=self.ssl,
@@ -142,7 +196,7 @@ class OjsBroker(dramatiq.Broker):
         self._ojs_queues: dict[str, str] = {}
         self._actor_names: dict[str, str] = {}
         self._consumers: dict[str, weakref.WeakSet[_OjsConsumer]] = {}
-        self._admin: kombu.Connection | None = None
+        self._admin: Connection | None = None
         self._admin_lock = threading.Lock()
 
     @property
@@ -155,7 +209,7 @@ class OjsBroker(dramatiq.Broker):
 
     # -- declarations ----------------------------------------------------------------------
 
-    def declare_actor(self, actor: dramatiq.Actor) -> None:
+    def declare_actor(self, actor: dramatiq.Actor[Any, Any]) -> None:
         """Declare ``actor`` and remember which OJS job type reaches it."""
         super().declare_actor(actor)
         self._actor_names[job_type_for(actor.actor_name)] = actor.actor_name
@@ -164,9 +218,13 @@ class OjsBroker(dramatiq.Broker):
         """Declare Dramatiq queue ``queue_name``: OJS job queue ``ojs.queue.{q}`` and its DLQ.
 
         The AMQP entities are declared lazily, by the first publish or consumer
-        (``ensure=True``: now).  No delay queue is declared.  Raises
-        :class:`ojs_kombu.ValidationError` (a ``ValueError``) for a name that has no
-        valid OJS queue name (see :func:`~ojs_dramatiq.encoder.ojs_queue_for`).
+        (``ensure=True``: now).  No delay queue is declared.
+
+        Raises:
+          ojs_kombu.ValidationError: (a ``ValueError``) for a name that has no valid OJS
+            queue name (see :func:`~ojs_dramatiq.encoder.ojs_queue_for`).
+          dramatiq.errors.BrokerError: (``ensure=True``) when the declaration failed, as
+            :meth:`enqueue` raises it.
         """
         if queue_name not in self.queues:
             ojs_queue = ojs_queue_for(queue_name)
@@ -175,7 +233,8 @@ class OjsBroker(dramatiq.Broker):
             self.queues.add(queue_name)
             self.emit_after("declare_queue", queue_name)
         if ensure:
-            self.client.declare_queue(self._ojs_queues[queue_name])
+            with dramatiq_errors():
+                self.client.declare_queue(self._ojs_queues[queue_name])
 
     def ojs_queue(self, queue_name: str) -> str:
         """The OJS queue name of Dramatiq queue ``queue_name``."""
@@ -187,7 +246,7 @@ class OjsBroker(dramatiq.Broker):
 
     # -- producing -------------------------------------------------------------------------
 
-    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
         """Publish ``message`` as an OJS job (confirmed); ``delay`` ms ahead through the scheduler.
 
         The ``Retries`` middleware re-enqueues the message it is retrying with a
@@ -195,10 +254,21 @@ class OjsBroker(dramatiq.Broker):
         attempt+1, error headers, confirmed), and the original delivery is acked
         once the broker has confirmed the retry.
 
+        Parameters:
+          message: the message (or a proxy of one) to publish.
+          delay: milliseconds to wait before the message may run (``None``: at once).
+
+        Returns:
+          The message.
+
         Raises:
-          ConnectionClosed: when the broker cannot be reached.
-          ojs_kombu.ValidationError: for arguments or options JSON cannot carry.
-          ojs_kombu.PublishError: when the broker did not take the job.
+          dramatiq.errors.ConnectionClosed: when the broker cannot be reached, or stopped
+            answering before it confirmed the publish.
+          dramatiq.errors.QueueNotFound: when the message could not be routed to its queue.
+          dramatiq.errors.BrokerError: when the broker did not take the job otherwise (the
+            ``ojs_kombu`` error, as for every one of these, is the ``__cause__``: see the table
+            in the class docstring).
+          ojs_kombu.ValidationError: for arguments or options JSON cannot carry (a ``ValueError``).
         """
         if isinstance(message, OjsMessageProxy) and delay is not None:
             return self._retry(message, delay)
@@ -207,7 +277,7 @@ class OjsBroker(dramatiq.Broker):
         self.declare_queue(message.queue_name)
         self.emit_before("enqueue", message, delay)
         job = self.job_for(message, delay_ms=delay)
-        try:
+        with dramatiq_errors():
             try:
                 self.client.enqueue_job(job)
             except UnroutableError:
@@ -215,17 +285,21 @@ class OjsBroker(dramatiq.Broker):
                 logger.warning("job %s was unroutable; declaring queue %r again", job.id, job.queue)
                 self.topology.forget(job.queue)
                 self.client.enqueue_job(job)
-        except BrokerConnectionError as exc:
-            raise ConnectionClosed(exc) from exc
         self.emit_after("enqueue", message, delay)
         return message
 
-    def enqueue_many(self, messages: Iterable[Message], *, delay: int | None = None) -> list[Message]:
+    def enqueue_many(self, messages: Iterable[Message[Any]], *, delay: int | None = None) -> list[Message[Any]]:
         """Publish many messages pipelined on one channel, then wait for all confirms.
 
         Much faster than ``send()`` in a loop (one confirm round trip per message),
         e.g. ``broker.enqueue_many(actor.message(i) for i in range(10_000))``.
-        Every message is published even if some fail; the first error is then raised.
+        Every message is published even if some fail; the first error is then raised,
+        as :meth:`enqueue` raises it.
+
+        Raises:
+          dramatiq.errors.BrokerError: as :meth:`enqueue` (a subclass, with the
+            ``ojs_kombu`` error of the first failed message as ``__cause__``).
+          ojs_kombu.ValidationError: for the first message JSON cannot carry.
         """
         messages = [m._message if isinstance(m, MessageProxy) else m for m in messages]
         jobs = []
@@ -233,18 +307,17 @@ class OjsBroker(dramatiq.Broker):
             self.declare_queue(message.queue_name)
             self.emit_before("enqueue", message, delay)
             jobs.append(self.job_for(message, delay_ms=delay))
-        try:
+        with dramatiq_errors():
             results = self.client.enqueue_many(jobs)
-        except BrokerConnectionError as exc:
-            raise ConnectionClosed(exc) from exc
         for message, result in zip(messages, results, strict=True):
             if result.ok:
                 self.emit_after("enqueue", message, delay)
-        for result in results:
-            result.unwrap()
+        with dramatiq_errors():
+            for result in results:
+                result.unwrap()
         return messages
 
-    def job_for(self, message: Message, *, delay_ms: int | None = None) -> Job:
+    def job_for(self, message: Message[Any], *, delay_ms: int | None = None) -> Job:
         """The OJS job ``message`` is sent as (retry policy and timeout from the actor's options)."""
         actor = self.actors.get(message.actor_name)
         actor_options = actor.options if actor is not None else {}
@@ -255,7 +328,7 @@ class OjsBroker(dramatiq.Broker):
             timeout_ms=message.options.get("time_limit", actor_options.get("time_limit")),
         )
 
-    def _retry_policy(self, message: Message, actor_options: dict[str, Any]) -> RetryPolicy:
+    def _retry_policy(self, message: Message[Any], actor_options: dict[str, Any]) -> RetryPolicy:
         retries = next((m for m in self.middleware if isinstance(m, Retries)), None)
         if retries is None:
             return retry_policy_for(0, 1, 1)
@@ -269,7 +342,7 @@ class OjsBroker(dramatiq.Broker):
             option("max_backoff", retries.max_backoff),
         )
 
-    def _retry(self, message: OjsMessageProxy, delay: int) -> OjsMessageProxy:
+    def _retry(self, message: OjsMessageProxy, delay: int) -> Message[Any]:
         self.emit_before("enqueue", message, delay)
         exception = message._exception
         failure = (
@@ -286,7 +359,7 @@ class OjsBroker(dramatiq.Broker):
             raise
         message.origin.retry(message, job, failure, ladder_ms(delay))
         self.emit_after("enqueue", message, delay)
-        return message
+        return message._message
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -297,7 +370,7 @@ class OjsBroker(dramatiq.Broker):
         self._consumers.setdefault(queue_name, weakref.WeakSet()).add(consumer)
         return consumer
 
-    def _message_for(self, job: Job, queue_name: str) -> Message:
+    def _message_for(self, job: Job, queue_name: str) -> Message[Any]:
         return job_to_message(job, queue_name, self._actor_names)
 
     # -- test helpers (as RabbitmqBroker's) ------------------------------------------------
@@ -312,7 +385,7 @@ class OjsBroker(dramatiq.Broker):
         ojs_queue = self.ojs_queue(queue_name)
         retry_queues = self._retry_queues(ojs_queue)
 
-        def count(conn: kombu.Connection) -> tuple[int, int, int]:
+        def count(conn: Connection) -> tuple[int, int, int]:
             self.topology.ensure_scheduling(conn.connection, ojs_queue, self.cascade)
             channel = conn.default_channel
             ready = self._count(channel, self.names.job_queue(ojs_queue))
@@ -355,7 +428,7 @@ class OjsBroker(dramatiq.Broker):
         successes = 0
         while successes < min_successes:
             if deadline and time.monotonic() >= deadline:
-                raise QueueJoinTimeout(queue_name)
+                raise dramatiq_error(QueueJoinTimeout, queue_name)
             ready, delayed, _ = self.get_queue_message_counts(queue_name)
             if ready + delayed + self.in_flight(queue_name) == 0:
                 successes += 1
@@ -371,20 +444,18 @@ class OjsBroker(dramatiq.Broker):
         """Close the publishing connections and the inspection connection."""
         self.client.close()
         with self._admin_lock:
-            if self._admin is not None:
-                self._admin.release()
-                self._admin = None
+            self._drop_admin()
 
     def _retry_queues(self, ojs_queue: str) -> list[str]:
         head = self.names.retry_queue(ojs_queue, 0)[:-1]
         return [q for q in self.topology.declared_queues() if q.startswith(head) and q[len(head) :].isdigit()]
 
     @staticmethod
-    def _count(channel, queue: str) -> int:
-        return channel.queue_declare(queue, passive=True).message_count
+    def _count(channel: Channel, queue: str) -> int:
+        return int(channel.queue_declare(queue, passive=True).message_count)
 
     @staticmethod
-    def _purge(conn: kombu.Connection, queue: str) -> None:
+    def _purge(conn: Connection, queue: str) -> None:
         channel = conn.connection.channel()
         try:
             channel.queue_purge(queue)
@@ -396,28 +467,64 @@ class OjsBroker(dramatiq.Broker):
             except Exception:  # noqa: BLE001 - closed by the broker after a 404
                 pass
 
-    def _with_admin(self, operation):
+    def _with_admin(self, operation: Callable[[Connection], T]) -> T:
         """Run ``operation(conn)`` on the inspection connection, reconnecting once if needed."""
+        failures = 0
         with self._admin_lock:
-            for attempt in (1, 2):
-                if self._admin is None:
-                    self._admin = kombu.Connection(
-                        self.client.url, heartbeat=0, ssl=self.ssl, transport_options=self.transport_options
-                    )
+            while True:
+                conn = self._admin_connection()
                 try:
-                    return operation(self._admin)
-                except self._admin.connection_errors + self._admin.channel_errors:
-                    self._admin.release()
-                    self._admin = None
-                    if attempt == 2:
+                    return operation(conn)
+                except conn.connection_errors + conn.channel_errors:
+                    self._drop_admin()
+                    failures += 1
+                    if failures == 2:
                         raise
+
+    def _admin_connection(self) -> Connection:
+        if self._admin is None:
+            self._admin = make_connection(
+                self.client.url,
+                heartbeat=0,
+                ssl=self.ssl,
+                transport_options=self.transport_options,
+                connection_name=f"ojs_dramatiq inspection {self.client.connection_name}",
+            )
+        return self._admin
+
+    def _drop_admin(self) -> None:
+        if self._admin is not None:
+            admin: _Releasable = self._admin  # kombu's release() is not annotated
+            admin.release()
+            self._admin = None
+
+
+def _connection(
+    url: str | list[str] | None, parameters: Sequence[Any] | None, options: dict[str, Any]
+) -> tuple[str | list[str] | None, float | None]:
+    """``url``, or the URL of ``RabbitmqBroker``'s ``parameters=`` / pika keyword arguments in
+    ``options``; and the heartbeat those gave (``None``: none)."""
+    refuse_untranslatable(sorted(options))  # before any other complaint: it says what to use instead
+    pika_options = {k: v for k, v in options.items() if k in PIKA_KEYWORDS}
+    if parameters is None and not pika_options:
+        return url, None
+    if url is not None:
+        given = ["parameters"] if parameters is not None else sorted(pika_options)
+        raise TypeError(f"OjsBroker(url=…) cannot be combined with pika connection parameters ({', '.join(given)})")
+    heartbeat = options.get("heartbeat")
+    if parameters is None and heartbeat is not None:
+        pika_options["heartbeat"] = heartbeat
+    translation = url_for_parameters(parameters, **pika_options)
+    if heartbeat is not None and translation.heartbeat not in (None, heartbeat):
+        raise ValueError(f"heartbeat={heartbeat} differs from the parameters' heartbeat {translation.heartbeat}")
+    return translation.url, translation.heartbeat
 
 
 class OjsMessageProxy(MessageProxy):
     """A message delivered by :class:`OjsBroker`: the Dramatiq message, plus the OJS job
     (``ojs_job``, ``attempt`` = executions before this one) and the AMQP delivery."""
 
-    def __init__(self, message: Message, job: Job, delivery: Delivery, origin: _OjsConsumer):
+    def __init__(self, message: Message[Any], job: Job, delivery: Delivery, origin: _OjsConsumer):
         super().__init__(message)
         self.ojs_job = job
         self.ojs_delivery = delivery
@@ -493,7 +600,7 @@ class _OjsConsumer(Consumer):
                 delivery = self._deliveries.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue_module.Empty:
                 if self._error is not None:
-                    raise ConnectionClosed(self._error) from self._error
+                    raise dramatiq_error(ConnectionClosed, self._error) from self._error
                 return None
             proxy = self._proxy(delivery)
             if proxy is not None:
@@ -515,7 +622,7 @@ class _OjsConsumer(Consumer):
             return None
         return OjsMessageProxy(message, job, delivery, self)
 
-    def ack(self, message: OjsMessageProxy) -> None:
+    def ack(self, message: MessageProxy) -> None:
         """``Basic.Ack`` (from any thread), unless the message was already retried."""
         if not isinstance(message, OjsMessageProxy):
             logger.warning("ignoring an ack of %r: it was not consumed from an OjsBroker", message)
@@ -524,7 +631,7 @@ class _OjsConsumer(Consumer):
         if origin._settled(message):
             origin.consumer.ack(message.ojs_delivery)
 
-    def nack(self, message: OjsMessageProxy) -> None:
+    def nack(self, message: MessageProxy) -> None:
         """Into ``ojs.queue.dlx.{q}`` (from any thread), as the broker's ``dead_letter_mode`` says."""
         if not isinstance(message, OjsMessageProxy):
             logger.warning("ignoring a nack of %r: it was not consumed from an OjsBroker", message)
@@ -551,9 +658,12 @@ class _OjsConsumer(Consumer):
         if self._settled(message):
             self.settler.retry(message.ojs_delivery, job, job.attempt + 1, failure, delay_ms)
 
-    def requeue(self, messages: Iterable[OjsMessageProxy]) -> None:
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
         """Hand unstarted messages back unchanged (confirmed republish, then ack): no attempt is spent."""
         for message in messages:
+            if not isinstance(message, OjsMessageProxy):
+                logger.warning("ignoring a requeue of %r: it was not consumed from an OjsBroker", message)
+                continue
             origin = message.origin
             if origin._settled(message):
                 origin.settler.hand_back(message.ojs_delivery)

@@ -93,18 +93,19 @@ def retry_policy_for(max_retries: int | None, min_backoff: int, max_backoff: int
     """
     attempts = UNLIMITED_ATTEMPTS if max_retries is None else max(0, max_retries) + 1
     initial = max(1, min_backoff)
-    return RetryPolicy(
-        max_attempts=attempts,
-        initial_interval=format_duration(timedelta(milliseconds=initial)),
-        max_interval=format_duration(timedelta(milliseconds=max(initial, max_backoff))),
-    )
+    fields: dict[str, Any] = {  # only these are set: the others read as the spec defaults
+        "max_attempts": attempts,
+        "initial_interval": format_duration(timedelta(milliseconds=initial)),
+        "max_interval": format_duration(timedelta(milliseconds=max(initial, max_backoff))),
+    }
+    return RetryPolicy(**fields)
 
 
 def _wire_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k not in LOCAL_OPTIONS}
 
 
-def _meta(message: Message, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _meta(message: Message[Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     section: dict[str, Any] = {"actor_name": message.actor_name, "message_id": message.message_id}
     options = _wire_options(message.options)
     if options:
@@ -116,7 +117,11 @@ def _meta(message: Message, base: Mapping[str, Any] | None = None) -> dict[str, 
 
 
 def message_to_job(
-    message: Message, *, retry: RetryPolicy | None = None, delay_ms: int | None = None, timeout_ms: int | None = None
+    message: Message[Any],
+    *,
+    retry: RetryPolicy | None = None,
+    delay_ms: int | None = None,
+    timeout_ms: int | None = None,
 ) -> Job:
     """The OJS job for ``message``.
 
@@ -141,12 +146,12 @@ def message_to_job(
     return job.model_copy(update={"created_at": created})
 
 
-def updated_job(job: Job, message: Message) -> Job:
+def updated_job(job: Job, message: Message[Any]) -> Job:
     """``job`` (as delivered) with the message's current options (middleware change them on retry)."""
     return job.model_copy(update={"meta": _meta(message, job.meta)})
 
 
-def job_to_message(job: Job, queue_name: str, actor_names: Mapping[str, str] | None = None) -> Message:
+def job_to_message(job: Job, queue_name: str, actor_names: Mapping[str, str] | None = None) -> Message[Any]:
     """The Dramatiq message of a delivered job, for the consumer of Dramatiq queue ``queue_name``.
 
     ``actor_names`` maps job types to actor names, for jobs enqueued without

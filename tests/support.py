@@ -58,6 +58,31 @@ def message_count(amqp_url: str, queue: str) -> int:
         return channel.queue_declare(queue, passive=True).method.message_count
 
 
+def total_messages(amqp_url: str, queues: list[str]) -> int:
+    """Ready messages in ``queues``, read in that order on one channel (passive declares, exact).
+
+    The reads are not one snapshot: list queues that messages move between (the scheduling
+    cascade's levels, whose messages only move down) *destination first*, so a message moving
+    between two reads is missed, never counted twice; then poll for the total with :func:`wait_until`.
+    A queue that does not exist (yet) counts 0.
+    """
+    total = 0
+    connection = pika.BlockingConnection(pika_parameters(amqp_url))
+    try:
+        channel = connection.channel()
+        for queue in queues:
+            try:
+                total += channel.queue_declare(queue, passive=True).method.message_count
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != 404:
+                    raise
+                channel = connection.channel()
+    finally:
+        if connection.is_open:
+            connection.close()
+    return total
+
+
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, message: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -287,6 +287,9 @@ def test_broker_cancel_then_connection_loss_leaves_one_consumer(amqp_url, client
     connection_name = f"cancel-{uuid.uuid4().hex[:8]}"
     worker = Worker(amqp_url, prefix=client.names.prefix, grace_period=5, connection_name=connection_name)
     worker.handler("a.b", lambda: None)
+    # Due well after the reconnect below (its back-off starts at ~1 s): the re-consume this cancel
+    # schedules is certainly still pending when the new channel consumes every queue.
+    worker.consumer.cancel_retry_delay = 60.0
     with worker:
         management.delete_queue(names.job_queue("default"))  # the broker sends Basic.Cancel
         wait_until(lambda: worker.consumer.cancellations >= 1, message="Basic.Cancel seen")
@@ -301,8 +304,9 @@ def test_broker_cancel_then_connection_loss_leaves_one_consumer(amqp_url, client
         management.close_connection(connection["name"])
         wait_until(lambda: worker.consumer.reconnections >= 1, message="a reconnection")
         assert worker.wait_until_ready(15)
-        # The scenario: let the re-consume that the cancel scheduled fall due.
-        time.sleep(worker.consumer.cancel_retry_delay + 0.5)
+        # Exact state instead of waiting for it to fall due: the reconnect dropped the pending
+        # re-consume, so nothing can add a second consumer later.
+        assert worker.consumer._recancelled == {}
         with raw_channel(amqp_url) as channel:
             assert channel.queue_declare(names.job_queue("default"), passive=True).method.consumer_count == 1
 
@@ -367,7 +371,7 @@ def test_bad_input_is_dead_lettered_with_its_reason_and_good_jobs_all_run(amqp_u
     with worker:
         with raw_channel(amqp_url) as channel:
             channel.confirm_delivery()
-            for (name, body, properties, headers, _), job in zip(BAD_MESSAGES, good, strict=False):
+            for (name, body, properties, headers, _), job in zip(BAD_MESSAGES, good[:-1], strict=True):
                 _publish_raw(channel, names, body, headers=headers, message_id=f"bad-{name}", **properties)
                 message = encode(job)
                 _publish_raw(channel, names, message.body, headers=message.headers, **message.properties)

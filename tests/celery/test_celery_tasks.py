@@ -11,8 +11,9 @@ import pytest
 from celery import chain, chord, group
 from celery.exceptions import ChordError, Reject, TaskRevokedError
 from celery.worker import state as worker_state
-from support import get_messages, wait_until
+from support import get_messages, message_count, total_messages, wait_until
 
+from ojs_kombu.policy.schedule import LEVELS
 from ojs_kombu.testing.schema import validate_job
 
 pytestmark = pytest.mark.broker
@@ -194,7 +195,7 @@ def test_reject(celery_app, worker_factory, amqp_url, names):
     assert [(c["redelivered"], c["retries"]) for c in seen.calls] == [(False, 0), (True, 1)]
 
 
-def test_countdown_is_never_early_and_nothing_waits_unacked(celery_app, worker_factory, management, names):
+def test_countdown_is_never_early_and_nothing_waits_unacked(celery_app, worker_factory, amqp_url, names):
     seen = Recorder()
 
     @celery_app.task
@@ -202,16 +203,19 @@ def test_countdown_is_never_early_and_nothing_waits_unacked(celery_app, worker_f
         seen.add(sent_at=sent_at, ran_at=time.time())
         return "ran"
 
+    cascade = [names.schedule_queue(level) for level in range(LEVELS)]  # lowest first: see total_messages
     with worker_factory(celery_app):
         start = time.time()
         result = later.apply_async((start,), countdown=6)
         eta_result = later.apply_async((start,), eta=datetime.now(UTC) + timedelta(seconds=6))
-        time.sleep(5.5)  # management statistics are sampled every few seconds
+        # Both wait *ready* in the broker's scheduling cascade (exact counts, not the management
+        # API's lagging statistics): not delivered, so not held unacked by any worker.
+        wait_until(lambda: total_messages(amqp_url, cascade) == 2, timeout=5, message="both jobs in the cascade")
+        assert message_count(amqp_url, names.job_queue("celery")) == 0
         assert len(seen) == 0
         assert not worker_state.reserved_requests  # not held in the worker's memory
-        job_queue = management.queue(names.job_queue("celery"))
-        assert job_queue.get("messages_unacknowledged", 0) == 0 and job_queue.get("messages", 0) == 0
         assert result.get(timeout=20) == "ran" and eta_result.get(timeout=20) == "ran"
+    assert len(seen) == 2
     for call in seen.calls:
         assert call["ran_at"] - call["sent_at"] >= 6.0
 
