@@ -60,14 +60,16 @@ from ojs_kombu.wire.headers import strip_death_headers
 
 logger = logging.getLogger(__name__)
 
+#: FrameReader's constructor is not annotated: calling it through this typed name keeps the
+#: module strict whether or not it ever is.
+_frame_reader: Callable[[Any], FrameReader] = FrameReader
+
 #: The consumer's two long-lived channels: consuming, and publishing (confirm mode).
 _CHANNELS = 2
 
 #: A settle request from a handler thread: ``("ack" | "nack", delivery)``, or
 #: ``("republish", delivery, message, exchange, routing_key, queue, prepare)``.
-_Request = (
-    tuple[str, "Delivery"] | tuple[str, "Delivery", OutgoingMessage, str, str, str, Callable[[Connection], None] | None]
-)
+_Request = tuple[str, "Delivery"] | tuple[str, "Delivery", OutgoingMessage, str, str, str, Callable[[Any], None] | None]
 
 
 @dataclass
@@ -114,7 +116,7 @@ class Consumer:
         on_delivery: Callable[[Delivery], None],
         *,
         topology: Topology,
-        declare: Callable[[Connection], None] | None = None,
+        declare: Callable[[Any], None] | None = None,
         heartbeat: float = 60,
         connect_retries: int | None = None,
         cancel_retry_delay: float = 1.0,
@@ -177,7 +179,7 @@ class Consumer:
         exchange: str,
         routing_key: str,
         queue: str,
-        prepare: Callable[[Connection], None] | None = None,
+        prepare: Callable[[Any], None] | None = None,
     ) -> None:
         """Publish ``message`` (confirmed), then ack ``delivery`` (DESIGN §5: never ack first).
 
@@ -289,7 +291,7 @@ class Consumer:
         connect_once(self._kombu)
         connection = self._kombu.connection
         # Plain TCP: buffered reads (framing.py).  TLS keeps py-amqp's read path.
-        self._reader = FrameReader(connection) if framing_supports(connection) else None
+        self._reader = _frame_reader(connection) if framing_supports(connection) else None
         self._generation += 1
         self.topology.redeclare(connection)
         if self.declare:
