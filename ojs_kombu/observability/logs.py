@@ -33,8 +33,8 @@ def job_log_extra(job: Job, attempt: int | None = None) -> JobLogFields:
 
     Parameters:
         job: the job the record is about.
-        attempt: the 1-based execution the record is about; default: the job's
-            own ``attempt`` field (executions before this delivery).
+        attempt: the 1-based execution the record is about (as ``x-ojs-attempt``);
+            default: the one a delivery of ``job`` is, its body ``attempt`` + 1.
 
     Returns:
         ``{"job_id", "job_type", "queue", "attempt"}``, for ``extra=``.
@@ -43,7 +43,7 @@ def job_log_extra(job: Job, attempt: int | None = None) -> JobLogFields:
         "job_id": job.id,
         "job_type": job.type,
         "queue": job.queue,
-        "attempt": job.attempt if attempt is None else attempt,
+        "attempt": job.attempt + 1 if attempt is None else attempt,
     }
 
 

@@ -11,7 +11,7 @@ from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 def test_job_fields() -> None:
     job = Job.create("email.send", [], queue="email")
     assert job_log_extra(job, 2) == {"job_id": job.id, "job_type": "email.send", "queue": "email", "attempt": 2}
-    assert job_log_extra(job)["attempt"] == job.attempt
+    assert job_log_extra(job)["attempt"] == job.attempt + 1 == 1  # the execution a delivery of it is
 
 
 def test_message_fields_have_the_same_keys() -> None:
