@@ -4,6 +4,7 @@ and jobs that outlive the grace period (against the real broker)."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 
 import pytest
@@ -44,6 +45,19 @@ def test_run_raises_worker_error_when_the_consumer_dies(amqp_url, prefix, names)
     assert "TopologyConflictError" in str(raised.value)
     assert worker.error is raised.value
     assert not worker.wait_until_ready(timeout=5)  # False at once: the consumer has ended
+
+
+def test_run_raises_worker_error_when_connect_retries_run_out():
+    with socket.socket() as probe:  # a port nothing listens on: every connect is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    worker = Worker(f"amqp://guest:guest@127.0.0.1:{port}//", connect_retries=0, grace_period=1)
+
+    with pytest.raises(WorkerError) as raised:
+        worker.run()
+
+    assert isinstance(raised.value.__cause__, OSError)  # refused (BrokerConnectionError is one too)
+    assert f"127.0.0.1:{port}" in str(raised.value)
 
 
 def test_stop_is_not_an_error(amqp_url, prefix):
