@@ -307,9 +307,9 @@ class Consumer:
         if not self._cancel_wanted.is_set():
             for amqp_queue in self.queues:
                 self._consume(amqp_queue)
-        self.connected.set()
         METRICS.connections_active.inc()
         METRICS.channels_opened(_CHANNELS)
+        self.connected.set()  # after the gauges: a caller woken by it reads them up to date
 
     def _consume(self, amqp_queue: str) -> None:
         assert self._channel is not None  # connected
