@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 
 import pytest
@@ -98,7 +99,7 @@ def test_handler_raising_system_exit_fails_its_attempt_then_the_worker_stops(
 
 def test_embedded_worker_stops_itself_after_a_handler_exit(client, amqp_url, prefix, names):
     worker = Worker(amqp_url, prefix=prefix, concurrency=1, grace_period=5)
-    worker.handler("exit.job", lambda: exit(0))
+    worker.handler("exit.job", lambda: sys.exit(0))
     worker.start()
     try:
         assert worker.wait_until_ready()
