@@ -7,11 +7,21 @@
     ojs-amqp dlq list email
     ojs-amqp dlq replay email [--id JOB_ID ...] [--limit N]
     ojs-amqp dlq purge email --yes
-    ojs-amqp worker myapp.jobs:worker
+    ojs-amqp worker myapp.jobs:worker [--queues email,sms] [--concurrency 20] [--log-level debug]
 
-Every command takes ``--url`` (default ``$OJS_AMQP_URL``) and ``--prefix``.
+Every command but ``worker`` takes ``--url`` (default ``$OJS_AMQP_URL``) and
+``--prefix``; the worker takes them from its :class:`~ojs_kombu.Worker`.
 Output is one JSON document per line where it is data, so it pipes into ``jq``.
 Passwords are never printed.
+
+``ojs-amqp worker`` imports ``module:attribute`` (default attribute: ``worker``)
+with the current directory first on ``sys.path``, as ``celery -A`` and
+``dramatiq`` do, so it runs from the project directory.  ``--queues`` replaces
+the Worker's queues (it does not add to them); ``--concurrency`` replaces its
+concurrency.  Exit status: 0 after a graceful shutdown (SIGTERM / SIGINT); 1
+when the worker stopped on its own (:class:`~ojs_kombu.runtime.worker.WorkerError`:
+the broker refused it, its connection retries ran out...) so that a supervisor
+restarts it; a handler's ``sys.exit(n)`` ends it with ``n``.
 """
 
 from __future__ import annotations
@@ -19,8 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from importlib import import_module
 from typing import Any
@@ -28,6 +39,8 @@ from typing import Any
 from ojs_kombu.client import Client
 from ojs_kombu.errors import OjsError
 from ojs_kombu.runtime.worker import Worker
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _json_arg(text: str | None, kind: type, what: str) -> Any:
@@ -65,7 +78,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 def cmd_declare(args: argparse.Namespace) -> int:
     """Declare a job queue and its dead letter queue."""
-    options = {
+    options: dict[str, Any] = {
         k: v
         for k, v in (
             ("max_priority", args.max_priority),
@@ -118,12 +131,38 @@ def cmd_dlq_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_worker(target: str) -> Worker:
+    """The :class:`Worker` at ``module:attribute`` (default attribute ``worker``), imported
+    with the current directory first on ``sys.path``.
+
+    Parameters:
+        target: ``"myapp.jobs:worker"``.
+
+    Returns:
+        The worker.
+
+    Raises:
+        SystemExit: the module cannot be imported, or the attribute is not a Worker.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"ojs-amqp: cannot import {module_name!r} (from {cwd}): {exc}") from None
+    worker = getattr(module, attribute or "worker", None)
+    if not isinstance(worker, Worker):
+        raise SystemExit(f"ojs-amqp: {target} is not an ojs_kombu.Worker")
+    return worker
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run the :class:`Worker` found at ``module:attribute`` until SIGTERM/SIGINT."""
-    module_name, _, attribute = args.target.partition(":")
-    worker = getattr(import_module(module_name), attribute or "worker")
-    if not isinstance(worker, Worker):
-        raise SystemExit(f"ojs-amqp: {args.target} is not an ojs_kombu.Worker")
+    worker = load_worker(args.target)
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues is not None else None
+    worker.configure(queues=queues, concurrency=args.concurrency)
     worker.run()
     return 0
 
@@ -170,7 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     purge.set_defaults(func=cmd_dlq_purge)
 
     worker = sub.add_parser("worker", help="run an ojs_kombu.Worker: module:attribute")
-    worker.add_argument("target")
+    worker.add_argument("target", help="module:attribute of the Worker (attribute default: worker)")
+    worker.add_argument("--queues", help="comma-separated OJS queues to consume instead of the Worker's own")
+    worker.add_argument("--concurrency", type=int, help="handler threads and prefetch (default: the Worker's)")
+    worker.add_argument("--log-level", type=str.upper, choices=_LOG_LEVELS, default="INFO")
     worker.set_defaults(func=cmd_worker)
     return parser
 
@@ -178,12 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ojs-amqp``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = getattr(args, "log_level", "INFO")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command: Callable[[argparse.Namespace], int] = args.func
     try:
-        return args.func(args)
+        return command(args)
     except OjsError as exc:
         print(f"ojs-amqp: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # re-raised by Worker.run from a handler, after the graceful shutdown
+        return 130
 
 
 if __name__ == "__main__":

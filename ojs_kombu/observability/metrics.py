@@ -46,7 +46,10 @@ class Metrics:
             "ojs_amqp_messages_unacked", "Current unacknowledged message count", ["consumer"], registry=registry
         )
         self.consumer_utilization = Gauge(
-            "ojs_amqp_consumer_utilization", "Consumer utilization ratio (0.0-1.0)", ["queue"], registry=registry
+            "ojs_amqp_consumer_utilization",
+            "Consumer utilization ratio (0.0-1.0): share of the consumer's prefetch window holding unsettled jobs",
+            ["queue"],
+            registry=registry,
         )
         self.confirm_latency = Histogram(
             "ojs_amqp_publish_confirm_latency_seconds",
@@ -55,6 +58,8 @@ class Metrics:
             registry=registry,
         )
         self._published: dict[str, Any] = {}
+        self._unacked: dict[str, Any] = {}
+        self._utilization: dict[str, Any] = {}
         self.reconnections = Counter("ojs_amqp_reconnections_total", "Total reconnection attempts", registry=registry)
         self.consumer_cancellations = Counter(
             "ojs_amqp_consumer_cancellations_total",
@@ -85,6 +90,29 @@ class Metrics:
     def reconnected(self) -> None:
         """A reconnection attempt was made."""
         self.reconnections.inc()
+
+    def channels_opened(self, count: int = 1) -> None:
+        """``count`` long-lived AMQP channels (consuming, publishing) were opened."""
+        self.channels_active.inc(count)
+
+    def channels_closed(self, count: int = 1) -> None:
+        """``count`` channels counted by :meth:`channels_opened` were closed or lost."""
+        self.channels_active.dec(count)
+
+    def unacked(self, consumer: str, count: int) -> None:
+        """Consumer ``consumer`` (its connection name) holds ``count`` deliveries unsettled."""
+        gauge = self._unacked.get(consumer)
+        if gauge is None:  # labels() costs more than the set: keep the children
+            gauge = self._unacked[consumer] = self.messages_unacked.labels(consumer)
+        gauge.set(count)
+
+    def utilization(self, queue: str, ratio: float) -> None:
+        """The share (0.0-1.0) of the prefetch window on ``queue`` that holds unsettled deliveries:
+        1.0 means the consumer takes no more jobs from ``queue`` until it settles one."""
+        gauge = self._utilization.get(queue)
+        if gauge is None:
+            gauge = self._utilization[queue] = self.consumer_utilization.labels(queue)
+        gauge.set(ratio)
 
 
 #: The process-wide metrics.

@@ -15,6 +15,18 @@ prefetch; deliveries of the lost connection are forgotten (the broker
 redelivers them, flagged ``redelivered``).  A broker-initiated ``Basic.Cancel``
 (e.g. the queue was deleted) is logged, counted and followed by a re-consume
 after a delay.
+
+Metrics: ``ojs_amqp_connections_active`` and ``ojs_amqp_channels_active`` (the
+consuming and the publishing channel) while connected;
+``ojs_amqp_messages_unacked{consumer}`` (label: the connection name) and
+``ojs_amqp_consumer_utilization{queue}`` (unsettled deliveries of the queue over
+the prefetch count) are updated once per loop pass, and drop to 0 when the
+connection is lost (the broker takes those deliveries back).
+
+Shutdown: :meth:`Consumer.close` releases the wake-up pipe.  A handler thread
+that settles a delivery after that (a job that outlived the grace period) only
+queues a moot request: it never writes to the closed descriptor, whose number
+the process may already have given to another file.
 """
 
 from __future__ import annotations
@@ -29,21 +41,35 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import kombu
 from amqp import spec
 from amqp.basic_message import Message
+from amqp.channel import Channel
+from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import connect_once, make_connection, safe_url
 from ojs_kombu.amqp.framing import FrameReader
 from ojs_kombu.amqp.framing import supports as framing_supports
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.errors import OjsError
+from ojs_kombu.observability.logs import message_log_extra
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.headers import strip_death_headers
 
 logger = logging.getLogger(__name__)
+
+#: FrameReader's constructor is not annotated: calling it through this typed name keeps the
+#: module strict whether or not it ever is.
+_frame_reader: Callable[[Any], FrameReader] = FrameReader
+
+#: The consumer's two long-lived channels: consuming, and publishing (confirm mode).
+_CHANNELS = 2
+
+#: A settle request from a handler thread: ``("ack" | "nack", delivery)``, or
+#: ``("republish", delivery, message, exchange, routing_key, queue, prepare)``.
+_Request = tuple[str, "Delivery"] | tuple[str, "Delivery", OutgoingMessage, str, str, str, Callable[[Any], None] | None]
 
 
 @dataclass
@@ -110,9 +136,15 @@ class Consumer:
         self._kombu = make_connection(
             url, heartbeat=heartbeat, ssl=ssl, transport_options=transport_options, connection_name=connection_name
         )
-        self._requests: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self.connection_name = connection_name
+        self._requests: queue_module.SimpleQueue[_Request] = queue_module.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._wake_pending = False  # a byte is (about to be) in the pipe: the loop will wake
+        self._pipe_lock = threading.Lock()  # guards writes to the pipe against close()
+        self._closed = False  # close() was called: never write to the pipe again
+        self._running = False  # run() is executing: it releases the pipe when it ends
+        self._unacked: dict[str, int] = dict.fromkeys(self.queues.values(), 0)  # per OJS queue
+        self._window_changed = True
         self._metric_children: dict[tuple[Any, str], Any] = {}
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -120,7 +152,7 @@ class Consumer:
         self._consuming = threading.Event()
         self._cancel_wanted = threading.Event()
         self._generation = 0
-        self._channel = None
+        self._channel: Channel | None = None
         self._publisher: ConfirmedPublisher | None = None
         self._consumer_tags: dict[str, str] = {}
         self._queue_by_tag: dict[str, str] = {}  # consumer tag -> amqp queue (for deliveries)
@@ -167,9 +199,10 @@ class Consumer:
         self._stop.set()
         self._wake()
 
-    def connection_factory(self) -> kombu.Connection:
+    def connection_factory(self) -> Connection:
         """A new, unconnected kombu connection with this consumer's settings."""
-        return self._kombu.clone()
+        clone: Connection = self._kombu.clone()
+        return clone
 
     @property
     def consuming(self) -> bool:
@@ -181,7 +214,7 @@ class Consumer:
         """Incremented on every (re)connection; deliveries of older generations cannot be settled."""
         return self._generation
 
-    def _request(self, item: tuple) -> None:
+    def _request(self, item: _Request) -> None:
         self._requests.put(item)
         self._wake()
 
@@ -190,19 +223,24 @@ class Consumer:
         # pipe, then executes every request made so far (see _clear_wake and _loop).
         if self._wake_pending:
             return
-        self._wake_pending = True
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass  # the pipe is full: the loop is awake anyway
-        except OSError:
-            pass  # closed: the loop has ended; the request is moot (the broker redelivers)
+        with self._pipe_lock:
+            if self._closed:
+                return  # the loop has ended; the request is moot (the broker redelivers)
+            self._wake_pending = True
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:
+                pass  # the pipe is full: the loop is awake anyway
 
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
         """Consume until :meth:`stop`; reconnect on connection loss."""
         attempt = 0
+        with self._pipe_lock:
+            if self._closed:
+                raise OjsError("the consumer is closed")
+            self._running = True
         try:
             while not self._stop.is_set():
                 try:
@@ -226,26 +264,40 @@ class Consumer:
         finally:
             self._drain_requests_after_disconnect()
             self._disconnect()
+            with self._pipe_lock:
+                self._running = False
+                if self._closed:
+                    self._release_pipe()
 
     def close(self) -> None:
-        """Release the wake-up pipe, once the loop has ended and no thread makes requests."""
+        """Release the wake-up pipe; requests made afterwards are dropped (the broker redelivers).
+
+        Safe at any time: if the loop is still running (it outlived a join timeout),
+        the pipe is released when the loop ends instead.  Idempotent.
+        """
+        with self._pipe_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if not self._running:
+                self._release_pipe()
+
+    def _release_pipe(self) -> None:
         for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            os.close(fd)
+        self._wake_r = self._wake_w = -1
 
     def _connect(self) -> None:
         connect_once(self._kombu)
         connection = self._kombu.connection
         # Plain TCP: buffered reads (framing.py).  TLS keeps py-amqp's read path.
-        self._reader = FrameReader(connection) if framing_supports(connection) else None
+        self._reader = _frame_reader(connection) if framing_supports(connection) else None
         self._generation += 1
         self.topology.redeclare(connection)
         if self.declare:
             self.declare(connection)
         self._publisher = ConfirmedPublisher(connection)
-        channel = connection.channel()
+        channel: Channel = connection.channel()
         channel.auto_decode = False
         channel.basic_qos(0, self.prefetch, False)
         self._channel = channel
@@ -255,10 +307,12 @@ class Consumer:
         if not self._cancel_wanted.is_set():
             for amqp_queue in self.queues:
                 self._consume(amqp_queue)
-        self.connected.set()
         METRICS.connections_active.inc()
+        METRICS.channels_opened(_CHANNELS)
+        self.connected.set()  # after the gauges: a caller woken by it reads them up to date
 
     def _consume(self, amqp_queue: str) -> None:
+        assert self._channel is not None  # connected
         tag = self._channel.basic_consume(
             amqp_queue,
             no_ack=False,
@@ -272,7 +326,9 @@ class Consumer:
     def _disconnect(self) -> None:
         if self.connected.is_set():
             METRICS.connections_active.dec()
+            METRICS.channels_closed(_CHANNELS)
         self.connected.clear()
+        self._forget_window()  # the broker takes the unsettled deliveries of a lost channel back
         self._consuming.clear()  # no consumer outlives its channel
         self._channel = None
         self._publisher = None
@@ -310,16 +366,18 @@ class Consumer:
                 self._read_available(connection)
             if self.heartbeat:
                 self._kombu.heartbeat_check()
+            if self._window_changed:
+                self._record_window()
         self._execute_requests()
         if self._publisher is not None:
             self._publisher.wait_all(timeout=10)  # republishes settle (ack or nack) before we go
 
     @staticmethod
-    def _has_buffered(sock) -> bool:
+    def _has_buffered(sock: Any) -> bool:
         pending = getattr(sock, "pending", None)  # TLS sockets buffer decrypted bytes
         return bool(pending and pending())
 
-    def _read_available(self, connection) -> None:
+    def _read_available(self, connection: Any) -> None:
         while True:
             try:
                 connection.drain_events(timeout=0)
@@ -344,6 +402,8 @@ class Consumer:
         queue = self.queues.get(amqp_queue, amqp_queue)
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
         self._metric(METRICS.messages_consumed, queue).inc()
+        self._unacked[queue] = self._unacked.get(queue, 0) + 1
+        self._window_changed = True
         self.on_delivery(
             Delivery(
                 body=body,
@@ -392,6 +452,7 @@ class Consumer:
                 raise
 
     def _cancel_all(self) -> None:
+        assert self._channel is not None  # connected
         for amqp_queue, tag in list(self._consumer_tags.items()):
             self._channel.basic_cancel(tag)
             del self._consumer_tags[amqp_queue]
@@ -413,18 +474,22 @@ class Consumer:
                 self._ack(delivery)
             elif kind == "nack":
                 self._nack(delivery)
-            else:
+            elif len(item) == 7:
                 _, _, message, exchange, routing_key, queue, prepare = item
                 if prepare is not None:
                     prepare(self._kombu.connection)
+                assert self._publisher is not None  # connected
                 self._publisher.publish(
                     message,
                     exchange=exchange,
                     routing_key=routing_key,
                     queue=queue,
                     job_id=message.properties.get("message_id"),
-                    on_done=lambda ticket, d=delivery: self._after_republish(d, ticket),
+                    on_done=self._republished(delivery),
                 )
+
+    def _republished(self, delivery: Delivery) -> Callable[[PublishTicket], None]:
+        return lambda ticket: self._after_republish(delivery, ticket)
 
     def _after_republish(self, delivery: Delivery, ticket: PublishTicket) -> None:
         if delivery.generation != self._generation:
@@ -433,20 +498,43 @@ class Consumer:
             self._ack(delivery)
             return
         logger.error(
-            "republishing job %s failed (%s); sending it to its dead letter queue", ticket.job_id, ticket.error
+            "republishing job %s failed (%s); sending it to its dead letter queue",
+            ticket.job_id,
+            ticket.error,
+            extra=message_log_extra(ticket.job_id, delivery.queue),
         )
         self._nack(delivery)
 
     def _ack(self, delivery: Delivery) -> None:
+        assert self._channel is not None  # only settled while connected (same generation)
         self._channel.basic_ack(delivery.delivery_tag, multiple=False)
         self._metric(METRICS.messages_acked, delivery.queue).inc()
+        self._settled(delivery.queue)
 
     def _nack(self, delivery: Delivery) -> None:
+        assert self._channel is not None  # only settled while connected (same generation)
         # py-amqp has no basic_nack: send the real method (requeue=False -> dead-lettered).
         self._channel.send_method(spec.Basic.Nack, "Lbb", (delivery.delivery_tag, False, False))
         self._metric(METRICS.messages_nacked, delivery.queue).inc()
+        self._settled(delivery.queue)
 
-    def _metric(self, family: Any, queue: str) -> Any:
+    def _settled(self, queue: str) -> None:
+        self._unacked[queue] = max(0, self._unacked.get(queue, 0) - 1)
+        self._window_changed = True
+
+    def _forget_window(self) -> None:
+        for queue in self._unacked:
+            self._unacked[queue] = 0
+        self._record_window()
+
+    def _record_window(self) -> None:
+        """Publish the unacked and utilization gauges (once per loop pass, not per message)."""
+        self._window_changed = False
+        METRICS.unacked(self.connection_name, sum(self._unacked.values()))
+        for queue, count in self._unacked.items():
+            METRICS.utilization(queue, min(1.0, count / self.prefetch) if self.prefetch > 0 else 0.0)
+
+    def _metric(self, family: Any, queue: str) -> Any:  # prometheus_client children are untyped
         """``family.labels(queue)``, cached: labels() costs more than the increment."""
         child = self._metric_children.get((family, queue))
         if child is None:

@@ -33,6 +33,7 @@ from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
+from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, record_failure
 from ojs_kombu.policy.schedule import Cascade, delay_ms_until
 from ojs_kombu.runtime.consumer import Delivery
@@ -153,13 +154,23 @@ class Settler:
             return None
         attempt = job.attempt + 1
         if delivery.redelivered:
-            logger.warning("job %s was redelivered: counting attempt %d as failed (worker_lost)", job.id, attempt)
+            logger.warning(
+                "job %s was redelivered: counting attempt %d as failed (worker_lost)",
+                job.id,
+                attempt,
+                extra=job_log_extra(job, attempt),
+            )
             self.fail(delivery, job, attempt, worker_lost(attempt), decide(job, attempt, error_type="worker_lost"))
             return None
         now = utcnow()
         expires = job.expires_datetime
         if self.discard_expired and expires is not None and expires <= now:
-            logger.info("job %s expired at %s; discarded without running", job.id, job.expires_at)
+            logger.info(
+                "job %s expired at %s; discarded without running",
+                job.id,
+                job.expires_at,
+                extra=job_log_extra(job, attempt),
+            )
             self.consumer.ack(delivery)
             return None
         scheduled = job.scheduled_datetime
@@ -175,13 +186,13 @@ class Settler:
         if decision.outcome is Outcome.RETRY:
             self.retry(delivery, job, attempt, failure, decision.delay_ms or 1)
         elif decision.outcome is Outcome.DISCARD:
-            logger.info("job %s discarded: %s", job.id, decision.reason)
+            logger.info("job %s discarded: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
             self.consumer.ack(delivery)
         elif self.dead_letter_mode == "republish":
             message = failed_message(delivery.outgoing(), record_failure(job, attempt, failure), failure)
             self.consumer.republish(delivery, message, self.names.dead_letter_exchange, job.queue, job.queue)
         else:
-            logger.info("job %s dead-lettered: %s", job.id, decision.reason)
+            logger.info("job %s dead-lettered: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
             self.consumer.nack(delivery)
 
     def retry(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, delay_ms: int) -> None:
@@ -207,7 +218,7 @@ class Settler:
         except ValidationError as exc:
             self.reject_invalid(delivery, "invalid_schedule", str(exc))
             return
-        logger.debug("job %s arrived %d ms early; delaying it again", job.id, delay_ms)
+        logger.debug("job %s arrived %d ms early; delaying it again", job.id, delay_ms, extra=job_log_extra(job))
         self.consumer.republish(
             delivery,
             message,
@@ -225,6 +236,7 @@ class Settler:
             delivery.queue,
             message,
             code,
+            extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
         )
         self.consumer.republish(
             delivery,

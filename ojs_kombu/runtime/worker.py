@@ -32,11 +32,28 @@ handler raised, exhausted / non-retryable    ``Basic.Nack(requeue=False)`` -> ``
 ``scheduled_at`` still ahead                 back into the scheduler (confirmed), then ack
 undecodable / invalid envelope / no handler  republished to the DLQ with ``x-ojs-error-code``
                                              and ``x-ojs-error-message``, then ack
+handler raised ``SystemExit`` or             a failed attempt like any exception (retry or DLQ),
+``KeyboardInterrupt``                        then the worker shuts down gracefully (see below)
 ===========================================  ===================================================
 
 Threads: one thread runs the :class:`~ojs_kombu.runtime.consumer.Consumer` loop (the
 only user of the connection); ``concurrency`` handler threads run jobs and hand
 their outcomes back to it.  ``Basic.Qos(prefetch=concurrency, global=False)``.
+
+How a worker ends:
+
+* :meth:`Worker.run` returns after a graceful shutdown on SIGTERM / SIGINT or
+  :meth:`Worker.stop` (from another thread).
+* It raises :class:`WorkerError` when the worker stopped on its own: the consumer
+  thread ended without being asked to (the broker refused the connection or a
+  declaration for good, ``connect_retries`` ran out, or a bug).  Running jobs
+  get the grace period first.  ``ojs-amqp worker`` then exits with status 1,
+  so a supervisor restarts it.  With :meth:`Worker.start`, read :attr:`Worker.error`.
+* A handler that raises ``SystemExit`` or ``KeyboardInterrupt`` (``sys.exit()``
+  in a job) fails its attempt like any other exception, so the job is retried
+  or dead-lettered and never left unacknowledged; then the worker shuts down
+  gracefully as on SIGTERM, and :meth:`Worker.run` re-raises that exception
+  (``sys.exit(3)`` in a handler ends ``ojs-amqp worker`` with status 3).
 """
 
 from __future__ import annotations
@@ -48,13 +65,17 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from types import FrameType
+from typing import Any, Literal, ParamSpec, TypeVar, overload
 
-from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url
+from kombu.connection import Connection
+
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url, safe_url
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import OjsError, ValidationError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
+from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
@@ -63,6 +84,12 @@ from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.wire.entities import QueueOptions
 
 logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: What ``signal.signal`` takes and returns.
+_SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("ojs_current_job", default=None)
 
@@ -78,18 +105,52 @@ def current_job() -> Job:
     return job
 
 
+class WorkerError(OjsError):
+    """The worker stopped on its own: its consumer ended without being asked to.
+
+    Raised by :meth:`Worker.run` after the graceful shutdown, and kept in
+    :attr:`Worker.error`.  ``__cause__`` is what ended the consumer (for example a
+    :class:`~ojs_kombu.errors.BrokerConnectionError` or a
+    :class:`~ojs_kombu.errors.TopologyConflictError`), or ``None``.
+    """
+
+
+def _queues(queues: Iterable[str]) -> list[str]:
+    names = [validate_queue_name(q) for q in queues]
+    if not names:
+        raise ValidationError("a worker needs at least one queue", field="queues")
+    return names
+
+
+def _concurrency(concurrency: int) -> int:
+    if concurrency < 1:
+        raise ValidationError("concurrency must be at least 1", field="concurrency")
+    return concurrency
+
+
 class Worker:
     """Consumes OJS job queues and runs the registered handlers.
 
-    Arguments:
+    Parameters:
         url: broker URL (default ``$OJS_AMQP_URL``).
         queues: OJS queue names to consume.
         concurrency: handler threads, and the prefetch count.
         prefix: multi-tenant entity prefix.
         grace_period: seconds a graceful shutdown waits for running jobs.
         queue_options: optional arguments of the job queues (must match the producers').
+        heartbeat: AMQP heartbeat, seconds.
         dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL) or
             ``"republish"`` (publish to the DLX with the final error headers, then ack).
+        connection_name: shown by the broker's management UI.
+        ssl, transport_options: passed to kombu.
+        on_conflict: a job queue that exists with other arguments is used as it is
+            (``"use-existing"``) or refused (``"raise"``: the worker stops with
+            :class:`WorkerError`); see :class:`~ojs_kombu.amqp.topology.Topology`.
+        connect_retries: consecutive failed connection attempts after which the
+            worker gives up (:class:`WorkerError`); ``None`` retries forever.
+
+    Raises:
+        ValidationError: a queue name, the concurrency or ``dead_letter_mode`` is invalid.
     """
 
     def __init__(
@@ -106,53 +167,110 @@ class Worker:
         connection_name: str | None = None,
         ssl: Any = None,
         transport_options: dict[str, Any] | None = None,
+        on_conflict: Literal["use-existing", "raise"] = "use-existing",
+        connect_retries: int | None = None,
     ):
-        self.queues = [validate_queue_name(q) for q in queues]
-        if not self.queues:
-            raise ValidationError("a worker needs at least one queue", field="queues")
-        if concurrency < 1:
-            raise ValidationError("concurrency must be at least 1", field="concurrency")
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
+        self.queues = _queues(queues)
+        self.concurrency = _concurrency(concurrency)
         self.url = resolve_url(url)
-        self.concurrency = concurrency
         self.grace_period = grace_period
         self.dead_letter_mode = dead_letter_mode
+        self.connect_retries = connect_retries
         self.names = Names(prefix)
-        self.topology = Topology(self.names, queue_options=queue_options)
+        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict)
         self.cascade = Cascade(self.names)
-        self._handlers: dict[str, Callable[..., Any]] = {}
+        self._heartbeat = heartbeat
+        self._connection_name = connection_name
+        self._ssl = ssl
+        self._transport_options = transport_options
+        self._handlers: dict[str, Callable[..., object]] = {}
         self._work: queue_module.SimpleQueue[Delivery | None] = queue_module.SimpleQueue()  # cheaper hand-off
         self._draining = threading.Event()
-        self._stopped = threading.Event()
         self._in_flight = 0
         self._unsettled = 0  # received and not yet settled (acked, republished, handed back ...)
         self._in_flight_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._consumer_thread: threading.Thread | None = None
+        # Lifecycle: _shutdown wakes run(); _stopping / _stopped bracket stop().
+        self._lifecycle = threading.Lock()
+        self._shutdown = threading.Event()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._run_active = False
+        self._error: WorkerError | None = None
+        self._handler_exit: BaseException | None = None
+        self._build_consumer()
+
+    def _build_consumer(self) -> None:
         self.consumer = Consumer(
             self.url,
             {self.names.job_queue(q): q for q in self.queues},
-            concurrency,
+            self.concurrency,
             self._receive,
             topology=self.topology,
             declare=self._declare,
-            heartbeat=heartbeat,
-            connection_name=connection_name or f"ojs_kombu worker {','.join(self.queues)}",
-            ssl=ssl,
-            transport_options=transport_options,
+            heartbeat=self._heartbeat,
+            connect_retries=self.connect_retries,
+            connection_name=self._connection_name or f"ojs_kombu worker {','.join(self.queues)}",
+            ssl=self._ssl,
+            transport_options=self._transport_options,
         )
         self.settler = Settler(
-            self.consumer, self.names, self.topology, self.cascade, dead_letter_mode=dead_letter_mode
+            self.consumer, self.names, self.topology, self.cascade, dead_letter_mode=self.dead_letter_mode
         )
+
+    def configure(self, *, queues: Iterable[str] | None = None, concurrency: int | None = None) -> None:
+        """Replace the queues and/or the concurrency, before :meth:`start`
+        (``ojs-amqp worker --queues … --concurrency …``).
+
+        Parameters:
+            queues: the OJS queues to consume instead of the constructor's (not added to them).
+            concurrency: handler threads and prefetch count.
+
+        Raises:
+            OjsError: the worker is already started.
+            ValidationError: a queue name or the concurrency is invalid.
+        """
+        with self._lifecycle:
+            if self._consumer_thread is not None:
+                raise OjsError("configure() must be called before the worker is started")
+            if queues is not None:
+                self.queues = _queues(queues)
+            if concurrency is not None:
+                self.concurrency = _concurrency(concurrency)
+            if queues is None and concurrency is None:
+                return
+            self.consumer.close()
+            self._build_consumer()
 
     # -- registration --------------------------------------------------------------------------
 
-    def handler(self, job_type: str, fn: Callable[..., Any] | None = None):
-        """Register ``fn`` for ``job_type``; usable as ``@worker.handler("email.send")``."""
+    @overload
+    def handler(self, job_type: str) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+    @overload
+    def handler(self, job_type: str, fn: Callable[P, R]) -> Callable[P, R]: ...
+
+    def handler(
+        self, job_type: str, fn: Callable[P, R] | None = None
+    ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+        """Register ``fn`` for ``job_type``; usable as ``@worker.handler("email.send")``.
+
+        Parameters:
+            job_type: the OJS job type (``email.send``).
+            fn: the handler; omitted when used as a decorator.
+
+        Returns:
+            ``fn`` itself, unchanged (its signature is kept for type checkers), or the decorator.
+
+        Raises:
+            ValidationError: ``job_type`` is not a valid OJS job type.
+        """
         validate_job_type(job_type)
 
-        def register(func: Callable[..., Any]) -> Callable[..., Any]:
+        def register(func: Callable[P, R]) -> Callable[P, R]:
             self._handlers[job_type] = func
             return func
 
@@ -160,26 +278,63 @@ class Worker:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    @property
+    def error(self) -> WorkerError | None:
+        """Why the worker stopped on its own (its consumer ended unasked), else ``None``."""
+        return self._error
+
     def start(self) -> None:
-        """Start consuming in background threads (for embedding); see :meth:`stop`."""
-        if self._consumer_thread is not None:
-            raise OjsError("the worker is already started")
-        for index in range(self.concurrency):
-            thread = threading.Thread(target=self._work_loop, name=f"ojs-handler-{index}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        self._consumer_thread = threading.Thread(target=self._run_consumer, name="ojs-consumer", daemon=True)
-        self._consumer_thread.start()
+        """Start consuming in background threads (for embedding); see :meth:`stop`.
+
+        Raises:
+            OjsError: the worker was already started.
+        """
+        with self._lifecycle:
+            if self._consumer_thread is not None:
+                raise OjsError("the worker is already started")
+            for index in range(self.concurrency):
+                thread = threading.Thread(target=self._work_loop, name=f"ojs-handler-{index}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            self._consumer_thread = threading.Thread(target=self._run_consumer, name="ojs-consumer", daemon=True)
+            self._consumer_thread.start()
+        logger.info(
+            "worker consuming %s on %s (concurrency %d)", ", ".join(self.queues), safe_url(self.url), self.concurrency
+        )
 
     def wait_until_ready(self, timeout: float = 30.0) -> bool:
-        """Block until the worker is connected and consuming; False on timeout."""
-        return self.consumer.connected.wait(timeout)
+        """Block until the worker is connected and consuming.
+
+        Returns:
+            True once connected; False on timeout, or at once if the consumer has ended (see :attr:`error`).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if self.consumer.connected.wait(max(0.0, min(0.05, remaining))):
+                return True
+            thread = self._consumer_thread
+            if remaining <= 0 or thread is None or not thread.is_alive():
+                return self.consumer.connected.is_set()
 
     def stop(self, timeout: float | None = None) -> None:
         """Shut down gracefully: stop consuming, let running jobs finish within
         ``timeout`` (default ``grace_period``), hand unstarted prefetched jobs back
-        unchanged (confirmed republish, then ack: no attempt is spent), close."""
-        if self._consumer_thread is None or self._stopped.is_set():
+        unchanged (confirmed republish, then ack: no attempt is spent), close.
+
+        A job still running after that is left to the broker, which redelivers it;
+        its handler thread can no longer settle it.  A second, concurrent call waits
+        for the first one to finish.
+        """
+        with self._lifecycle:
+            consumer_thread = self._consumer_thread
+            if consumer_thread is None:
+                return
+            first = not self._stopping.is_set()
+            self._stopping.set()
+        self._shutdown.set()
+        if not first:
+            self._stopped.wait()
             return
         grace = self.grace_period if timeout is None else timeout
         deadline = time.monotonic() + grace
@@ -198,52 +353,85 @@ class Worker:
         for _ in self._threads:
             self._work.put(None)
         self.consumer.stop()
-        self._consumer_thread.join(timeout=max(5.0, deadline - time.monotonic()))
+        consumer_thread.join(timeout=max(5.0, deadline - time.monotonic()))
         for thread in self._threads:
             thread.join(timeout=0.5)
-        self.consumer.close()
+        self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
         self._stopped.set()
 
     def teardown(self) -> int:
         """After :meth:`stop`: delete every queue and exchange this worker declared
-        (job, dead letter, retry and scheduling queues), messages included."""
+        (job, dead letter, retry and scheduling queues), messages included.
+
+        Returns:
+            The number of entities deleted.
+        """
         with self.consumer.connection_factory() as conn:
-            return self.topology.delete_declared(conn.connect())
+            deleted: int = self.topology.delete_declared(conn.connect())
+            return deleted
 
     def run(self) -> None:
-        """Run until SIGTERM or SIGINT (or :meth:`stop` from another thread), then shut down gracefully."""
-        stop_requested = threading.Event()
-        previous = {}
+        """Run until SIGTERM or SIGINT (or :meth:`stop` from another thread), then shut down gracefully.
+
+        Raises:
+            WorkerError: the worker stopped on its own (its consumer ended: the broker
+                refused it, ``connect_retries`` ran out ...); raised after the graceful shutdown.
+            SystemExit, KeyboardInterrupt: re-raised from a handler, after the graceful
+                shutdown (the job's attempt was failed first).
+        """
+        previous: dict[signal.Signals, _SignalHandler] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, lambda *_: stop_requested.set())
+                previous[sig] = signal.signal(sig, self._on_signal)
         try:
+            with self._lifecycle:
+                self._run_active = True
             self.start()
-            while not stop_requested.is_set() and self._consumer_thread.is_alive():
-                stop_requested.wait(0.5)
+            while not self._shutdown.wait(1.0):
+                pass
             logger.info("shutting down (grace period %.1fs)", self.grace_period)
             self.stop()
         finally:
+            with self._lifecycle:
+                self._run_active = False
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        if self._handler_exit is not None:
+            raise self._handler_exit
+        if self._error is not None:
+            raise self._error
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._shutdown.set()
 
     def __enter__(self) -> Worker:
         self.start()
         self.wait_until_ready()
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     # -- consumer thread -----------------------------------------------------------------------
 
     def _run_consumer(self) -> None:
+        cause: BaseException | None = None
         try:
             self.consumer.run()
-        except Exception:
-            logger.exception("the consumer stopped")
+        except BaseException as exc:  # noqa: BLE001 - reported by run() / error, never lost
+            cause = exc
+        finally:
+            if not self._stopping.is_set():
+                reason = f"{type(cause).__name__}: {cause}" if cause is not None else "it ended without being asked to"
+                error = WorkerError(f"the worker's consumer on {safe_url(self.url)} stopped: {reason}")
+                error.__cause__ = cause
+                self._error = error
+                logger.error("%s; shutting down", error, exc_info=cause)
+            elif cause is not None:
+                logger.error("the consumer failed while stopping: %r", cause, exc_info=cause)
+            self._shutdown.set()
 
-    def _declare(self, connection) -> None:
+    def _declare(self, connection: Connection) -> None:
         for queue in self.queues:
             self.topology.ensure_scheduling(connection, queue, self.cascade)
 
@@ -274,7 +462,10 @@ class Worker:
             try:
                 self._process(delivery)
             except Exception:
-                logger.exception("unexpected error processing a delivery; sending it to the DLQ")
+                logger.exception(
+                    "unexpected error processing a delivery; sending it to the DLQ",
+                    extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
+                )
                 self.consumer.nack(delivery)
             finally:
                 with self._in_flight_lock:
@@ -314,15 +505,33 @@ class Worker:
         try:
             with job_span(job, attempt):
                 handler(*job.args, **job.kwargs)
-        except BaseException as exc:
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc)
+        except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
+            extra = job_log_extra(job, attempt)
+            logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc, extra=extra)
             self.settler.fail(delivery, job, attempt, Failure.from_exception(exc), decide(job, attempt, exc))
+            if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the program wants to end
+                logger.error(
+                    "the handler of job %s raised %s: attempt %d failed; the worker shuts down",
+                    job.id,
+                    type(exc).__name__,
+                    attempt,
+                    extra=extra,
+                )
+                self._exit_requested(exc)
         else:
             self.consumer.ack(delivery)
         finally:
             _current_job.reset(token)
 
+    def _exit_requested(self, exc: BaseException) -> None:
+        """A handler raised SystemExit / KeyboardInterrupt: shut down; run() re-raises it."""
+        with self._lifecycle:
+            if self._handler_exit is None:
+                self._handler_exit = exc
+            stopper_needed = not self._run_active and not self._stopping.is_set()
+        self._shutdown.set()
+        if stopper_needed:  # embedded (start/stop): nobody waits in run(), stop from a thread of our own
+            threading.Thread(target=self.stop, name="ojs-stop", daemon=True).start()
 
-__all__ = ["Worker", "current_job"]
+
+__all__ = ["Worker", "WorkerError", "current_job"]

@@ -3,7 +3,8 @@
     python tests/helpers/worker_process.py --prefix P --log FILE [--queues a,b] [--concurrency N] [--name N]
 
 The broker is ``$OJS_AMQP_URL``.  The process runs ``worker.run()`` (graceful
-shutdown on SIGTERM/SIGINT, exit status 0) with two handlers, each writing one
+shutdown on SIGTERM/SIGINT, exit status 0; status 1 with a ``WorkerError`` traceback
+if the worker stops on its own, e.g. its consumer died) with two handlers, each writing one
 line per event to ``--log`` (flushed and fsynced, so the lines survive a crash):
 
 * ``crash.job``: ``run <id> <attempt>``, then ``os._exit(1)`` -- the worker dies mid-job;
