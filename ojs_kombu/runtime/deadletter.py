@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from amqp import Message
+
 from ojs_kombu.errors import DecodeError
 from ojs_kombu.model.envelope import Job
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
@@ -46,7 +48,7 @@ class DeadLetterEntry:
     decode_error: str | None = None
 
     @classmethod
-    def from_message(cls, message) -> DeadLetterEntry:
+    def from_message(cls, message: Message) -> DeadLetterEntry:
         """Read a py-amqp message fetched from a dead letter queue."""
         properties = dict(message.properties)
         headers = dict(properties.pop("application_headers", None) or {})
