@@ -49,7 +49,7 @@ from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.observability.tracing import with_trace_context
 from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
-from ojs_kombu.runtime.deadletter import DeadLetterEntry, replayable
+from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
 from ojs_kombu.wire.codec import OutgoingMessage, encode
 from ojs_kombu.wire.entities import QueueOptions
 
@@ -267,6 +267,7 @@ class Client:
         limit: int | None = None,
         ids: Iterable[str] | None = None,
         window: int = DEFAULT_REPLAY_WINDOW,
+        progress: Callable[[ReplayProgress], None] | None = None,
     ) -> list[str]:
         """Move dead letters of ``queue`` back to their job queue; returns the replayed job ids.
 
@@ -290,6 +291,8 @@ class Client:
             limit: replay at most this many jobs.
             ids: replay only these job ids.
             window: dead letters held unacknowledged at most (>= 1).
+            progress: called with a :class:`ReplayProgress` once per window, when its
+                letters are fetched and their republishes confirmed, right before they are acked.
 
         Raises:
             NotFoundError: the dead letter queue does not exist.
@@ -335,6 +338,8 @@ class Client:
                             passed_over += 1
                             batch.append((message, self._requeue_at_back(session, message, dead_letter_queue), None))
                     session.publisher.wait([ticket for _, ticket, _ in batch], self.confirm_timeout)
+                    if progress is not None and batch:
+                        progress(ReplayProgress(to_scan, scanned, len(replayed), passed_over, held=len(batch)))
                     failure: PublishError | None = None
                     for message, ticket, job_id in batch:
                         if ticket.error is not None:
