@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, TypeVar, Unpack
 
-from amqp import Message
+from amqp import Channel, Message
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
@@ -250,7 +250,7 @@ class Client:
             entries: list[DeadLetterEntry] = []
             try:
                 while len(entries) < limit:
-                    message = channel.basic_get(self.names.dead_letter_queue(queue), no_ack=False)
+                    message = self._get_dead_letter(channel, self.names.dead_letter_queue(queue))
                     if message is None:
                         break
                     entries.append(DeadLetterEntry.from_message(message))
@@ -258,7 +258,7 @@ class Client:
                 _close_quietly(channel)  # unacked messages go back where they were
             return entries
 
-        return self._run(browse, must_exist=True)
+        return self._run(browse)
 
     def replay_dead_letters(
         self,
@@ -322,7 +322,7 @@ class Client:
                         return
                     batch: list[tuple[Message, PublishTicket, str | None]] = []
                     while len(batch) < window and (to_scan is None or scanned < to_scan):
-                        message = channel.basic_get(dead_letter_queue, no_ack=False)
+                        message = self._get_dead_letter(channel, dead_letter_queue)
                         if message is None:
                             to_scan = scanned
                             break
@@ -353,8 +353,18 @@ class Client:
             finally:
                 _close_quietly(channel)
 
-        self._run(replay, must_exist=True)
+        self._run(replay)
         return replayed
+
+    def _get_dead_letter(self, channel: Channel, dead_letter_queue: str) -> Message | None:
+        """``Basic.Get`` one message of ``dead_letter_queue``, unacked; None when it is empty.
+
+        Raises:
+            NotFoundError: the dead letter queue does not exist (it must: a 404 is final here).
+        """
+        with map_exceptions(url=self.url, must_exist=True):
+            message: Message | None = channel.basic_get(dead_letter_queue, no_ack=False)
+        return message
 
     def _republish(self, conn: Connection, session: _Session, job: Job, message: Message) -> PublishTicket:
         """Publish a replayed ``job`` to its queue (not waiting for the confirm)."""
@@ -393,11 +403,12 @@ class Client:
         def purge(conn: Connection) -> int:
             channel = conn.connection.channel()
             try:
-                return int(channel.queue_purge(self.names.dead_letter_queue(queue)) or 0)
+                with map_exceptions(url=self.url, must_exist=True):
+                    return int(channel.queue_purge(self.names.dead_letter_queue(queue)) or 0)
             finally:
                 _close_quietly(channel)
 
-        return self._run(purge, must_exist=True)
+        return self._run(purge)
 
     # -- topology --------------------------------------------------------------------------------
 
@@ -578,7 +589,7 @@ class Client:
         remaining = self.publish_timeout - elapsed
         return min(delay, remaining) if remaining > 0 else None
 
-    def _run(self, operation: Callable[[Connection], T], *, must_exist: bool = False) -> T:
+    def _run(self, operation: Callable[[Connection], T]) -> T:
         """Run ``operation(conn)`` on a pooled, connected connection, reconnecting with back-off.
 
         Connection errors are retried with the back-off of DESIGN §9 for at most
@@ -586,8 +597,7 @@ class Client:
         start of the first attempt that failed; then :class:`BrokerConnectionError`.
         A permanent refusal (:mod:`ojs_kombu.amqp.errors`) is raised at once.  A
         channel error (e.g. a deleted exchange: 404) drops the channel, forgets the
-        declared topology and is retried once at once.  ``must_exist``: a 404 is
-        final (:class:`NotFoundError`).
+        declared topology and is retried once at once.
         """
         if self._closed:
             raise OjsError("the client is closed")
@@ -598,7 +608,7 @@ class Client:
             conn = self._pool.acquire(block=True)
             connecting_since: float | None = None  # set while a connection attempt runs
             try:
-                with map_exceptions(url=self.url, must_exist=must_exist):
+                with map_exceptions(url=self.url):
                     self._drop_if_idle(conn)
                     if not conn.connected:
                         connecting_since = time.monotonic()
