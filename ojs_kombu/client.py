@@ -306,22 +306,27 @@ class Client:
         dead_letter_queue = self.names.dead_letter_queue(queue)
         replayed: list[str] = []
 
-        def wants(entry: DeadLetterEntry, taken: int) -> bool:
-            job = entry.job
-            return job is not None and (wanted is None or job.id in wanted) and (limit is None or taken < limit)
-
         def replay(conn: Connection) -> None:
             session = self._session(conn)
             channel = conn.connection.channel()
             channel.auto_decode = False
             to_scan: int | None = None  # messages in the queue when the scan began
             scanned = passed_over = 0
+            batch: list[tuple[Message, PublishTicket, str | None]] = []
+
+            def taken() -> int:  # jobs replayed, or republished and awaiting their confirm
+                return len(replayed) + sum(job_id is not None for _, _, job_id in batch)
+
+            def done() -> bool:
+                if to_scan is not None and scanned >= to_scan:
+                    return True
+                # Stop at the limit, unless letters were moved to the back: then they must come round.
+                return limit is not None and taken() >= limit and not passed_over
+
             try:
-                while to_scan is None or scanned < to_scan:
-                    if limit is not None and len(replayed) >= limit and not passed_over:
-                        return
-                    batch: list[tuple[Message, PublishTicket, str | None]] = []
-                    while len(batch) < window and (to_scan is None or scanned < to_scan):
+                while not done():
+                    batch = []
+                    while len(batch) < window and not done():
                         message = self._get_dead_letter(channel, dead_letter_queue)
                         if message is None:
                             to_scan = scanned
@@ -329,10 +334,13 @@ class Client:
                         if to_scan is None:
                             to_scan = int(message.delivery_info.get("message_count") or 0) + 1
                         scanned += 1
-                        entry = DeadLetterEntry.from_message(message)
-                        taken = len(replayed) + sum(job_id is not None for _, _, job_id in batch)
-                        if entry.job is not None and wants(entry, taken):
-                            job = replayable(entry.job)
+                        job = DeadLetterEntry.from_message(message).job
+                        if (
+                            job is not None
+                            and (wanted is None or job.id in wanted)
+                            and (limit is None or taken() < limit)
+                        ):
+                            job = replayable(job)
                             batch.append((message, self._republish(conn, session, job, message), job.id))
                         else:
                             passed_over += 1
@@ -348,6 +356,7 @@ class Client:
                         channel.basic_ack(message.delivery_info["delivery_tag"])
                         if job_id is not None:
                             replayed.append(job_id)
+                    batch = []
                     if failure is not None:
                         raise failure
             finally:

@@ -50,6 +50,18 @@ def publish_garbage(amqp_url: str, names: Names, message_id: str, *, exchange: s
         )
 
 
+def dead_letter_jobs(amqp_url: str, names: Names, count: int) -> list[Job]:
+    """``count`` jobs put straight into ``ojs.queue.dlx.default`` (through the dead letter exchange)."""
+    jobs = [Job.create("bulk.job", [i]) for i in range(count)]
+    with raw_channel(amqp_url) as channel:
+        channel.confirm_delivery()
+        for job in jobs:
+            message = encode(job)
+            properties = pika.BasicProperties(headers=message.headers, **message.properties)
+            channel.basic_publish(names.dead_letter_exchange, "default", message.body, properties, mandatory=True)
+    return jobs
+
+
 def test_dead_letters_lists_oldest_first_without_removing(amqp_url, client, names, start_worker):
     dead_letter_queue = names.dead_letter_queue("default")
 
@@ -135,13 +147,7 @@ def test_replay_by_id_holds_a_bounded_window_and_keeps_the_order(amqp_url, clien
     total, window = 300, 10
     dead_letter_queue = names.dead_letter_queue("default")
     client.declare_queue("default")
-    jobs = [Job.create("bulk.job", [i]) for i in range(total)]
-    with raw_channel(amqp_url) as channel:
-        channel.confirm_delivery()
-        for job in jobs:
-            message = encode(job)
-            properties = pika.BasicProperties(headers=message.headers, **message.properties)
-            channel.basic_publish(names.dead_letter_exchange, "default", message.body, properties, mandatory=True)
+    jobs = dead_letter_jobs(amqp_url, names, total)
     assert message_count(amqp_url, dead_letter_queue) == total
     chosen = [jobs[i].id for i in (0, 77, 150, 222, total - 1)]  # the last one: the scan must pass everything
 
@@ -181,3 +187,27 @@ def test_replay_by_id_holds_a_bounded_window_and_keeps_the_order(amqp_url, clien
     assert left == [job.id for job in jobs if job.id not in chosen]
     received = get_messages(amqp_url, names.job_queue("default"), len(chosen))
     assert [p.message_id for _, p, _ in received] == chosen
+
+
+def test_replay_with_a_limit_stops_at_it_unless_letters_were_passed_over(amqp_url, client, names):
+    client.declare_queue("default")
+    jobs = dead_letter_jobs(amqp_url, names, 30)
+    reports: list[ReplayProgress] = []
+    # Nothing passed over: the scan ends with the limit, the rest is not touched.
+    assert client.replay_dead_letters("default", limit=3, window=10, progress=reports.append) == [
+        job.id for job in jobs[:3]
+    ]
+    assert [r.scanned for r in reports] == [3]
+    assert [e.message_id for e in client.dead_letters("default", limit=50)] == [job.id for job in jobs[3:]]
+    # A letter passed over first (not a job): the scan goes round the whole queue to keep the order.
+    client.purge_dead_letters("default")
+    publish_garbage(amqp_url, names, "garbage-3", exchange=names.dead_letter_exchange)
+    jobs = dead_letter_jobs(amqp_url, names, 30)
+    reports.clear()
+    assert client.replay_dead_letters("default", limit=2, window=10, progress=reports.append) == [
+        job.id for job in jobs[:2]
+    ]
+    assert reports[-1].scanned == 31 and reports[-1].passed_over == 29
+    assert [e.message_id for e in client.dead_letters("default", limit=50)] == ["garbage-3"] + [
+        job.id for job in jobs[2:]
+    ]
