@@ -20,13 +20,16 @@ Importing the package registers the ``ojs://`` and ``ojss://`` kombu transports.
 """
 
 from ojs_kombu.amqp.topology import Topology
-from ojs_kombu.client import Client, EnqueueResult
+from ojs_kombu.client import Client, EnqueueResult, JobOptions
 from ojs_kombu.errors import (
+    AccessRefusedError,
     ArgumentDifference,
     BrokerConnectionError,
+    BrokerRefusedError,
     DeadLetter,
     DecodeError,
     Discard,
+    NotFoundError,
     OjsError,
     PublishError,
     PublishNackedError,
@@ -52,8 +55,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CONTENT_TYPE",
+    "AccessRefusedError",
     "ArgumentDifference",
     "BrokerConnectionError",
+    "BrokerRefusedError",
     "Client",
     "DeadLetter",
     "DeadLetterEntry",
@@ -63,7 +68,9 @@ __all__ = [
     "Header",
     "Job",
     "JobError",
+    "JobOptions",
     "Names",
+    "NotFoundError",
     "OjsError",
     "PublishError",
     "PublishNackedError",

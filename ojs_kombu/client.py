@@ -23,28 +23,61 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypedDict, TypeVar, Unpack
 
-import kombu
+from amqp import Channel, Message
+from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
-from ojs_kombu.amqp.publisher import ConfirmedPublisher
-from ojs_kombu.amqp.topology import Topology, _close_quietly
-from ojs_kombu.errors import BrokerConnectionError, OjsError, PublishError, ValidationError
+from ojs_kombu.amqp.errors import connection_error, map_exceptions
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
+from ojs_kombu.amqp.topology import OnConflict, Topology, _close_quietly
+from ojs_kombu.errors import (
+    BrokerConnectionError,
+    BrokerRefusedError,
+    OjsError,
+    PublishError,
+    ValidationError,
+)
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_queue_name
+from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.observability.tracing import with_trace_context
 from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
-from ojs_kombu.runtime.deadletter import DeadLetterEntry, replayable
+from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
 from ojs_kombu.wire.codec import OutgoingMessage, encode
 from ojs_kombu.wire.entities import QueueOptions
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Seconds a Client operation keeps reconnecting before BrokerConnectionError (``publish_timeout``).
+DEFAULT_PUBLISH_TIMEOUT = 5.0
+
+#: Dead letters a replay holds unacknowledged at most (``replay_dead_letters(window=)``).
+DEFAULT_REPLAY_WINDOW = 100
+
+
+class JobOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Job.create`, as :meth:`Client.enqueue` takes them."""
+
+    queue: str
+    kwargs: dict[str, Any] | None
+    meta: dict[str, Any] | None
+    priority: int | None
+    retry: RetryPolicy | Mapping[str, Any] | None
+    scheduled_at: datetime | str | timedelta | None
+    expires_at: datetime | str | timedelta | None
+    timeout: int | None
+    tags: list[str] | tuple[str, ...] | None
+    id: str | uuid.UUID | None
 
 
 @dataclass
@@ -69,7 +102,7 @@ class EnqueueResult:
 class _Session:
     """The publisher living on one pooled connection."""
 
-    def __init__(self, connection: kombu.Connection, window: int):
+    def __init__(self, connection: Connection, window: int):
         self.publisher = ConfirmedPublisher(connection.connection, window=window)
         self.last_used = time.monotonic()
 
@@ -77,7 +110,7 @@ class _Session:
 class Client:
     """Enqueues OJS jobs on RabbitMQ; thread-safe, a context manager.
 
-    Arguments:
+    Parameters:
         url: broker URL (``amqp://``, ``amqps://``, ``ojs://``, ``ojss://``; a list
             or ``;``-separated URLs give kombu failover).  Default ``$OJS_AMQP_URL``.
         prefix: multi-tenant prefix of every entity name (``tenant1.ojs.queue.email``).
@@ -86,14 +119,25 @@ class Client:
         declare: declare a job queue lazily before the first publish to it.
         pool_size: at most this many connections (one per concurrently publishing thread).
         confirm_timeout: seconds to wait for publisher confirms.
-        connect_retries: connection attempts after a connection error, with the back-off
-            ``min(2^(n-1), 60)`` s ±25 % (DESIGN §9), before BrokerConnectionError.
+        publish_timeout: seconds an operation (``enqueue``, ``declare_queue``, …) keeps
+            trying to reach the broker once a connection attempt failed: attempts follow
+            the back-off ``min(2^(n-1), 60)`` s ±25 % (DESIGN §9), cut short at this
+            budget, and each TCP connect may take at most what is left of it.  Then
+            :class:`BrokerConnectionError`.  Default 5 s; ``None``: no time limit.
+        connect_retries: also give up after this many failed reconnections (``None``: no
+            limit but ``publish_timeout``).
         heartbeat: AMQP heartbeat in seconds.
         app_id: ``app_id`` property of published jobs (default ``"ojs"``).
         on_conflict: what to do when a queue exists with other arguments
-            (``"use-existing"``: warn and use it; ``"raise"``).
+            (``"use-existing"``: warn and use it; ``"raise"``).  A job queue whose
+            dead-letter arguments differ is refused either way.
         connection_name: shown by the broker (management UI) for this client's connections.
         ssl, transport_options: passed to :class:`kombu.Connection`.
+        window: publishes a connection may have awaiting their confirm.
+
+    Raises:
+        ValidationError: a bad option.
+        BrokerConnectionError, BrokerRefusedError: declaring ``queues`` failed.
     """
 
     def __init__(
@@ -106,21 +150,31 @@ class Client:
         declare: bool = True,
         pool_size: int = 10,
         confirm_timeout: float = 30.0,
-        connect_retries: int = 5,
+        publish_timeout: float | None = DEFAULT_PUBLISH_TIMEOUT,
+        connect_retries: int | None = None,
         heartbeat: float = DEFAULT_HEARTBEAT,
         app_id: str | None = None,
-        on_conflict: str = "use-existing",
+        on_conflict: OnConflict = "use-existing",
         ssl: Any = None,
         transport_options: dict[str, Any] | None = None,
         window: int = 1000,
         connection_name: str | None = None,
     ):
+        if publish_timeout is not None and not publish_timeout > 0:
+            raise ValidationError(
+                f"publish_timeout must be > 0 seconds or None, got {publish_timeout!r}", field="publish_timeout"
+            )
+        if connect_retries is not None and connect_retries < 0:
+            raise ValidationError(
+                f"connect_retries must be >= 0 or None, got {connect_retries!r}", field="connect_retries"
+            )
         self.url = resolve_url(url)
         self.names = Names(prefix)
-        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict)  # type: ignore[arg-type]
+        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict)
         self.cascade = Cascade(self.names)
         self.declare = declare
         self.confirm_timeout = confirm_timeout
+        self.publish_timeout = publish_timeout
         self.connect_retries = connect_retries
         self.heartbeat = heartbeat
         self.app_id = app_id
@@ -140,15 +194,26 @@ class Client:
 
     # -- public API ----------------------------------------------------------------------------
 
-    def enqueue(self, type: str, args: Sequence[Any] | None = None, **job_options: Any) -> Job:
-        """Create a job (see :meth:`Job.create` for ``job_options``) and enqueue it.
+    def enqueue(self, type: str, args: list[Any] | tuple[Any, ...] | None = None, **options: Unpack[JobOptions]) -> Job:
+        """Create a job (:meth:`Job.create`) and enqueue it.
 
-        Returns the confirmed job.  Raises ValidationError for a bad argument
-        (nothing is published), UnroutableError / PublishNackedError /
-        PublishTimeoutError when the broker did not take it, BrokerConnectionError
-        when the broker could not be reached.
+        Parameters:
+            type: the job type (``"email.send"``).
+            args: its positional arguments (JSON values).
+            options: the keyword options of :meth:`Job.create` (:class:`JobOptions`):
+                ``queue``, ``kwargs``, ``meta``, ``priority``, ``retry``, ``scheduled_at``,
+                ``expires_at``, ``timeout``, ``tags``, ``id``.
+
+        Returns:
+            The confirmed job.
+
+        Raises:
+            ValidationError: a bad argument (nothing is published).
+            UnroutableError, PublishNackedError, PublishTimeoutError: the broker did not take it.
+            BrokerConnectionError: the broker could not be reached within ``publish_timeout``.
+            BrokerRefusedError: the broker refused the login, the vhost or a permission.
         """
-        return self.enqueue_job(Job.create(type, args, **job_options))
+        return self.enqueue_job(Job.create(type, args, **options))
 
     def enqueue_job(self, job: Job) -> Job:
         """Enqueue an existing :class:`Job`; same outcomes as :meth:`enqueue`.
@@ -174,16 +239,19 @@ class Client:
         Messages are read with ``Basic.Get`` on a channel that is then closed
         without acking, so the broker keeps every one of them.  Inspection is
         not FETCH: workers never use ``Basic.Get``.
+
+        Raises:
+            NotFoundError: the dead letter queue does not exist.
         """
         validate_queue_name(queue)
 
-        def browse(conn: kombu.Connection) -> list[DeadLetterEntry]:
+        def browse(conn: Connection) -> list[DeadLetterEntry]:
             channel = conn.connection.channel()
             channel.auto_decode = False
-            entries = []
+            entries: list[DeadLetterEntry] = []
             try:
                 while len(entries) < limit:
-                    message = channel.basic_get(self.names.dead_letter_queue(queue), no_ack=False)
+                    message = self._get_dead_letter(channel, self.names.dead_letter_queue(queue))
                     if message is None:
                         break
                     entries.append(DeadLetterEntry.from_message(message))
@@ -194,61 +262,159 @@ class Client:
         return self._run(browse)
 
     def replay_dead_letters(
-        self, queue: str, *, limit: int | None = None, ids: Iterable[str] | None = None
+        self,
+        queue: str,
+        *,
+        limit: int | None = None,
+        ids: Iterable[str] | None = None,
+        window: int = DEFAULT_REPLAY_WINDOW,
+        progress: Callable[[ReplayProgress], None] | None = None,
     ) -> list[str]:
         """Move dead letters of ``queue`` back to their job queue; returns the replayed job ids.
 
         Each replayed job starts again at attempt 0 (its error history kept,
         ``meta["ojs.replay_count"]`` incremented), with ``x-death*`` and the
-        error headers removed.  The republish is confirmed before the dead
-        letter is acked.  ``ids`` restricts the replay to those jobs; messages
-        that are not OJS jobs stay in the dead letter queue.
+        error headers removed.  Its republish is confirmed before the dead
+        letter is acked.
+
+        The scan holds at most ``window`` dead letters unacknowledged.  A dead
+        letter it passes over (not among ``ids``, not an OJS job, or past
+        ``limit``) is moved to the back of the dead letter queue unchanged
+        (republished there, confirmed, then acked), and the scan then goes on
+        through every message that was in the queue when it began, so the
+        letters left behind keep their order; letters dead-lettered during the
+        scan may end up among them.  When nothing has been passed over, the scan
+        stops as soon as ``limit`` jobs are replayed.  A crash mid-scan may
+        leave a passed-over letter twice in the queue, never none.
+
+        Parameters:
+            queue: the OJS queue whose ``ojs.queue.dlx.{queue}`` is read.
+            limit: replay at most this many jobs.
+            ids: replay only these job ids.
+            window: dead letters held unacknowledged at most (>= 1).
+            progress: called with a :class:`ReplayProgress` once per window, when its
+                letters are fetched and their republishes confirmed, right before they are acked.
+
+        Raises:
+            NotFoundError: the dead letter queue does not exist.
+            PublishError: a republish was refused (the scan stops; letters not
+                yet acked return to the queue).
         """
         validate_queue_name(queue)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValidationError(f"window must be an integer >= 1, got {window!r}", field="window")
         wanted = {i.lower() for i in ids} if ids is not None else None
+        dead_letter_queue = self.names.dead_letter_queue(queue)
+        replayed: list[str] = []
 
-        def replay(conn: kombu.Connection) -> list[str]:
+        def replay(conn: Connection) -> None:
             session = self._session(conn)
             channel = conn.connection.channel()
             channel.auto_decode = False
-            replayed: list[str] = []
+            to_scan: int | None = None  # messages in the queue when the scan began
+            scanned = passed_over = 0
+            batch: list[tuple[Message, PublishTicket, str | None]] = []
+
+            def taken() -> int:  # jobs replayed, or republished and awaiting their confirm
+                return len(replayed) + sum(job_id is not None for _, _, job_id in batch)
+
+            def done() -> bool:
+                if to_scan is not None and scanned >= to_scan:
+                    return True
+                # Stop at the limit, unless letters were moved to the back: then they must come round.
+                return limit is not None and taken() >= limit and not passed_over
+
             try:
-                while limit is None or len(replayed) < limit:
-                    message = channel.basic_get(self.names.dead_letter_queue(queue), no_ack=False)
-                    if message is None:
-                        break
-                    entry = DeadLetterEntry.from_message(message)
-                    if entry.job is None or (wanted is not None and entry.job.id not in wanted):
-                        continue  # left unacked: back in the DLQ when the channel closes
-                    job = replayable(entry.job)
-                    if self.declare:
-                        self.topology.ensure_queue(conn.connection, job.queue)
-                    ticket = session.publisher.publish(
-                        encode(job, app_id=message.properties.get("app_id")),
-                        exchange=self.names.direct_exchange,
-                        routing_key=job.queue,
-                        queue=job.queue,
-                        job_id=job.id,
-                        confirm_timeout=self.confirm_timeout,
-                    )
-                    session.publisher.wait([ticket], self.confirm_timeout)
-                    ticket.raise_for_error()
-                    channel.basic_ack(message.delivery_info["delivery_tag"])
-                    replayed.append(job.id)
+                while not done():
+                    batch = []
+                    while len(batch) < window and not done():
+                        message = self._get_dead_letter(channel, dead_letter_queue)
+                        if message is None:
+                            to_scan = scanned
+                            break
+                        if to_scan is None:
+                            to_scan = int(message.delivery_info.get("message_count") or 0) + 1
+                        scanned += 1
+                        job = DeadLetterEntry.from_message(message).job
+                        if (
+                            job is not None
+                            and (wanted is None or job.id in wanted)
+                            and (limit is None or taken() < limit)
+                        ):
+                            job = replayable(job)
+                            batch.append((message, self._republish(conn, session, job, message), job.id))
+                        else:
+                            passed_over += 1
+                            batch.append((message, self._requeue_at_back(session, message, dead_letter_queue), None))
+                    session.publisher.wait([ticket for _, ticket, _ in batch], self.confirm_timeout)
+                    if progress is not None and batch:
+                        progress(ReplayProgress(to_scan, scanned, len(replayed), passed_over, held=len(batch)))
+                    failure: PublishError | None = None
+                    for message, ticket, job_id in batch:
+                        if ticket.error is not None:
+                            failure = failure or ticket.error
+                            continue  # unacked: back in the queue when the channel closes
+                        channel.basic_ack(message.delivery_info["delivery_tag"])
+                        if job_id is not None:
+                            replayed.append(job_id)
+                    batch = []
+                    if failure is not None:
+                        raise failure
             finally:
                 _close_quietly(channel)
-            return replayed
 
-        return self._run(replay)
+        self._run(replay)
+        return replayed
+
+    def _get_dead_letter(self, channel: Channel, dead_letter_queue: str) -> Message | None:
+        """``Basic.Get`` one message of ``dead_letter_queue``, unacked; None when it is empty.
+
+        Raises:
+            NotFoundError: the dead letter queue does not exist (it must: a 404 is final here).
+        """
+        with map_exceptions(url=self.url, must_exist=True):
+            message: Message | None = channel.basic_get(dead_letter_queue, no_ack=False)
+        return message
+
+    def _republish(self, conn: Connection, session: _Session, job: Job, message: Message) -> PublishTicket:
+        """Publish a replayed ``job`` to its queue (not waiting for the confirm)."""
+        if self.declare:
+            self.topology.ensure_queue(conn.connection, job.queue)
+        return session.publisher.publish(
+            encode(job, app_id=message.properties.get("app_id")),
+            exchange=self.names.direct_exchange,
+            routing_key=job.queue,
+            queue=job.queue,
+            job_id=job.id,
+            confirm_timeout=self.confirm_timeout,
+        )
+
+    def _requeue_at_back(self, session: _Session, message: Message, dead_letter_queue: str) -> PublishTicket:
+        """Publish ``message`` unchanged to the back of ``dead_letter_queue`` (default exchange)."""
+        properties = dict(message.properties)
+        headers = properties.pop("application_headers", None) or {}
+        return session.publisher.publish(
+            OutgoingMessage(message.body, properties, headers),
+            exchange="",
+            routing_key=dead_letter_queue,
+            queue=dead_letter_queue,
+            job_id=properties.get("message_id"),
+            confirm_timeout=self.confirm_timeout,
+        )
 
     def purge_dead_letters(self, queue: str) -> int:
-        """Delete every message in ``ojs.queue.dlx.{queue}``; returns how many there were."""
+        """Delete every message in ``ojs.queue.dlx.{queue}``; returns how many there were.
+
+        Raises:
+            NotFoundError: the dead letter queue does not exist.
+        """
         validate_queue_name(queue)
 
-        def purge(conn: kombu.Connection) -> int:
+        def purge(conn: Connection) -> int:
             channel = conn.connection.channel()
             try:
-                return channel.queue_purge(self.names.dead_letter_queue(queue)) or 0
+                with map_exceptions(url=self.url, must_exist=True):
+                    return int(channel.queue_purge(self.names.dead_letter_queue(queue)) or 0)
             finally:
                 _close_quietly(channel)
 
@@ -264,12 +430,15 @@ class Client:
         and replace the client-wide options for this queue.  ``scheduling=True``
         also declares the scheduling cascade and its binding to the queue (else
         declared by the first scheduled enqueue).
+
+        Raises:
+            TopologyConflictError: the queue exists with other arguments (see ``on_conflict``).
         """
         validate_queue_name(name)
         if queue_options:
             self.topology.per_queue[name] = QueueOptions(**queue_options)
 
-        def declare(conn: kombu.Connection) -> None:
+        def declare(conn: Connection) -> None:
             self.topology.declare_queue(conn.connection, name)
             if scheduling:
                 self.topology.ensure_scheduling(conn.connection, name, self.cascade)
@@ -295,7 +464,7 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -335,11 +504,11 @@ class Client:
             except ValidationError as exc:
                 results[index] = EnqueueResult(job, exc)
         if len(jobs) == 1 and results[0] is not None:
-            raise results[0].error  # type: ignore[misc]  # a single bad job: plain ValidationError
+            results[0].unwrap()  # a single bad job: plain ValidationError
 
         pending = list(routes)
 
-        def publish(conn: kombu.Connection) -> None:
+        def publish_pending(conn: Connection) -> None:
             nonlocal pending
             session = self._session(conn)
             if self.declare:
@@ -375,31 +544,42 @@ class Client:
                 pending = [i for i in pending if results[i] is None]
             session.last_used = time.monotonic()
 
+        def publish(conn: Connection) -> None:
+            if not pending:
+                return
+            try:
+                publish_pending(conn)
+            except conn.connection_errors + conn.channel_errors:
+                if pending:
+                    raise
+                self._drop(conn)  # every job was confirmed before the connection broke
+
         try:
-            self._run(publish, retry_while=lambda: bool(pending))
-        except BrokerConnectionError as exc:
+            self._run(publish)
+        except (BrokerConnectionError, BrokerRefusedError) as exc:
             for index in pending:
                 results[index] = EnqueueResult(jobs[index], exc)
         return [r for r in results if r is not None]
 
     # -- connections ---------------------------------------------------------------------------
 
-    def _session(self, conn: kombu.Connection) -> _Session:
+    def _session(self, conn: Connection) -> _Session:
+        """The publisher of ``conn`` (connected by :meth:`_run`), created on first use."""
+        session: _Session | None = getattr(conn, "_ojs_session", None)
+        if session is None or not session.publisher.is_open:
+            session = _Session(conn, self.window)
+            conn._ojs_session = session  # type: ignore[attr-defined]
+        return session
+
+    def _drop_if_idle(self, conn: Connection) -> None:
         session: _Session | None = getattr(conn, "_ojs_session", None)
         if session is not None and time.monotonic() - session.last_used > self.heartbeat:
             # An idle pooled connection has sent no heartbeats; the broker may have
             # closed it.  Start afresh rather than find out on the next publish.
             self._drop(conn)
-            session = None
-        if session is None or not session.publisher.is_open:
-            if not conn.connected:
-                connect_once(conn)
-            session = _Session(conn, self.window)
-            conn._ojs_session = session  # type: ignore[attr-defined]
-        return session
 
     @staticmethod
-    def _drop(conn: kombu.Connection) -> None:
+    def _drop(conn: Connection) -> None:
         session: _Session | None = getattr(conn, "_ojs_session", None)
         conn._ojs_session = None  # type: ignore[attr-defined]
         if session is not None:
@@ -409,37 +589,60 @@ class Client:
         except Exception:  # noqa: BLE001
             pass
 
-    def _run(self, operation, *, retry_while=lambda: True):
-        """Run ``operation(conn)`` on a pooled connection, reconnecting with back-off.
+    def _backoff(self, failures: int, elapsed: float) -> float | None:
+        """Seconds to wait before the next connection attempt, or None to give up."""
+        if self.connect_retries is not None and failures > self.connect_retries:
+            return None
+        delay = reconnect_delay(failures)
+        if self.publish_timeout is None:
+            return delay
+        remaining = self.publish_timeout - elapsed
+        return min(delay, remaining) if remaining > 0 else None
 
-        Connection errors are retried ``connect_retries`` times; a channel error
-        (e.g. a deleted exchange: 404) drops the channel, forgets the declared
-        topology and is retried once at once.
+    def _run(self, operation: Callable[[Connection], T]) -> T:
+        """Run ``operation(conn)`` on a pooled, connected connection, reconnecting with back-off.
+
+        Connection errors are retried with the back-off of DESIGN §9 for at most
+        ``publish_timeout`` seconds (and ``connect_retries`` times), counted from the
+        start of the first attempt that failed; then :class:`BrokerConnectionError`.
+        A permanent refusal (:mod:`ojs_kombu.amqp.errors`) is raised at once.  A
+        channel error (e.g. a deleted exchange: 404) drops the channel, forgets the
+        declared topology and is retried once at once.
         """
         if self._closed:
             raise OjsError("the client is closed")
-        attempt = 0
+        failures = 0
+        failing_since: float | None = None
         channel_retry = False
         while True:
             conn = self._pool.acquire(block=True)
+            connecting_since: float | None = None  # set while a connection attempt runs
             try:
-                return operation(conn)
+                with map_exceptions(url=self.url):
+                    self._drop_if_idle(conn)
+                    if not conn.connected:
+                        connecting_since = time.monotonic()
+                        connect_once(conn, timeout=self._attempt_timeout(failing_since))
+                        connecting_since = None
+                    return operation(conn)
+            except BrokerRefusedError:
+                self._drop(conn)
+                raise
             except conn.connection_errors as exc:
                 self._drop(conn)
-                if not retry_while():
-                    return None
-                attempt += 1
-                if attempt > self.connect_retries:
-                    raise BrokerConnectionError(
-                        f"cannot reach the broker at {safe_url(self.url)} after {attempt} attempts: {exc}"
-                    ) from exc
-                delay = reconnect_delay(attempt)
+                if failing_since is None:  # the budget starts with the attempt that failed
+                    failing_since = connecting_since if connecting_since is not None else time.monotonic()
+                failures += 1
+                elapsed = time.monotonic() - failing_since
+                delay = self._backoff(failures, elapsed)
+                if delay is None:
+                    raise connection_error(self.url, exc, failures, elapsed) from exc
                 logger.warning("connection to %s failed (%s); retrying in %.1fs", safe_url(self.url), exc, delay)
                 METRICS.reconnected()
                 time.sleep(delay)
             except conn.channel_errors as exc:
                 self._drop(conn)
-                if channel_retry or not retry_while():
+                if channel_retry:
                     raise PublishError(f"the broker closed the channel: {exc}") from exc
                 channel_retry = True
                 self.topology.forget()
@@ -447,8 +650,18 @@ class Client:
             finally:
                 conn.release()
 
+    def _attempt_timeout(self, failing_since: float | None) -> float | None:
+        """How long the next connection attempt may take: what is left of the budget."""
+        if self.publish_timeout is None:
+            return None
+        spent = 0.0 if failing_since is None else time.monotonic() - failing_since
+        return max(0.05, min(self.publish_timeout - spent, float(self._connection.connect_timeout)))
+
 
 __all__ = [
+    "DEFAULT_PUBLISH_TIMEOUT",
+    "DEFAULT_REPLAY_WINDOW",
     "Client",
     "EnqueueResult",
+    "JobOptions",
 ]

@@ -12,7 +12,16 @@ catch the whole family with one ``except``.  The tree::
     │   ├── UnroutableError      Basic.Return: no queue bound for the routing key
     │   ├── PublishNackedError   the broker answered Basic.Nack to our publish
     │   └── PublishTimeoutError  no confirm arrived in time (outcome unknown)
-    └── BrokerConnectionError    the broker could not be reached after all retries
+    ├── BrokerConnectionError    the broker could not be reached within the retry budget
+    └── BrokerRefusedError       the broker refused for good: retrying cannot help
+        ├── AccessRefusedError   403 ACCESS_REFUSED, 530 NOT_ALLOWED: credentials, vhost, permissions
+        └── NotFoundError        404 NOT_FOUND: an entity that must exist does not
+
+py-amqp and kombu exceptions are turned into these in one place,
+:mod:`ojs_kombu.amqp.errors` (``map_exceptions``, ``is_permanent``).  Transient
+failures (a dropped connection, a refused TCP connect) are retried with the
+back-off of DESIGN §9 before they become :class:`BrokerConnectionError`; a
+:class:`BrokerRefusedError` is raised at once and never retried.
 
 Handler outcomes (:class:`Discard`, :class:`DeadLetter`) are exceptions a job
 handler raises on purpose; they are not errors of the library and therefore do
@@ -72,15 +81,16 @@ class TopologyConflictError(TopologyError):
     """The broker refused a declaration with 406 PRECONDITION_FAILED.
 
     An entity of that name already exists with other arguments.  ``differences``
-    names them (as reported by the broker); ``entity`` is the AMQP name.
+    names them (as reported by the broker); ``entity`` is the AMQP name; ``hint``,
+    when given, ends the message (what to do about it).
     """
 
-    def __init__(self, entity: str, differences: list[ArgumentDifference], reply_text: str):
+    def __init__(self, entity: str, differences: list[ArgumentDifference], reply_text: str, *, hint: str = ""):
         names = (
             ", ".join(f"{d.argument} (requested {d.requested}, existing {d.existing})" for d in differences)
             or reply_text
         )
-        super().__init__(f"{entity!r} already exists with different arguments: {names}")
+        super().__init__(f"{entity!r} already exists with different arguments: {names}" + (f"; {hint}" if hint else ""))
         self.entity = entity
         self.differences = differences
         self.reply_text = reply_text
@@ -125,6 +135,31 @@ class BrokerConnectionError(OjsError, ConnectionError):
     """The broker could not be reached, even after the reconnect back-off."""
 
 
+class BrokerRefusedError(OjsError):
+    """The broker refused an operation for good: the same request would be refused again.
+
+    Attributes:
+        reply_code: the AMQP reply code (403, 404, 530 ...), or 0 when unknown.
+        reply_text: the broker's reply text (it never contains a password).
+        method: the AMQP method refused (``"Connection.open"``, ``"Queue.declare"`` ...), or ``""``.
+    """
+
+    def __init__(self, message: str, *, reply_code: int = 0, reply_text: str = "", method: str = ""):
+        super().__init__(message)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.method = method
+
+
+class AccessRefusedError(BrokerRefusedError):
+    """Login or access refused: wrong credentials (403), a virtual host that does not exist or that
+    the user may not use (530 NOT_ALLOWED), or a resource the user has no permission for (403)."""
+
+
+class NotFoundError(BrokerRefusedError):
+    """404 NOT_FOUND where the entity must already exist (a passive declare, a dead letter queue to read)."""
+
+
 class Discard(Exception):
     """Raise from a handler to drop the job: acknowledged, not retried, not dead-lettered."""
 
@@ -134,11 +169,14 @@ class DeadLetter(Exception):
 
 
 __all__ = [
+    "AccessRefusedError",
     "ArgumentDifference",
     "BrokerConnectionError",
+    "BrokerRefusedError",
     "DeadLetter",
     "DecodeError",
     "Discard",
+    "NotFoundError",
     "OjsError",
     "PublishError",
     "PublishNackedError",

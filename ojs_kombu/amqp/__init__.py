@@ -1,19 +1,27 @@
 """AMQP I/O on kombu / py-amqp: connections, confirmed publishing, frame reading, declarations.
 
-Every use of py-amqp internals lives in this subpackage.
+Every use of py-amqp internals lives in this subpackage, and so does the one
+place where py-amqp / kombu exceptions become :mod:`ojs_kombu.errors`
+(:mod:`ojs_kombu.amqp.errors`).
 """
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
+from ojs_kombu.amqp.errors import is_permanent, map_exception, map_exceptions, raise_if_permanent
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
-from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.amqp.topology import OnConflict, Topology
 
 __all__ = [
     "DEFAULT_HEARTBEAT",
     "ConfirmedPublisher",
+    "OnConflict",
     "PublishTicket",
     "Topology",
     "connect_once",
+    "is_permanent",
     "make_connection",
+    "map_exception",
+    "map_exceptions",
+    "raise_if_permanent",
     "resolve_url",
     "safe_url",
 ]

@@ -32,6 +32,7 @@ import errno
 import socket
 from struct import Struct
 
+from amqp import Connection
 from amqp.exceptions import UnexpectedFrame
 from amqp.transport import TCPTransport
 
@@ -45,7 +46,7 @@ _EMPTY = b""
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
 
-def supports(connection) -> bool:
+def supports(connection: Connection) -> bool:
     """Whether :class:`FrameReader` can serve ``connection`` (a plain TCP py-amqp connection)."""
     transport = getattr(connection, "_transport", None)
     return (
@@ -58,7 +59,7 @@ def supports(connection) -> bool:
 class FrameReader:
     """Reads a py-amqp connection's frames from one buffer; for the connection's owner thread only."""
 
-    def __init__(self, connection):
+    def __init__(self, connection: Connection) -> None:
         transport = connection.transport
         self._transport = transport
         self._recv = transport.sock.recv
@@ -102,7 +103,8 @@ class FrameReader:
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 8:
             return False
-        return pos + 7 + _HEADER.unpack_from(buf, pos)[2] < len(buf)
+        size: int = _HEADER.unpack_from(buf, pos)[2]
+        return pos + 7 + size < len(buf)
 
     def dispatch(self) -> int:
         """Hand every complete buffered frame to py-amqp's frame handler; return how many.
@@ -137,7 +139,7 @@ class FrameReader:
             self._buf = pushed + self._buf[self._pos :]
             self._pos = 0
 
-    def _read(self, n: int, initial: bool = False, _errnos=(errno.EAGAIN, errno.EINTR)) -> bytes:
+    def _read(self, n: int, initial: bool = False, _errnos: tuple[int, ...] = (errno.EAGAIN, errno.EINTR)) -> bytes:
         """``TCPTransport._read`` served from our buffer: exactly ``n`` bytes."""
         self._take_pushback()
         buf, pos = self._buf, self._pos

@@ -60,7 +60,8 @@ def encode_table(table: dict[str, Any]) -> bytes:
         elif isinstance(value, int):
             parts += (b"L", _I64.pack(value))
         else:
-            return dumps("F", [table])  # nested tables, arrays, floats, …: py-amqp's encoder
+            encoded: bytes = dumps("F", [table])  # nested tables, arrays, floats, …: py-amqp's encoder
+            return encoded
     body = b"".join(parts)
     return _U32.pack(len(body)) + body
 
@@ -85,7 +86,7 @@ def encode_properties(properties: dict[str, Any]) -> bytes:
     return struct.pack(">H", flags) + b"".join(parts)
 
 
-class WireMessage(Message):
+class WireMessage(Message):  # type: ignore[misc]  # py-amqp is untyped
     """A py-amqp message whose properties are encoded by :func:`encode_properties`."""
 
     def _serialize_properties(self) -> bytes:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from amqp import spec
+from amqp import Connection, Message, spec
 from amqp.serialization import dumps
 
 from ojs_kombu.amqp.properties import WireMessage
@@ -65,7 +65,7 @@ class ConfirmedPublisher:
     buffers without limit in the broker or in this process.
     """
 
-    def __init__(self, connection, *, window: int = 1000):
+    def __init__(self, connection: Connection, *, window: int = 1000):
         self.connection = connection
         self.channel = connection.channel()
         self.channel.confirm_select()
@@ -128,7 +128,7 @@ class ConfirmedPublisher:
         """Read confirms until nothing is unconfirmed."""
         self._drain(lambda: not self._unconfirmed, timeout)
 
-    def _drain(self, done, timeout: float) -> None:
+    def _drain(self, done: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not done():
             remaining = deadline - time.monotonic()
@@ -174,7 +174,7 @@ class ConfirmedPublisher:
                 )
             )
 
-    def _on_return(self, exc, exchange: str, routing_key: str, message) -> None:
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Message) -> None:
         # The Return precedes the Ack of the same message; mark the oldest
         # unconfirmed publish of that message id.
         message_id = message.properties.get("message_id")

@@ -11,9 +11,28 @@ A queue that already exists with other arguments makes RabbitMQ answer
 ``406 PRECONDITION_FAILED`` and close the channel.  The binding says never to
 re-declare with other arguments, so the topology records a
 :class:`~ojs_kombu.errors.TopologyConflictError` naming the differing
-arguments, logs it, checks the queue exists with a passive declare on a fresh
-channel and uses it as it is (``on_conflict="use-existing"``, the default), or
-raises (``on_conflict="raise"``).
+arguments (one record per entity, the latest), logs it, and then:
+
+* when a queue declared with dead-letter arguments (``ojs.queue.{q}``, a retry
+  queue, a scheduling level) exists with another ``x-dead-letter-exchange`` or
+  ``x-dead-letter-routing-key``, or without them, it is refused with that
+  error whatever ``on_conflict`` says: every message it dead-letters would
+  miss ``ojs.queue.dlx.{q}`` (or its next hop) and be dropped;
+* otherwise, with ``on_conflict="use-existing"`` (the default), it checks the
+  entity exists with a passive declare on a fresh channel and uses it as it is;
+  with ``on_conflict="raise"`` it raises.
+
+RabbitMQ names only the first inequivalent argument it finds, and it checks
+``x-message-ttl`` or ``x-max-length`` before the dead-letter arguments.  To
+learn every difference the topology therefore re-declares the queue with the
+existing value of each argument the broker named (read from the reply text),
+until the broker accepts: that declaration is equivalent to the existing queue,
+so it changes nothing.  When a reply cannot be read (an argument type it does
+not know), the differences found so far are kept and the passive fallback
+applies.
+
+Permanent refusals (403 on a declaration, 404 on the passive declare) become
+:class:`~ojs_kombu.errors.BrokerRefusedError` subclasses (:mod:`ojs_kombu.amqp.errors`).
 """
 
 from __future__ import annotations
@@ -22,20 +41,41 @@ import logging
 import re
 import threading
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
+from amqp import Channel, Connection
 from amqp.exceptions import PreconditionFailed
 
-from ojs_kombu.errors import ArgumentDifference, TopologyConflictError, TopologyError, ValidationError
+from ojs_kombu.amqp.errors import map_exceptions
+from ojs_kombu.errors import ArgumentDifference, TopologyConflictError, ValidationError
 from ojs_kombu.model.naming import Names, validate_queue_name
+from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueOptions, QueueSpec, Spec, frozen_arguments
 
 logger = logging.getLogger(__name__)
+
+OnConflict = Literal["use-existing", "raise"]
+"""What a :class:`Topology` does when an entity exists with other arguments (see the module docstring)."""
+
+ON_CONFLICT_CHOICES: tuple[str, ...] = get_args(OnConflict)
+
+#: The arguments that decide where a queue's dead letters go.
+DEAD_LETTER_ARGUMENTS = frozenset({"x-dead-letter-exchange", "x-dead-letter-routing-key"})
 
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<arg>[^']+)' for (?:queue|exchange) '(?P<name>[^']+)' in vhost '[^']*': "
     r"received (?P<requested>.+?) but current is (?P<existing>.+)$"
 )
+# How RabbitMQ shows one side of an inequivalent argument: "none", "'v'" (same type on both
+# sides) or "the value 'v' of type 't'".
+_TYPED_VALUE = re.compile(r"^the value '(?P<value>.*)' of type '(?P<type>[a-z]+)'$", re.DOTALL)
+_SAME_TYPE_VALUE = re.compile(r"^'(?P<value>.*)'$", re.DOTALL)
+_INTEGER_TYPES = frozenset(
+    {"byte", "unsignedbyte", "short", "unsignedshort", "signedint", "unsignedint", "long", "longlong"}
+)
+# Queue.Declare flags RabbitMQ may name as inequivalent; the others are x- arguments.
+_FLAGS = frozenset({"durable", "auto_delete"})
+_MAX_PROBES = 16  # more than the number of queue arguments RabbitMQ compares
 
 
 def parse_precondition_failed(entity: str, reply_text: str) -> TopologyConflictError:
@@ -47,11 +87,61 @@ def parse_precondition_failed(entity: str, reply_text: str) -> TopologyConflictE
     return TopologyConflictError(entity, differences, reply_text or "")
 
 
+class _Unknown(Exception):
+    """A value in a 406 reply this module cannot turn back into an argument."""
+
+
+def existing_value(shown: str, requested: Any) -> tuple[bool, Any]:
+    """The existing value of an argument as RabbitMQ shows it in a 406 reply.
+
+    Parameters:
+        shown: the ``current is …`` part: ``none``, ``'v'`` or ``the value 'v' of type 't'``.
+        requested: the value this side declared (its type is the existing one's in the ``'v'`` form).
+
+    Returns:
+        ``(False, None)`` when the existing entity has no such argument, else ``(True, value)``.
+
+    Raises:
+        _Unknown: a type that cannot be declared back exactly (tables, arrays, timestamps ...).
+    """
+    if shown == "none":
+        return False, None
+    typed = _TYPED_VALUE.match(shown)
+    if typed:
+        text, kind = typed["value"], typed["type"]
+    else:
+        same = _SAME_TYPE_VALUE.match(shown)
+        if same is None:
+            raise _Unknown(shown)
+        text = same["value"]
+        kind = {bool: "bool", int: "long", float: "double", str: "longstr"}.get(type(requested), "")
+    if kind == "longstr":
+        return True, text
+    if kind in _INTEGER_TYPES:
+        return True, int(text)
+    if kind == "bool" and text in ("true", "false"):
+        return True, text == "true"
+    if kind in ("double", "float"):
+        return True, float(text)
+    raise _Unknown(shown)
+
+
 class Topology:
     """Declares and remembers the OJS entities of one deployment (one prefix).
 
     ``queue_options`` apply to every job queue; ``per_queue`` overrides them for
     named queues.  Thread-safe: declarations are serialised by a lock.
+
+    Parameters:
+        names: the entity names (prefix); default the unprefixed names.
+        queue_options: optional arguments of every job queue.
+        per_queue: options of named queues, replacing ``queue_options`` for them.
+        on_conflict: ``"use-existing"`` (warn, use the existing entity) or ``"raise"``
+            when an entity exists with other arguments; dead-letter arguments are never
+            accepted when they differ (see the module docstring).
+
+    Raises:
+        ValidationError: ``on_conflict`` is not one of :data:`OnConflict`.
     """
 
     def __init__(
@@ -60,19 +150,30 @@ class Topology:
         *,
         queue_options: QueueOptions | None = None,
         per_queue: dict[str, QueueOptions] | None = None,
-        on_conflict: Literal["use-existing", "raise"] = "use-existing",
+        on_conflict: OnConflict = "use-existing",
     ):
-        if on_conflict not in ("use-existing", "raise"):
+        if on_conflict not in ON_CONFLICT_CHOICES:
             raise ValidationError(
-                f"on_conflict must be 'use-existing' or 'raise', got {on_conflict!r}", field="on_conflict"
+                f"on_conflict must be one of {', '.join(map(repr, ON_CONFLICT_CHOICES))}, got {on_conflict!r}",
+                field="on_conflict",
             )
         self.names = names or Names()
         self.queue_options = queue_options or QueueOptions()
         self.per_queue = dict(per_queue or {})
-        self.on_conflict = on_conflict
-        self.conflicts: list[TopologyConflictError] = []
+        self.on_conflict: OnConflict = on_conflict
+        self._conflicts: dict[str, TopologyConflictError] = {}  # entity -> latest conflict
         self._declared: dict[Spec, None] = {}  # insertion-ordered set
         self._lock = threading.RLock()
+
+    @property
+    def conflicts(self) -> list[TopologyConflictError]:
+        """The latest conflict of each entity found to differ, in the order first found.
+
+        Re-declaring an entity replaces its record, so this never grows beyond the
+        number of conflicting entities.
+        """
+        with self._lock:
+            return list(self._conflicts.values())
 
     # -- what a queue needs --------------------------------------------------------------------
 
@@ -129,21 +230,20 @@ class Topology:
 
     # -- declaring -----------------------------------------------------------------------------
 
-    def declare_queue(self, connection, queue: str) -> None:
+    def declare_queue(self, connection: Connection, queue: str) -> None:
         """Eagerly declare ``queue`` (job queue, DLQ, exchanges, bindings), even if cached."""
         self.declare(connection, self.queue_specs(queue), force=True)
 
-    def ensure_queue(self, connection, queue: str) -> None:
+    def ensure_queue(self, connection: Connection, queue: str) -> None:
         """Lazily declare ``queue``: only what this topology has not declared yet."""
         self.declare(connection, self.queue_specs(queue))
 
-    def ensure_retry_queue(self, connection, queue: str, delay_ms: int) -> None:
+    def ensure_retry_queue(self, connection: Connection, queue: str, delay_ms: int) -> None:
         """Lazily declare the retry queue ``ojs.queue.retry.{queue}.{delay_ms}``."""
         self.declare(connection, self.retry_queue_specs(queue, delay_ms))
 
-    def ensure_scheduling(self, connection, queue: str, cascade) -> None:
-        """Lazily declare ``queue``, the scheduling cascade (a
-        :class:`~ojs_kombu.policy.schedule.Cascade`) and the binding that delivers
+    def ensure_scheduling(self, connection: Connection, queue: str, cascade: Cascade) -> None:
+        """Lazily declare ``queue``, the scheduling ``cascade`` and the binding that delivers
         scheduled jobs into ``ojs.queue.{queue}``."""
         self.declare(connection, [*self.queue_specs(queue), *cascade.specs(), cascade.queue_binding(queue)])
 
@@ -171,7 +271,7 @@ class Topology:
                 for spec in [s for s in self._declared if isinstance(s, BindingSpec) and s.destination == job_queue]:
                     self._declared.pop(spec, None)
 
-    def delete_declared(self, connection) -> int:
+    def delete_declared(self, connection: Connection) -> int:
         """Delete every queue and exchange this topology declared (messages included!).
 
         For tests, demos and tearing down a tenant; returns how many entities went.
@@ -190,7 +290,7 @@ class Topology:
             _close_quietly(channel)
         return sum(not isinstance(s, BindingSpec) for s in specs)
 
-    def redeclare(self, connection) -> None:
+    def redeclare(self, connection: Connection) -> None:
         """Re-declare everything declared so far: exchanges, then queues, then bindings."""
         with self._lock:
             specs = list(self._declared)
@@ -201,8 +301,20 @@ class Topology:
             )
             self.declare(connection, ordered, force=True)
 
-    def declare(self, connection, specs: Iterable[Spec], *, force: bool = False) -> None:
-        """Declare ``specs`` in order on a channel of ``connection`` (a py-amqp/kombu connection)."""
+    def declare(self, connection: Connection, specs: Iterable[Spec], *, force: bool = False) -> None:
+        """Declare ``specs`` in order on a channel of ``connection`` (a py-amqp connection).
+
+        Parameters:
+            connection: an open py-amqp connection.
+            specs: what to declare, in order.
+            force: declare even what this topology has declared before.
+
+        Raises:
+            TopologyConflictError: an entity exists with other arguments and ``on_conflict``
+                is ``"raise"``, or its dead-letter arguments differ.
+            AccessRefusedError: the user may not declare it (403).
+            NotFoundError: the passive declare after a conflict found nothing.
+        """
         with self._lock:
             todo = [s for s in specs if force or s not in self._declared]
             if not todo:
@@ -215,42 +327,123 @@ class Topology:
             finally:
                 _close_quietly(channel)
 
-    def _declare_one(self, connection, channel, spec: Spec):
-        if isinstance(spec, BindingSpec):
-            if spec.to_exchange:
-                channel.exchange_bind(destination=spec.destination, source=spec.exchange, routing_key=spec.routing_key)
-            else:
-                channel.queue_bind(queue=spec.destination, exchange=spec.exchange, routing_key=spec.routing_key)
-            return channel
-        try:
-            if isinstance(spec, ExchangeSpec):
-                channel.exchange_declare(
-                    spec.name, spec.type, durable=True, auto_delete=False, arguments=dict(spec.arguments) or None
-                )
-            else:
-                channel.queue_declare(
-                    spec.name, durable=True, exclusive=False, auto_delete=False, arguments=spec.argument_dict or None
-                )
-            return channel
-        except PreconditionFailed as exc:
-            conflict = parse_precondition_failed(spec.name, getattr(exc, "reply_text", str(exc)))
-            self.conflicts.append(conflict)
-            if self.on_conflict == "raise":
-                raise conflict from None
-            logger.warning("%s; using the existing entity as it is (never re-declared with other arguments)", conflict)
-            # The 406 closed the channel: confirm the entity exists on a fresh one.
-            channel = connection.channel()
+    def _declare_one(self, connection: Connection, channel: Channel, spec: Spec) -> Channel:
+        with map_exceptions():
+            if isinstance(spec, BindingSpec):
+                if spec.to_exchange:
+                    channel.exchange_bind(
+                        destination=spec.destination, source=spec.exchange, routing_key=spec.routing_key
+                    )
+                else:
+                    channel.queue_bind(queue=spec.destination, exchange=spec.exchange, routing_key=spec.routing_key)
+                return channel
             try:
                 if isinstance(spec, ExchangeSpec):
-                    channel.exchange_declare(spec.name, spec.type, passive=True)
+                    channel.exchange_declare(
+                        spec.name, spec.type, durable=True, auto_delete=False, arguments=dict(spec.arguments) or None
+                    )
                 else:
-                    channel.queue_declare(spec.name, passive=True)
-            except Exception as passive_exc:
-                raise TopologyError(f"{spec.name!r} could not be declared nor found: {passive_exc}") from passive_exc
-            return channel
+                    _queue_declare(channel, spec.name, spec.argument_dict, {})
+                return channel
+            except PreconditionFailed as exc:
+                return self._conflict(connection, spec, parse_precondition_failed(spec.name, _reply_text(exc)))
+
+    def _conflict(
+        self, connection: Connection, spec: ExchangeSpec | QueueSpec, conflict: TopologyConflictError
+    ) -> Channel:
+        """Record a 406 on ``spec``, then refuse it or return a channel on which it exists as it is."""
+        channel: Channel | None = None
+        if isinstance(spec, QueueSpec):
+            conflict, channel = _probe_queue(connection, spec, conflict)
+        self._conflicts.pop(spec.name, None)  # re-inserted: the latest record, one per entity
+        self._conflicts[spec.name] = conflict
+        dead_letters = isinstance(spec, QueueSpec) and bool(DEAD_LETTER_ARGUMENTS & set(spec.argument_dict))
+        lost = dead_letters and any(d.argument in DEAD_LETTER_ARGUMENTS for d in conflict.differences)
+        if lost or self.on_conflict == "raise":
+            if channel is not None:
+                _close_quietly(channel)
+            if lost:
+                raise TopologyConflictError(
+                    conflict.entity,
+                    conflict.differences,
+                    conflict.reply_text,
+                    hint="its dead letters would not reach their queue, so it is never used as it is "
+                    "(whatever on_conflict says): delete it or declare it with the binding's arguments",
+                ) from None
+            raise conflict from None
+        logger.warning("%s; using the existing entity as it is (never re-declared with other arguments)", conflict)
+        if channel is not None:
+            return channel  # the probe's last declaration matched the existing queue
+        # The 406 closed the channel: confirm the entity exists on a fresh one.
+        channel = connection.channel()
+        with map_exceptions(must_exist=True):
+            if isinstance(spec, ExchangeSpec):
+                channel.exchange_declare(spec.name, spec.type, passive=True)
+            else:
+                channel.queue_declare(spec.name, passive=True)
+        return channel
 
 
-def _close_quietly(channel) -> None:
+def _reply_text(exc: BaseException) -> str:
+    return str(getattr(exc, "reply_text", "") or exc)
+
+
+def _queue_declare(channel: Channel, name: str, arguments: dict[str, Any], flags: dict[str, bool]) -> None:
+    channel.queue_declare(
+        name,
+        durable=flags.get("durable", True),
+        exclusive=False,
+        auto_delete=flags.get("auto_delete", False),
+        arguments=arguments or None,
+    )
+
+
+def _probe_queue(
+    connection: Connection, spec: QueueSpec, conflict: TopologyConflictError
+) -> tuple[TopologyConflictError, Channel | None]:
+    """Learn every argument in which the existing queue differs from ``spec`` (see the module docstring).
+
+    Returns the conflict with all differences found, and the open channel of the
+    declaration the broker accepted (``None`` when a reply could not be read).
+    """
+    arguments = dict(spec.argument_dict)
+    flags: dict[str, bool] = {}
+    differences = list(conflict.differences)
+    for _ in range(_MAX_PROBES):
+        if not differences:
+            break
+        last = differences[-1]
+        try:
+            if last.argument in _FLAGS:
+                present, value = existing_value(last.existing, True)
+                flags[last.argument] = bool(value) if present else False
+            else:
+                present, value = existing_value(last.existing, arguments.get(last.argument))
+                if present:
+                    arguments[last.argument] = value
+                else:
+                    arguments.pop(last.argument, None)
+        except (_Unknown, ValueError):
+            break
+        channel = connection.channel()
+        try:
+            _queue_declare(channel, spec.name, arguments, flags)
+        except PreconditionFailed as exc:
+            more = parse_precondition_failed(spec.name, _reply_text(exc)).differences
+            if not more or any(d.argument == more[0].argument for d in differences):
+                break  # not read, or not cured by the existing value: give up probing
+            differences.extend(more)
+            continue
+        except BaseException:
+            _close_quietly(channel)
+            raise
+        found = TopologyConflictError(spec.name, differences, conflict.reply_text)
+        return found, channel
+    logger.info("could not learn every argument in which %r differs; known: %s", spec.name, differences)
+    return TopologyConflictError(spec.name, differences, conflict.reply_text), None
+
+
+def _close_quietly(channel: Channel) -> None:
     try:
         channel.close()
     except Exception:  # noqa: BLE001 - the channel may already be closed by the broker
@@ -258,10 +451,14 @@ def _close_quietly(channel) -> None:
 
 
 __all__ = [
+    "DEAD_LETTER_ARGUMENTS",
+    "ON_CONFLICT_CHOICES",
     "BindingSpec",
     "ExchangeSpec",
+    "OnConflict",
     "QueueOptions",
     "QueueSpec",
     "Topology",
+    "existing_value",
     "parse_precondition_failed",
 ]

@@ -47,6 +47,7 @@ from amqp.channel import Channel
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import connect_once, make_connection, safe_url
+from ojs_kombu.amqp.errors import raise_if_permanent
 from ojs_kombu.amqp.framing import FrameReader
 from ojs_kombu.amqp.framing import supports as framing_supports
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
@@ -249,6 +250,7 @@ class Consumer:
                     self._loop()
                 except self._kombu.connection_errors + self._kombu.channel_errors as exc:
                     self._disconnect()
+                    raise_if_permanent(exc, url=self.url)  # 403 / 530: retrying cannot help
                     if self._stop.is_set():
                         break
                     attempt += 1

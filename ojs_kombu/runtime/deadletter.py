@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from amqp import Message
+
 from ojs_kombu.errors import DecodeError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
@@ -46,7 +48,7 @@ class DeadLetterEntry:
     decode_error: str | None = None
 
     @classmethod
-    def from_message(cls, message) -> DeadLetterEntry:
+    def from_message(cls, message: Message) -> DeadLetterEntry:
         """Read a py-amqp message fetched from a dead letter queue."""
         properties = dict(message.properties)
         headers = dict(properties.pop("application_headers", None) or {})
@@ -71,6 +73,25 @@ class DeadLetterEntry:
         )
 
 
+@dataclass(frozen=True)
+class ReplayProgress:
+    """Where a dead letter replay stands, reported once per window (``replay_dead_letters(progress=)``).
+
+    Attributes:
+        total: messages in the dead letter queue when the scan began (``None`` until known).
+        scanned: messages fetched so far.
+        replayed: jobs republished to their queue and acked so far.
+        passed_over: letters moved to the back of the queue so far.
+        held: letters fetched and not yet acked now (never more than the window).
+    """
+
+    total: int | None
+    scanned: int
+    replayed: int
+    passed_over: int
+    held: int
+
+
 def replayable(job: Job) -> Job:
     """``job`` ready to run again: attempt 0, ``enqueued_at`` now, replay counted in ``meta``."""
     meta = dict(job.meta or {})
@@ -81,4 +102,4 @@ def replayable(job: Job) -> Job:
     )
 
 
-__all__ = ["DeadLetterEntry", "replayable"]
+__all__ = ["DeadLetterEntry", "ReplayProgress", "replayable"]

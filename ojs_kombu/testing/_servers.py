@@ -127,7 +127,8 @@ def apt_install(
 class RecordedServer(Protocol):
     """A private server the command line can start, find again and stop."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     @property
     def url(self) -> str: ...
@@ -215,7 +216,9 @@ class ServerCommands:
         """Parse ``argv``, run the command, return the exit status (1 on ``error``)."""
         parser = argparse.ArgumentParser(prog=self.prog, description=description)
         sub = parser.add_subparsers(dest="action", required=True)
-        commands = {
+        commands: dict[
+            str, tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None]]
+        ] = {
             "install": (self.install_help, self.install, lambda p: None),
             "start": (f"start a private {self.what} in the background; print its URL", self.start, lambda p: None),
             "stop": (

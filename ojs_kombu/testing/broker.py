@@ -615,10 +615,10 @@ def _docker_available(timeout: float = 5.0) -> bool:
 
 def _container_class() -> Any:
     try:
-        from testcontainers.community.rabbitmq import RabbitMqContainer  # type: ignore[import-not-found]
+        from testcontainers.community.rabbitmq import RabbitMqContainer
     except ImportError:
         try:
-            from testcontainers.rabbitmq import RabbitMqContainer  # type: ignore[import-not-found]
+            from testcontainers.rabbitmq import RabbitMqContainer
         except ImportError:
             return None
     return RabbitMqContainer

@@ -75,20 +75,26 @@ class ManagementClient:
 
     # -- plumbing ---------------------------------------------------------
 
-    def request(self, method: str, path: str, *, headers: dict[str, str] | None = None) -> Any:
+    def request(
+        self, method: str, path: str, *, headers: dict[str, str] | None = None, body: dict[str, Any] | None = None
+    ) -> Any:
         """Send ``method path`` (``path`` starts with ``/api``) and return the decoded JSON body.
 
-        Returns ``None`` for an empty body; raises :class:`ManagementError`
-        for any non-2xx answer or transport failure.
+        ``body``, when given, is sent as JSON.  Returns ``None`` for an empty
+        body; raises :class:`ManagementError` for any non-2xx answer or
+        transport failure.
         """
-        req = urllib.request.Request(self.base_url + path, method=method)
+        data = json.dumps(body).encode("utf-8") if body is not None else None
+        req = urllib.request.Request(self.base_url + path, data=data, method=method)
         req.add_header("Authorization", self._auth_header)
         req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
         for name, value in (headers or {}).items():
             req.add_header(name, value)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                body = resp.read()
+                answer: bytes = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")[:500]
             raise ManagementError(
@@ -99,7 +105,7 @@ class ManagementClient:
             raise ManagementError(
                 f"{method} {self.base_url}{path} failed: {reason}", method=method, path=path
             ) from None
-        return json.loads(body) if body.strip() else None
+        return json.loads(answer) if answer.strip() else None
 
     def _get_or_none(self, path: str) -> Any:
         try:
@@ -126,26 +132,31 @@ class ManagementClient:
 
     def overview(self) -> dict[str, Any]:
         """``GET /api/overview``: versions, listeners, global counters."""
-        return self.request("GET", "/api/overview")
+        overview: dict[str, Any] = self.request("GET", "/api/overview")
+        return overview
 
     def queue(self, name: str) -> dict[str, Any] | None:
         """The queue ``name`` (``durable``, ``arguments``, ``messages``, ``consumers`` ...), or ``None``.
 
         The counters are missing until the queue's first statistics sample.
         """
-        return self._get_or_none(f"/api/queues/{self._vh}/{_quote(name)}")
+        queue: dict[str, Any] | None = self._get_or_none(f"/api/queues/{self._vh}/{_quote(name)}")
+        return queue
 
     def exchange(self, name: str) -> dict[str, Any] | None:
         """The exchange ``name`` (``type``, ``durable``, ``arguments`` ...), or ``None``."""
-        return self._get_or_none(f"/api/exchanges/{self._vh}/{_quote(name)}")
+        exchange: dict[str, Any] | None = self._get_or_none(f"/api/exchanges/{self._vh}/{_quote(name)}")
+        return exchange
 
     def queues(self, prefix: str | None = None) -> list[dict[str, Any]]:
         """Every queue of the vhost, optionally only those whose name starts with ``prefix``."""
-        return list(filter(_starts_with(prefix), self.request("GET", f"/api/queues/{self._vh}")))
+        queues: list[dict[str, Any]] = self.request("GET", f"/api/queues/{self._vh}")
+        return list(filter(_starts_with(prefix), queues))
 
     def exchanges(self, prefix: str | None = None) -> list[dict[str, Any]]:
         """Every exchange of the vhost (the default exchange is named ``""``), optionally by ``prefix``."""
-        return list(filter(_starts_with(prefix), self.request("GET", f"/api/exchanges/{self._vh}")))
+        exchanges: list[dict[str, Any]] = self.request("GET", f"/api/exchanges/{self._vh}")
+        return list(filter(_starts_with(prefix), exchanges))
 
     def bindings(self, source: str | None = None, destination: str | None = None) -> list[dict[str, Any]]:
         """Bindings of the vhost, optionally only those from ``source`` and/or to ``destination``.
@@ -161,12 +172,14 @@ class ManagementClient:
 
     def connections(self) -> list[dict[str, Any]]:
         """Client connections to the vhost; each has a ``name`` usable with :meth:`close_connection`."""
-        return self.request("GET", f"/api/vhosts/{self._vh}/connections")
+        connections: list[dict[str, Any]] = self.request("GET", f"/api/vhosts/{self._vh}/connections")
+        return connections
 
     def channels(self) -> list[dict[str, Any]]:
         """Channels of the vhost; each has ``confirm`` (publisher confirms on), ``prefetch_count``,
         and ``connection_details``."""
-        return self.request("GET", f"/api/vhosts/{self._vh}/channels")
+        channels: list[dict[str, Any]] = self.request("GET", f"/api/vhosts/{self._vh}/channels")
+        return channels
 
     def wait_for_queue(
         self,
@@ -221,3 +234,29 @@ class ManagementClient:
         Returns ``False`` if no such connection exists.
         """
         return self._delete(f"/api/connections/{_quote(name)}", headers={"X-Reason": reason})
+
+    # -- users, virtual hosts, permissions (node-wide) ----------------------------------------------
+
+    def create_vhost(self, name: str) -> None:
+        """Create the virtual host ``name`` (no-op if it exists).  No user gets permissions on it."""
+        self.request("PUT", f"/api/vhosts/{_quote(name)}", body={})
+
+    def delete_vhost(self, name: str) -> bool:
+        """Delete the virtual host ``name`` and everything in it; ``False`` if it did not exist."""
+        return self._delete(f"/api/vhosts/{_quote(name)}")
+
+    def create_user(self, name: str, password: str, *, tags: str = "") -> None:
+        """Create (or update) the user ``name``; no permissions on any virtual host yet."""
+        self.request("PUT", f"/api/users/{_quote(name)}", body={"password": password, "tags": tags})
+
+    def delete_user(self, name: str) -> bool:
+        """Delete the user ``name``; ``False`` if it did not exist."""
+        return self._delete(f"/api/users/{_quote(name)}")
+
+    def set_permissions(
+        self, user: str, *, configure: str = ".*", write: str = ".*", read: str = ".*", vhost: str | None = None
+    ) -> None:
+        """Grant ``user`` the permissions (regular expressions over resource names) on ``vhost``
+        (default: this client's virtual host); ``"^$"`` denies all of a kind."""
+        path = f"/api/permissions/{_quote(vhost if vhost is not None else self.vhost)}/{_quote(user)}"
+        self.request("PUT", path, body={"configure": configure, "write": write, "read": read})

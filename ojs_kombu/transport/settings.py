@@ -83,7 +83,7 @@ class Settings:
     def load_codec(self) -> TaskCodec:
         """The codec object (imported on first use: ``ojs_celery`` needs Celery only then)."""
         if isinstance(self.codec, str):
-            self.codec = symbol_by_name(self.codec)()  # type: ignore[no-untyped-call]
+            self.codec = symbol_by_name(self.codec)()
         elif isinstance(self.codec, type):
             self.codec = self.codec()
         return cast(TaskCodec, self.codec)

@@ -8,11 +8,13 @@ import socket
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
 
 import pytest
 from support import get_messages, message_count, wait_until
 
 from ojs_kombu import BrokerConnectionError, Client, Job, RetryPolicy, ValidationError
+from ojs_kombu.client import DEFAULT_PUBLISH_TIMEOUT
 from ojs_kombu.testing.schema import validate_job
 
 
@@ -118,15 +120,102 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_unreachable_broker_raises_after_backoff():
-    client = Client(f"amqp://guest:guest@127.0.0.1:{_free_port()}//", connect_retries=2)
+class DelayedProxy:
+    """A local port that refuses connections for ``opens_after`` seconds (a broker that is down),
+    then forwards every connection to ``target`` (the broker is back)."""
+
+    def __init__(self, target: tuple[str, int], opens_after: float):
+        self.target = target
+        self.opens_after = opens_after
+        self.port = _free_port()
+        self.opened_at: float | None = None
+        self._stop = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self.started_at = time.monotonic()
+        self._thread.start()
+
+    def _serve(self) -> None:
+        if self._stop.wait(self.opens_after):
+            return
+        with socket.create_server(("127.0.0.1", self.port)) as listener:
+            self.opened_at = time.monotonic()
+            listener.settimeout(0.1)
+            while not self._stop.is_set():
+                try:
+                    downstream, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                upstream = socket.create_connection(self.target)
+                self._sockets += [downstream, upstream]
+                for source, sink in ((downstream, upstream), (upstream, downstream)):
+                    threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for sock in self._sockets:
+            sock.close()
+
+
+SECRET = "s3cret-not-in-messages"
+
+
+def test_enqueue_with_the_broker_down_gives_up_within_the_budget():
+    client = Client(f"amqp://guest:{SECRET}@127.0.0.1:{_free_port()}//")
     started = time.monotonic()
     with pytest.raises(BrokerConnectionError) as info:
         client.enqueue("a.b", [1])
     elapsed = time.monotonic() - started
-    # Two back-off sleeps: ~1 s and ~2 s, each ±25 %.
-    assert 0.75 + 1.5 <= elapsed < 10
-    assert "guest:guest" not in str(info.value)
+    # It keeps trying (back-off ~1 s, ~2 s, then what is left) until the budget is spent, not ~31 s.
+    assert DEFAULT_PUBLISH_TIMEOUT - 0.5 <= elapsed < DEFAULT_PUBLISH_TIMEOUT + 2.0
+    assert SECRET not in str(info.value) and "guest:**@127.0.0.1" in str(info.value)
+    assert "attempts" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "options,low,high",
+    [
+        pytest.param({"publish_timeout": 1.0}, 0.9, 2.5, id="publish_timeout"),
+        pytest.param({"connect_retries": 0}, 0.0, 0.5, id="connect_retries-0"),
+        pytest.param({"connect_retries": 2, "publish_timeout": None}, 0.75 + 1.5, 5.0, id="connect_retries-2"),
+    ],
+)
+def test_publish_timeout_and_connect_retries_bound_the_retries(options, low, high):
+    client = Client(f"amqp://guest:guest@127.0.0.1:{_free_port()}//", **options)
+    started = time.monotonic()
+    with pytest.raises(BrokerConnectionError):
+        client.enqueue("a.b", [1])
+    assert low <= time.monotonic() - started < high
+
+
+def test_a_broker_back_within_the_budget_still_gets_the_job(amqp_url, prefix, names):
+    broker = urlsplit(amqp_url)
+    proxy = DelayedProxy((broker.hostname or "127.0.0.1", broker.port or 5672), opens_after=1.5)
+    try:
+        with Client(f"amqp://guest:guest@127.0.0.1:{proxy.port}//", prefix=prefix) as client:
+            job = client.enqueue("a.b", [1], queue="comeback")
+            enqueued_at = time.monotonic()
+    finally:
+        proxy.close()
+    assert proxy.opened_at is not None and enqueued_at > proxy.opened_at  # it had to wait for the broker
+    assert enqueued_at - proxy.started_at < DEFAULT_PUBLISH_TIMEOUT
+    [(_, properties, _)] = get_messages(amqp_url, names.job_queue("comeback"), 1)
+    assert properties.message_id == job.id
 
 
 def test_dropped_connection_is_reestablished(amqp_url, prefix, management, names):

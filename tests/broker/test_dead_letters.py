@@ -5,6 +5,7 @@ by id or all), purge."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pika
@@ -12,7 +13,8 @@ import pytest
 from support import get_messages, message_count, raw_channel, wait_until
 
 from ojs_kombu import DeadLetter, Job, Names, RetryPolicy, Worker, current_job
-from ojs_kombu.wire.codec import CONTENT_TYPE
+from ojs_kombu.runtime.deadletter import ReplayProgress
+from ojs_kombu.wire.codec import CONTENT_TYPE, encode
 from ojs_kombu.wire.headers import Header
 
 
@@ -46,6 +48,18 @@ def publish_garbage(amqp_url: str, names: Names, message_id: str, *, exchange: s
             pika.BasicProperties(content_type=CONTENT_TYPE, message_id=message_id, delivery_mode=2),
             mandatory=True,
         )
+
+
+def dead_letter_jobs(amqp_url: str, names: Names, count: int) -> list[Job]:
+    """``count`` jobs put straight into ``ojs.queue.dlx.default`` (through the dead letter exchange)."""
+    jobs = [Job.create("bulk.job", [i]) for i in range(count)]
+    with raw_channel(amqp_url) as channel:
+        channel.confirm_delivery()
+        for job in jobs:
+            message = encode(job)
+            properties = pika.BasicProperties(headers=message.headers, **message.properties)
+            channel.basic_publish(names.dead_letter_exchange, "default", message.body, properties, mandatory=True)
+    return jobs
 
 
 def test_dead_letters_lists_oldest_first_without_removing(amqp_url, client, names, start_worker):
@@ -127,3 +141,73 @@ def test_replay_resets_the_attempt_strips_x_death_and_honours_ids_and_limit(amqp
     assert client.purge_dead_letters("default") == 1
     assert message_count(amqp_url, dead_letter_queue) == 0
     assert client.purge_dead_letters("default") == 0
+
+
+def test_replay_by_id_holds_a_bounded_window_and_keeps_the_order(amqp_url, client, names):
+    total, window = 300, 10
+    dead_letter_queue = names.dead_letter_queue("default")
+    client.declare_queue("default")
+    jobs = dead_letter_jobs(amqp_url, names, total)
+    assert message_count(amqp_url, dead_letter_queue) == total
+    chosen = [jobs[i].id for i in (0, 77, 150, 222, total - 1)]  # the last one: the scan must pass everything
+
+    # What the replay holds unacked, as it counts it, once per window ...
+    reports: list[ReplayProgress] = []
+    # ... and the exact ready count of a passive declare, sampled while the replay runs: a letter held
+    # unacked is not ready, and a passed-over letter is back (at the tail) before it is acked.
+    samples: list[tuple[float, int]] = []
+    sampling, done = threading.Event(), threading.Event()
+
+    def sample() -> None:
+        with raw_channel(amqp_url) as channel:
+            while not done.is_set():
+                ready = channel.queue_declare(dead_letter_queue, passive=True).method.message_count
+                samples.append((time.monotonic(), ready))
+                sampling.set()
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    assert sampling.wait(10)
+    started = time.monotonic()
+    try:
+        replayed = client.replay_dead_letters("default", ids=chosen, window=window, progress=reports.append)
+    finally:
+        ended = time.monotonic()
+        done.set()
+        sampler.join(10)
+
+    assert replayed == chosen
+    assert max(r.held for r in reports) == window and sum(r.held for r in reports) == total
+    assert reports[-1] == ReplayProgress(total, total, len(chosen) - 1, total - len(chosen), held=window)
+    during = [ready for at, ready in samples if started <= at <= ended]
+    assert len(during) >= 5, "the sampler did not watch the replay"
+    assert min(during) >= total - len(chosen) - window, min(during)
+    # The letters left behind are all there, in their order, and the chosen ones are in the job queue.
+    left = [e.message_id for e in client.dead_letters("default", limit=total)]
+    assert left == [job.id for job in jobs if job.id not in chosen]
+    received = get_messages(amqp_url, names.job_queue("default"), len(chosen))
+    assert [p.message_id for _, p, _ in received] == chosen
+
+
+def test_replay_with_a_limit_stops_at_it_unless_letters_were_passed_over(amqp_url, client, names):
+    client.declare_queue("default")
+    jobs = dead_letter_jobs(amqp_url, names, 30)
+    reports: list[ReplayProgress] = []
+    # Nothing passed over: the scan ends with the limit, the rest is not touched.
+    assert client.replay_dead_letters("default", limit=3, window=10, progress=reports.append) == [
+        job.id for job in jobs[:3]
+    ]
+    assert [r.scanned for r in reports] == [3]
+    assert [e.message_id for e in client.dead_letters("default", limit=50)] == [job.id for job in jobs[3:]]
+    # A letter passed over first (not a job): the scan goes round the whole queue to keep the order.
+    client.purge_dead_letters("default")
+    publish_garbage(amqp_url, names, "garbage-3", exchange=names.dead_letter_exchange)
+    jobs = dead_letter_jobs(amqp_url, names, 30)
+    reports.clear()
+    assert client.replay_dead_letters("default", limit=2, window=10, progress=reports.append) == [
+        job.id for job in jobs[:2]
+    ]
+    assert reports[-1].scanned == 31 and reports[-1].passed_over == 29
+    assert [e.message_id for e in client.dead_letters("default", limit=50)] == ["garbage-3"] + [
+        job.id for job in jobs[2:]
+    ]
