@@ -77,6 +77,7 @@ CLIENT_OPTIONS = frozenset(
         "queue_options",
         "pool_size",
         "confirm_timeout",
+        "publish_timeout",
         "connect_retries",
         "app_id",
         "on_conflict",

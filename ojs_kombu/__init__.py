@@ -38,6 +38,7 @@ from ojs_kombu.errors import (
     TopologyError,
     UnroutableError,
     ValidationError,
+    WorkerError,
 )
 from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
@@ -84,6 +85,7 @@ __all__ = [
     "UnroutableError",
     "ValidationError",
     "Worker",
+    "WorkerError",
     "current_job",
     "decode",
     "encode",

@@ -19,7 +19,7 @@ with the current directory first on ``sys.path``, as ``celery -A`` and
 ``dramatiq`` do, so it runs from the project directory.  ``--queues`` replaces
 the Worker's queues (it does not add to them); ``--concurrency`` replaces its
 concurrency.  Exit status: 0 after a graceful shutdown (SIGTERM / SIGINT); 1
-when the worker stopped on its own (:class:`~ojs_kombu.runtime.worker.WorkerError`:
+when the worker stopped on its own (:class:`~ojs_kombu.errors.WorkerError`:
 the broker refused it, its connection retries ran out...) so that a supervisor
 restarts it; a handler's ``sys.exit(n)`` ends it with ``n``.
 """

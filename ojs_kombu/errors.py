@@ -13,9 +13,10 @@ catch the whole family with one ``except``.  The tree::
     │   ├── PublishNackedError   the broker answered Basic.Nack to our publish
     │   └── PublishTimeoutError  no confirm arrived in time (outcome unknown)
     ├── BrokerConnectionError    the broker could not be reached within the retry budget
-    └── BrokerRefusedError       the broker refused for good: retrying cannot help
-        ├── AccessRefusedError   403 ACCESS_REFUSED, 530 NOT_ALLOWED: credentials, vhost, permissions
-        └── NotFoundError        404 NOT_FOUND: an entity that must exist does not
+    ├── BrokerRefusedError       the broker refused for good: retrying cannot help
+    │   ├── AccessRefusedError   403 ACCESS_REFUSED, 530 NOT_ALLOWED: credentials, vhost, permissions
+    │   └── NotFoundError        404 NOT_FOUND: an entity that must exist does not
+    └── WorkerError              a Worker stopped on its own (its consumer died); the cause is chained
 
 py-amqp and kombu exceptions are turned into these in one place,
 :mod:`ojs_kombu.amqp.errors` (``map_exceptions``, ``is_permanent``).  Transient
@@ -168,6 +169,16 @@ class DeadLetter(Exception):
     """Raise from a handler to send the job to its dead letter queue at once."""
 
 
+class WorkerError(OjsError):
+    """The worker stopped on its own: its consumer ended without being asked to.
+
+    Raised by :meth:`ojs_kombu.Worker.run` after the graceful shutdown, and kept in
+    :attr:`ojs_kombu.Worker.error`.  ``__cause__`` is what ended the consumer (for example a
+    :class:`~ojs_kombu.errors.BrokerConnectionError` or a
+    :class:`~ojs_kombu.errors.TopologyConflictError`), or ``None``.
+    """
+
+
 __all__ = [
     "AccessRefusedError",
     "ArgumentDifference",
@@ -185,4 +196,5 @@ __all__ = [
     "TopologyError",
     "UnroutableError",
     "ValidationError",
+    "WorkerError",
 ]

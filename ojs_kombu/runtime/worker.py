@@ -72,7 +72,7 @@ from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url, safe_url
 from ojs_kombu.amqp.topology import Topology
-from ojs_kombu.errors import OjsError, ValidationError
+from ojs_kombu.errors import OjsError, ValidationError, WorkerError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
@@ -103,16 +103,6 @@ def current_job() -> Job:
     if job is None:
         raise OjsError("current_job() is only available inside a job handler")
     return job
-
-
-class WorkerError(OjsError):
-    """The worker stopped on its own: its consumer ended without being asked to.
-
-    Raised by :meth:`Worker.run` after the graceful shutdown, and kept in
-    :attr:`Worker.error`.  ``__cause__`` is what ended the consumer (for example a
-    :class:`~ojs_kombu.errors.BrokerConnectionError` or a
-    :class:`~ojs_kombu.errors.TopologyConflictError`), or ``None``.
-    """
 
 
 def _queues(queues: Iterable[str]) -> list[str]:

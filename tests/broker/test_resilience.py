@@ -126,8 +126,8 @@ def test_broker_restart_every_confirmed_job_runs_and_the_worker_resumes():
 
         worker.start()
         assert worker.wait_until_ready(30)
-        # connect_retries: the back-off 1, 2, 4, 8, 16 … s rides out a restart of ~20 s many times over.
-        with Client(node.url, prefix="restart", connect_retries=10, confirm_timeout=15) as client:
+        # No publish_timeout budget: the back-off 1, 2, 4, 8, 16 … s (10 attempts) rides out a restart of ~20 s.
+        with Client(node.url, prefix="restart", connect_retries=10, publish_timeout=None, confirm_timeout=15) as client:
             client.declare_queue("default")
             # Due from before the restart (waiting in the cascade while the node is down) until well after it.
             scheduled = [Job.create("stream.scheduled", [i], scheduled_at=timedelta(seconds=2 + i)) for i in range(40)]

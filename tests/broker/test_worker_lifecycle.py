@@ -12,7 +12,7 @@ import pytest
 from support import get_messages, message_count, raw_channel, wait_until
 
 from ojs_kombu import RetryPolicy, TopologyConflictError, Worker
-from ojs_kombu.runtime.worker import WorkerError
+from ojs_kombu.errors import WorkerError
 
 
 def run_in_thread(worker: Worker) -> tuple[threading.Thread, list[BaseException | None]]:

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 from support import wait_until
 
 from ojs_kombu import RetryPolicy, Worker
-from ojs_kombu.runtime.worker import WorkerError
+from ojs_kombu.errors import WorkerError
 
 
 def sample(name: str, **labels: str) -> float:
