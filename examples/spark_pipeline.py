@@ -18,6 +18,11 @@ random entity prefix that is deleted at the end, it:
    Parquet and purges exactly the archived ids from the dead letter queue.
 
 It prints a short summary; the last line, ``SUMMARY {...}``, is JSON for tests.
+On a cluster the same file runs with ``spark-submit`` (the library installed on the
+executors, see the README's "Producing jobs from Spark")::
+
+    spark-submit --master spark://spark-master:7077 --archives pipeline_env.tar.gz#environment \
+        examples/spark_pipeline.py --archive s3a://bucket/dead-letters
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 
 from pyspark import SparkConf
 from pyspark.sql import DataFrame, SparkSession
@@ -53,7 +57,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the customer DataFrame")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the worker")
     parser.add_argument("--prefix", default=None, help="entity prefix (default: a random one)")
-    parser.add_argument("--archive", type=Path, default=None, help="archive directory (default: a new temp dir)")
+    parser.add_argument(
+        "--archive", default=None, help="archive directory, local or shared (hdfs://, s3a://); default: a new temp dir"
+    )
     return parser.parse_args()
 
 
@@ -104,7 +110,7 @@ def main() -> None:
         if failing:
             raise DeadLetter(f"mail server refused {email}")
 
-    archive = (args.archive or Path(tempfile.mkdtemp(prefix="ojs-dead-letters-"))) / "email.parquet"
+    archive = (args.archive or tempfile.mkdtemp(prefix="ojs-dead-letters-")).rstrip("/") + "/email.parquet"
     try:
         client.declare_queue(QUEUE)  # so that client.teardown() removes it at the end
         worker.start()
@@ -153,8 +159,8 @@ def main() -> None:
         # 5. Dead letters into a DataFrame, archived to Parquet, then exactly those ids purged.
         dead = spark.read.format("ojs").option("source", "dead_letters").option("prefix", prefix)
         dead = dead.option("queue", QUEUE).load()
-        dead.write.mode("error").parquet(str(archive))
-        archived = spark.read.parquet(str(archive))
+        dead.write.mode("error").parquet(archive)
+        archived = spark.read.parquet(archive)
         archived_ids = [row.id for row in archived.select("id").collect()]
         sample = archived.select("id", "args", "reason", "error_message").orderBy("args").first()
         purged = client.purge_dead_letters(QUEUE, ids=archived_ids)
@@ -172,7 +178,7 @@ def main() -> None:
             "archived_distinct": len(set(archived_ids)),
             "purged": purged,
             "left": left,
-            "parquet": str(archive),
+            "parquet": archive,
             "seconds": round(time.monotonic() - started, 1),
         }
     finally:
