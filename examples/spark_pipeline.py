@@ -1,6 +1,6 @@
 """A data pipeline on Spark: one OJS job per row, then the failures back into a DataFrame.
 
-    python examples/spark_pipeline.py [--rows 100000] [--master 'local[2]']
+    python examples/spark_pipeline.py [--rows 100000] [--master 'local[2]'] [--archive DIR]
 
 Against ``$OJS_AMQP_URL`` (``make setup`` installs PySpark and Java 17), under a
 random entity prefix that is deleted at the end, it:
@@ -37,7 +37,6 @@ import threading
 import time
 import uuid
 
-from pyspark import SparkConf
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -53,7 +52,7 @@ FAILING_MODULUS = 997  # customer ids divisible by this fail (the deterministic 
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000, help="customers in the DataFrame")
-    parser.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[2])")
+    parser.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the customer DataFrame")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the worker")
     parser.add_argument("--prefix", default=None, help="entity prefix (default: a random one)")
@@ -64,17 +63,21 @@ def _args() -> argparse.Namespace:
 
 
 def spark_session(master: str | None) -> SparkSession:
-    """The Spark session: ``master``, else the one ``spark-submit`` gave, else a small ``local[2]``."""
+    """The Spark session: on ``master``, else spark-submit's ``--master``, else PySpark's ``local[*]``.
+
+    Small and quiet: no web UI, few shuffle partitions, Python workers on this interpreter
+    unless ``$PYSPARK_PYTHON`` says otherwise (a cluster's packed environment).
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("ojs spark_pipeline example")
-    if master is None and not SparkConf().contains("spark.master"):
-        master = "local[2]"
-    if master is not None and master.startswith("local"):
-        # Small and quiet on one machine: no UI, few shuffle partitions, executors on this Python.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.master(master).config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-    elif master is not None:
+    if master is not None:
         builder = builder.master(master)
-    spark = builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
+    spark = (
+        builder.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("WARN")
     ojs_kombu.spark.register(spark)
     return spark
@@ -141,6 +144,7 @@ def main() -> None:
             .save()
         )
         write_seconds = time.monotonic() - write_started
+        print(f"Spark {spark.version} on {spark.sparkContext.master}, entity prefix {prefix}", flush=True)
         print(f"customers: {args.rows:,}  selected: {expected:,}  written in {write_seconds:.1f}s", flush=True)
 
         # 3-4. Wait until every job ran and every failure reached the dead letter queue.

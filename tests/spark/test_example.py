@@ -48,6 +48,8 @@ def test_spark_pipeline_example(amqp_url: str, prefix: str, management: Manageme
             str(tmp_path),
             "--prefix",
             prefix,
+            "--master",
+            "local[2]",
         ],
         cwd=ROOT,
         env=env,
