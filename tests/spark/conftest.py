@@ -17,10 +17,13 @@ from ojs_kombu.spark import register
 
 @pytest.fixture(scope="session")
 def spark(amqp_url: str) -> Iterator[SparkSession]:
-    """The session's SparkSession, with the ``ojs`` data source registered; stopped at the end."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["OJS_AMQP_URL"] = amqp_url  # the default url of the data source, on the driver
+    """The session's SparkSession, with the ``ojs`` data source registered; stopped at the end.
+
+    ``$OJS_AMQP_URL`` (the data source's default ``url``) is the test broker while it runs, and the
+    environment is restored afterwards."""
+    settings = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "OJS_AMQP_URL": amqp_url}
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
     session = (
         SparkSession.builder.master("local[2,4]")
         .appName("ojs_kombu tests")
@@ -36,3 +39,8 @@ def spark(amqp_url: str) -> Iterator[SparkSession]:
     register(session)
     yield session
     session.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

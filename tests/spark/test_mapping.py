@@ -105,3 +105,15 @@ def test_row_mapper_builds_the_job():
     with pytest.raises(ValidationError, match="column 'meta'"):
         bad = Row(a=1, b="x", meta="[1]")
         RowMapper(plan, bad.__fields__).job(bad, None)
+
+
+def test_key_ids_take_their_time_from_created_at_else_id_timestamp():
+    created = datetime(2026, 2, 15, 10, 30, tzinfo=UTC)
+    ms = int(created.timestamp() * 1000)
+    keyed = parse_write_options({"url": "amqp://x//", "type": "t.x", "keyColumns": "k", "idTimestamp": "5"})
+    row = Row(k="a", created_at=created)
+    mapper = RowMapper(keyed, row.__fields__)
+    assert mapper.key_id(row) == key_id("", ["a"], ms)
+    assert mapper.job(row, mapper.key_id(row)).kwargs == {"k": "a"}  # created_at is not an argument
+    plain = Row(k="a")
+    assert RowMapper(keyed, plain.__fields__).key_id(plain) == key_id("", ["a"], 5)
