@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -261,3 +263,19 @@ def test_enqueue_partition_under_foreach_partition_and_one_connection_per_proces
     assert len(pids) == len(set(pids)), names_seen  # one connection per process
     assert set(pids) >= processes  # the processes of the mapPartitions tasks are among them
     assert len(pids) <= len(processes) + 2, names_seen  # bounded by the worker processes (2 cores)
+
+
+def test_enqueue_partition_works_without_pyarrow(amqp_url, prefix, names):
+    script = (
+        "import sys; sys.modules['pyarrow'] = None\n"  # any import of pyarrow now fails
+        "from pyspark.sql import Row\n"
+        "from ojs_kombu.spark import enqueue_partition\n"
+        "rows = [Row(n=i, email=f'u{i}@example.com') for i in range(5)]\n"
+        f"result = enqueue_partition(rows, url={amqp_url!r}, prefix={prefix!r}, queue='plain', type='x.y', batchSize=2)\n"
+        "print(result.rows, result.chunks)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["5", "3"]
+    jobs = drain(amqp_url, names.job_queue("plain"), 5)
+    assert sorted(job.kwargs["n"] for job in jobs) == list(range(5))  # no args options: the columns are kwargs
