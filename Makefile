@@ -1,7 +1,8 @@
 # The two commands of the README:  `make demo`  and  `make test`.
 # Both create the virtual environment, install the project and provision a
 # RabbitMQ broker ($OJS_AMQP_URL, else Docker, else a private local node);
-# `setup` also installs redis-server (Celery's Redis result backend in the tests).
+# `setup` also installs redis-server (Celery's Redis result backend in the tests) and a Java
+# runtime for PySpark (ojs_kombu.spark).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,9 +15,10 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,celery,dramatiq]'
+	$(PY) -m pip install -q -e '.[test,celery,dramatiq,spark]'
 	$(PY) -m ojs_kombu.testing.broker install
 	$(PY) -m ojs_kombu.testing.redis install
+	$(PY) -m ojs_kombu.testing.java install
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: setup

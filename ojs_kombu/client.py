@@ -300,23 +300,55 @@ class Client:
             PublishError: a republish was refused (the scan stops; letters not
                 yet acked return to the queue).
         """
+        wanted = {i.lower() for i in ids} if ids is not None else None
+
+        def republish(conn: Connection, session: _Session, job: Job, message: Message) -> PublishTicket:
+            return self._republish(conn, session, replayable(job), message)
+
+        return self._scan_dead_letters(
+            queue,
+            select=lambda entry: entry.job is not None and (wanted is None or entry.job.id in wanted),
+            take=republish,
+            limit=limit,
+            window=window,
+            progress=progress,
+        )
+
+    def _scan_dead_letters(
+        self,
+        queue: str,
+        *,
+        select: Callable[[DeadLetterEntry], bool],
+        take: Callable[[Connection, _Session, Job, Message], PublishTicket] | None,
+        limit: int | None = None,
+        window: int = DEFAULT_REPLAY_WINDOW,
+        progress: Callable[[ReplayProgress], None] | None = None,
+    ) -> list[str]:
+        """Walk ``ojs.queue.dlx.{queue}`` holding at most ``window`` letters unacked; returns the ids taken.
+
+        A letter that ``select`` picks (while fewer than ``limit`` are taken) is taken:
+        republished by ``take`` and acked once that is confirmed, or, when ``take`` is
+        None, acked at once (removed).  Every other letter is moved to the back of the
+        queue unchanged (confirmed, then acked), and the walk then covers every message
+        that was in the queue when it began, so the letters left keep their order.
+        The id of a taken letter is its job's id, else its ``message_id``.
+        """
         validate_queue_name(queue)
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValidationError(f"window must be an integer >= 1, got {window!r}", field="window")
-        wanted = {i.lower() for i in ids} if ids is not None else None
         dead_letter_queue = self.names.dead_letter_queue(queue)
-        replayed: list[str] = []
+        taken_ids: list[str] = []
 
-        def replay(conn: Connection) -> None:
+        def scan(conn: Connection) -> None:
             session = self._session(conn)
             channel = conn.connection.channel()
             channel.auto_decode = False
             to_scan: int | None = None  # messages in the queue when the scan began
             scanned = passed_over = 0
-            batch: list[tuple[Message, PublishTicket, str | None]] = []
+            batch: list[tuple[Message, PublishTicket | None, str | None]] = []
 
-            def taken() -> int:  # jobs replayed, or republished and awaiting their confirm
-                return len(replayed) + sum(job_id is not None for _, _, job_id in batch)
+            def taken() -> int:  # letters taken, or taken and awaiting their republish's confirm
+                return len(taken_ids) + sum(letter_id is not None for _, _, letter_id in batch)
 
             def done() -> bool:
                 if to_scan is not None and scanned >= to_scan:
@@ -335,36 +367,35 @@ class Client:
                         if to_scan is None:
                             to_scan = int(message.delivery_info.get("message_count") or 0) + 1
                         scanned += 1
-                        job = DeadLetterEntry.from_message(message).job
-                        if (
-                            job is not None
-                            and (wanted is None or job.id in wanted)
-                            and (limit is None or taken() < limit)
-                        ):
-                            job = replayable(job)
-                            batch.append((message, self._republish(conn, session, job, message), job.id))
+                        entry = DeadLetterEntry.from_message(message)
+                        if select(entry) and (limit is None or taken() < limit):
+                            chosen = entry.job.id if entry.job is not None else str(entry.message_id)
+                            ticket = take(conn, session, entry.job, message) if take and entry.job else None
+                            batch.append((message, ticket, chosen))
                         else:
                             passed_over += 1
                             batch.append((message, self._requeue_at_back(session, message, dead_letter_queue), None))
-                    session.publisher.wait([ticket for _, ticket, _ in batch], self.confirm_timeout)
+                    session.publisher.wait(
+                        [ticket for _, ticket, _ in batch if ticket is not None], self.confirm_timeout
+                    )
                     if progress is not None and batch:
-                        progress(ReplayProgress(to_scan, scanned, len(replayed), passed_over, held=len(batch)))
+                        progress(ReplayProgress(to_scan, scanned, len(taken_ids), passed_over, held=len(batch)))
                     failure: PublishError | None = None
-                    for message, ticket, job_id in batch:
-                        if ticket.error is not None:
+                    for message, ticket, letter_id in batch:
+                        if ticket is not None and ticket.error is not None:
                             failure = failure or ticket.error
                             continue  # unacked: back in the queue when the channel closes
                         channel.basic_ack(message.delivery_info["delivery_tag"])
-                        if job_id is not None:
-                            replayed.append(job_id)
+                        if letter_id is not None:
+                            taken_ids.append(letter_id)
                     batch = []
                     if failure is not None:
                         raise failure
             finally:
                 _close_quietly(channel)
 
-        self._run(replay)
-        return replayed
+        self._run(scan)
+        return taken_ids
 
     def _get_dead_letter(self, channel: Channel, dead_letter_queue: str) -> Message | None:
         """``Basic.Get`` one message of ``dead_letter_queue``, unacked; None when it is empty.
@@ -402,13 +433,41 @@ class Client:
             confirm_timeout=self.confirm_timeout,
         )
 
-    def purge_dead_letters(self, queue: str) -> int:
-        """Delete every message in ``ojs.queue.dlx.{queue}``; returns how many there were.
+    def purge_dead_letters(
+        self, queue: str, *, ids: Iterable[str] | None = None, window: int = DEFAULT_REPLAY_WINDOW
+    ) -> int:
+        """Delete dead letters of ``queue``: all of them, or exactly those whose id is in ``ids``.
+
+        Without ``ids`` the queue is purged.  With ``ids`` (job ids, or the
+        ``message_id`` of a letter that is not an OJS job; any case) the queue is
+        walked as :meth:`replay_dead_letters` walks it: at most ``window`` letters
+        held unacknowledged, each chosen one acked (removed), every other one
+        moved to the back unchanged (confirmed before it is acked), so the letters
+        left keep their order.  Meant for a pipeline that archived some dead
+        letters (e.g. to Parquet) and must remove exactly those.
+
+        Returns:
+            How many letters were deleted.
 
         Raises:
             NotFoundError: the dead letter queue does not exist.
+            PublishError: moving a letter to the back was refused (the walk stops; nothing is lost).
         """
         validate_queue_name(queue)
+        if ids is not None:
+            wanted = {i.lower() for i in ids}
+            if not wanted:
+                return 0
+            return len(
+                self._scan_dead_letters(
+                    queue,
+                    select=lambda entry: (
+                        (entry.job.id if entry.job is not None else str(entry.message_id).lower()) in wanted
+                    ),
+                    take=None,
+                    window=window,
+                )
+            )
 
         def purge(conn: Connection) -> int:
             channel = conn.connection.channel()

@@ -211,3 +211,22 @@ def test_replay_with_a_limit_stops_at_it_unless_letters_were_passed_over(amqp_ur
     assert [e.message_id for e in client.dead_letters("default", limit=50)] == ["garbage-3"] + [
         job.id for job in jobs[2:]
     ]
+
+
+def test_purge_by_ids_removes_exactly_those_and_keeps_the_order(amqp_url, client, names):
+    client.declare_queue("default")
+    dead_letter_queue = names.dead_letter_queue("default")
+    publish_garbage(amqp_url, names, "garbage-4", exchange=names.dead_letter_exchange)
+    jobs = dead_letter_jobs(amqp_url, names, 40)
+    chosen = {jobs[i].id for i in (0, 5, 17, 39)} | {"GARBAGE-4"}  # any case; a non-job letter by message_id
+    before = [e.message_id for e in client.dead_letters("default", limit=100)]
+
+    assert client.purge_dead_letters("default", ids=chosen, window=7) == 5
+    left = [e.message_id for e in client.dead_letters("default", limit=100)]
+    assert left == [i for i in before if i.lower() not in {c.lower() for c in chosen}]
+    assert message_count(amqp_url, dead_letter_queue) == 36
+    # Ids that are not there, or none at all: nothing is removed, the order stays.
+    assert client.purge_dead_letters("default", ids=[jobs[0].id, "no-such-id"]) == 0
+    assert client.purge_dead_letters("default", ids=[]) == 0
+    assert [e.message_id for e in client.dead_letters("default", limit=100)] == left
+    assert get_messages(amqp_url, names.job_queue("default"), 1, timeout=0.2) == []  # nothing was replayed
