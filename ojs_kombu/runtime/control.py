@@ -5,8 +5,8 @@ serves, from the start of the stream's retention (``x-stream-offset: first``), s
 it knows every cancel still retained, including those published before it started.
 
 * :class:`CancelledIds` is the bounded set of cancelled job ids.  Memory: about
-  200 bytes per id (a 36-character ``str`` of ~85 bytes plus its dict slot and
-  hash); the default bound of 1,000,000 ids is ~200 MB at most, and the stream's
+  180 bytes per id (measured 176: a 36-character ``str`` of 85 bytes plus its
+  ordered-dict slot); the default bound of 1,000,000 ids is ~180 MB at most, and the stream's
   retention (``ControlOptions.max_length_bytes``, 50 MB ≈ 170,000 cancels by
   default) bounds it far lower in practice.  Past the bound the oldest id goes.
 * :class:`Cancellations` is what a worker knows: the cancelled ids, and the jobs
@@ -15,7 +15,9 @@ it knows every cancel still retained, including those published before it starte
   handler's thread with ``PyThreadState_SetAsyncExc`` (what Dramatiq's
   ``TimeLimit`` does).  The exception is delivered when that thread next runs
   Python bytecode: a handler blocked in C (``time.sleep``, a socket read) is
-  interrupted only when that call returns.
+  interrupted only when that call returns, and, as with ``TimeLimit``, it can
+  land anywhere in the handler's Python code (inside a ``with`` block or a
+  ``finally``): handlers that must not be cut short use ``"cooperative"``.
 * :class:`ControlReader` consumes the control streams on the
   :class:`~ojs_kombu.runtime.consumer.Consumer`'s connection, on a channel of
   its own, in the consumer's loop thread (the connection's one owner).
@@ -168,11 +170,11 @@ class Cancellations:
         :class:`~ojs_kombu.errors.Cancelled` never escapes into the worker's own code.
         """
         entry = RunningEntry(job_id.lower(), queue, threading.get_ident())
-        with self._lock:
-            self._running.setdefault(entry.job_id, []).append(entry)
-        if entry.job_id in self.ids:
-            entry.cancelled.set()
         try:
+            with self._lock:
+                self._running.setdefault(entry.job_id, []).append(entry)
+            if entry.job_id in self.ids:
+                entry.cancelled.set()
             yield entry
         finally:
             while True:

@@ -7,6 +7,7 @@ import threading
 import time
 from datetime import timedelta
 
+import pika
 import pytest
 from support import message_count, raw_channel, wait_until
 
@@ -143,8 +144,20 @@ def test_a_queued_job_cancelled_with_two_workers_consuming_never_runs(client, wo
 
 
 def test_a_job_cancelled_before_any_worker_starts_never_runs(client, worker_factory, amqp_url, names):
-    """Start-up replays the control stream before consuming the job queue (the marker)."""
+    """Start-up replays the control stream before consuming the job queue (the marker).
+
+    20,000 earlier cancels make the replay take long enough that a worker which
+    consumed its job queue before catching up would run the job.
+    """
     target = client.enqueue("work", [])
+    with raw_channel(amqp_url) as channel:
+        for n in range(20_000):
+            channel.basic_publish(
+                names.direct_exchange,
+                "control.default",
+                json.dumps({"job_id": f"0190a7e2-0000-7000-8000-{n:012d}"}).encode(),
+                pika.BasicProperties(type="ojs.control.cancel", content_type="application/json"),
+            )
     client.cancel(target.id, queue="default")
     sentinel = client.enqueue("work", [])
     runs = Runs()
