@@ -358,6 +358,8 @@ class Consumer:
                 self._cancel_all()
             self._execute_requests()
             self._reconsume_cancelled()
+            if self.control is not None:
+                self.control.maintain(connection)
             if reader is not None:
                 # Frames may already be buffered (read by a drain_events, e.g. while waiting for
                 # confirms): they do not make the socket readable, so do not wait in select then.

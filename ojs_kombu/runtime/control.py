@@ -232,7 +232,9 @@ class ControlReader:
         self.replay_timeout = replay_timeout
         self._markers: dict[str, str] = {}  # marker message_id -> queue, until read back
         self._channel: Channel | None = None
+        self._cancelled: dict[str, float] = {}  # queue -> when to consume its control queue again
         self.replayed = 0  # control messages read during the last catch-up
+        self.retry_delay = 1.0
 
     def attach(self, connection: Any) -> Channel:
         """Open the control channel, consume every control queue, and wait until caught up.
@@ -252,6 +254,7 @@ class ControlReader:
         channel.basic_qos(0, self.prefetch, False)
         self._channel = channel
         self._markers.clear()
+        self._cancelled.clear()
         self.replayed = 0
         started = time.monotonic()
         for queue in self.queues:
@@ -298,7 +301,33 @@ class ControlReader:
             no_ack=False,
             callback=lambda message, q=queue: self._on_message(q, message),
             arguments=arguments,
+            on_cancel=lambda tag, q=queue: self._on_cancel(q),
         )
+
+    def _on_cancel(self, queue: str) -> None:
+        logger.warning(
+            "the broker cancelled the control consumer of %s (Basic.Cancel: the stream was deleted?); "
+            "declaring and reading it again in %.1fs",
+            queue,
+            self.retry_delay,
+        )
+        self._cancelled[queue] = time.monotonic() + self.retry_delay
+
+    def maintain(self, connection: Any) -> None:
+        """Called by the consumer's loop on every pass: re-consume control queues the broker cancelled.
+
+        The control queue is declared again and read again from its start (replaying is idempotent).
+        """
+        if not self._cancelled or self._channel is None:
+            return
+        now = time.monotonic()
+        for queue, due in list(self._cancelled.items()):
+            if due > now:
+                continue
+            del self._cancelled[queue]
+            self.topology.declare(connection, self.topology.control_specs(queue), force=True)
+            self._consume(self._channel, queue)
+            logger.info("reading the control queue of %s again after a broker cancel", queue)
 
     def _on_message(self, queue: str, message: Message) -> None:
         channel = self._channel

@@ -11,7 +11,7 @@ import pika
 import pytest
 from support import message_count, raw_channel, wait_until
 
-from ojs_kombu import Cancelled, RetryPolicy, Worker, current_job
+from ojs_kombu import Cancelled, Client, ControlOptions, RetryPolicy, Worker, current_job
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.metrics import METRICS
 
@@ -50,8 +50,9 @@ def cancelled_count(queue: str, state: str) -> float:
     return METRICS.jobs_cancelled.labels(queue, state)._value.get()
 
 
-def read_stream(amqp_url: str, stream: str, count: int, timeout: float = 10.0) -> list:
-    """Read ``count`` records of a stream from its start (an independent pika consumer)."""
+def read_stream(amqp_url: str, stream: str, count: int, timeout: float = 10.0, until: bytes | None = None) -> list:
+    """Read ``count`` records of a stream from its start (an independent pika consumer),
+    or, with ``until``, every record up to the one whose body is ``until``."""
     found = []
     with raw_channel(amqp_url) as channel:
         channel.basic_qos(prefetch_count=100)
@@ -62,7 +63,9 @@ def read_stream(amqp_url: str, stream: str, count: int, timeout: float = 10.0) -
 
         channel.basic_consume(stream, on_message, arguments={"x-stream-offset": "first"})
         deadline = time.monotonic() + timeout
-        while len(found) < count and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            if until is None and len(found) >= count or until is not None and found and found[-1][2] == until:
+                break
             channel.connection.process_data_events(time_limit=0.1)
     return found
 
@@ -293,3 +296,54 @@ def test_a_classic_control_queue_falls_back_to_live_exclusive_queues(
     wait_until(lambda: runs.ran(sentinel.id), message="the sentinel job")
     assert not runs.ran(target.id)
     assert message_count(amqp_url, classic) == 0
+
+
+# -- the stream's retention and reconnects -------------------------------------------------------
+
+
+def test_the_control_stream_retention_really_trims(amqp_url, prefix, management, names):
+    options = ControlOptions(max_length_bytes=20_000, max_segment_size_bytes=2_000)
+    with Client(amqp_url, prefix=prefix, control=options) as client:
+        client.declare_queue("default")
+        stream = names.control_queue("default")
+        assert management.queue(stream)["arguments"]["x-max-length-bytes"] == 20_000
+        for n in range(500):
+            client.cancel(f"0190a7e2-0000-7000-8000-{n:012d}", queue="default")
+        last = "0190a7e2-0000-7000-8000-0000000fffff"
+        client.cancel(last, queue="default")
+        # Retention drops whole segments: far fewer than the 501 records stay.
+        kept = read_stream(amqp_url, stream, 0, until=json.dumps({"job_id": last}, separators=(",", ":")).encode())
+        assert kept[-1][2] == json.dumps({"job_id": last}, separators=(",", ":")).encode()
+        assert len(kept) < 250
+
+
+def test_the_control_stream_is_read_again_after_a_reconnect(client, worker_factory, management, prefix):
+    name = f"{prefix} control reconnect"
+    worker = worker_factory(connection_name=name)
+    worker.handler("work", lambda: None)
+    worker.start()
+    assert worker.wait_until_ready()
+    ours = wait_until(
+        lambda: [c for c in management.connections() if c.get("client_properties", {}).get("connection_name") == name],
+        timeout=20,
+        message="the worker's connection in the management API",
+    )
+    for connection in ours:
+        management.close_connection(connection["name"])
+    wait_until(lambda: worker.consumer.reconnections >= 1 and worker.consumer.connected.is_set(), timeout=20)
+    job_id = "0190a7e2-0000-7000-8000-00000000c0de"
+    client.cancel(job_id, queue="default")
+    wait_until(lambda: worker.cancellations.is_cancelled(job_id), message="the cancel read live after the reconnect")
+
+
+def test_a_deleted_control_stream_is_declared_and_read_again(client, worker_factory, management, names):
+    worker = worker_factory()
+    worker.handler("work", lambda: None)
+    worker.start()
+    assert worker.wait_until_ready()
+    stream = names.control_queue("default")
+    assert management.delete_queue(stream)
+    wait_until(lambda: (management.queue(stream) or {}).get("type") == "stream", message="the stream declared again")
+    job_id = "0190a7e2-0000-7000-8000-0000000de1e7"
+    client.cancel(job_id, queue="default")
+    wait_until(lambda: worker.cancellations.is_cancelled(job_id), message="the cancel read from the new stream")
