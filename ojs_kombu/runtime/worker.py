@@ -337,6 +337,10 @@ class Worker:
     def wait_until_ready(self, timeout: float = 30.0) -> bool:
         """Block until the worker is connected and consuming.
 
+        Connected means caught up with the control streams too (the consumer
+        replays them before it consumes a job queue).  A worker that is not started
+        yet (``run()`` in another thread that has not got that far) is waited for.
+
         Returns:
             True once connected; False on timeout, or at once if the consumer has ended (see :attr:`error`).
         """
@@ -346,7 +350,7 @@ class Worker:
             if self.consumer.connected.wait(max(0.0, min(0.05, remaining))):
                 return True
             thread = self._consumer_thread
-            if remaining <= 0 or thread is None or not thread.is_alive():
+            if remaining <= 0 or (thread is not None and not thread.is_alive()):
                 return self.consumer.connected.is_set()
 
     def stop(self, timeout: float | None = None) -> None:
