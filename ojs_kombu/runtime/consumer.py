@@ -306,7 +306,7 @@ class Consumer:
             self.declare(connection)
         self._publisher = ConfirmedPublisher(connection)
         if self.control is not None:
-            self.control.attach(connection)  # caught up with every cancel before any job arrives
+            self.control.attach(connection, self._pump)  # caught up with every cancel before any job arrives
         channel: Channel = connection.channel()
         channel.auto_decode = False
         channel.basic_qos(0, self.prefetch, False)
@@ -383,6 +383,21 @@ class Consumer:
         self._execute_requests()
         if self._publisher is not None:
             self._publisher.wait_all(timeout=10)  # republishes settle (ack or nack) before we go
+
+    def _pump(self, timeout: float) -> None:
+        """Read and dispatch what arrives within ``timeout`` seconds (the buffered reader when there is one)."""
+        reader = self._reader
+        if reader is None:
+            try:
+                self._kombu.connection.drain_events(timeout=timeout)
+            except TimeoutError:
+                pass
+            return
+        if not reader.has_frame():
+            readable, _, _ = select.select([self._kombu.connection.sock], [], [], timeout)
+            if readable:
+                reader.fill()
+        reader.dispatch()
 
     @staticmethod
     def _has_buffered(sock: Any) -> bool:

@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -235,12 +235,16 @@ class ControlReader:
         self._cancelled: dict[str, float] = {}  # queue -> when to consume its control queue again
         self.replayed = 0  # control messages read during the last catch-up
         self.retry_delay = 1.0
+        self._ack_every = max(1, prefetch // 4)
+        self._unacked = 0
 
-    def attach(self, connection: Any) -> Channel:
+    def attach(self, connection: Any, pump: Callable[[float], None] | None = None) -> Channel:
         """Open the control channel, consume every control queue, and wait until caught up.
 
         Parameters:
             connection: the consumer's open py-amqp connection (called in its loop thread).
+            pump: reads and dispatches what arrives within at most the given seconds
+                (the consumer's buffered frame reader); default ``connection.drain_events``.
 
         Returns:
             The control channel (it lives and dies with the connection).
@@ -255,6 +259,7 @@ class ControlReader:
         self._channel = channel
         self._markers.clear()
         self._cancelled.clear()
+        self._unacked = 0
         self.replayed = 0
         started = time.monotonic()
         for queue in self.queues:
@@ -275,6 +280,9 @@ class ControlReader:
                     f"the control queues of {', '.join(sorted(set(self._markers.values())))} were not "
                     f"replayed within {self.replay_timeout:.0f}s"
                 )
+            if pump is not None:
+                pump(min(remaining, 1.0))
+                continue
             try:
                 connection.drain_events(timeout=min(remaining, 1.0))
             except TimeoutError:
@@ -330,9 +338,12 @@ class ControlReader:
             logger.info("reading the control queue of %s again after a broker cancel", queue)
 
     def _on_message(self, queue: str, message: Message) -> None:
-        channel = self._channel
-        if channel is not None:
-            channel.basic_ack(message.delivery_info["delivery_tag"])  # a stream's consumer credit
+        self._unacked += 1
+        if self._unacked >= self._ack_every and self._channel is not None:
+            # A stream consumer's acks only return credit: one multiple-ack per batch is enough,
+            # and a per-message ack was most of the replay's cost.
+            self._channel.basic_ack(message.delivery_info["delivery_tag"], multiple=True)
+            self._unacked = 0
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
         try:
             control = decode_control(body, dict(message.properties))
