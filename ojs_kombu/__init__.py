@@ -26,6 +26,7 @@ from ojs_kombu.errors import (
     ArgumentDifference,
     BrokerConnectionError,
     BrokerRefusedError,
+    Cancelled,
     DeadLetter,
     DecodeError,
     Discard,
@@ -47,6 +48,7 @@ from ojs_kombu.runtime.deadletter import DeadLetterEntry
 from ojs_kombu.runtime.worker import Worker, current_job
 from ojs_kombu.transport import register_aliases
 from ojs_kombu.wire.codec import CONTENT_TYPE, decode, encode
+from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
 from ojs_kombu.wire.headers import Header
 
@@ -60,7 +62,9 @@ __all__ = [
     "ArgumentDifference",
     "BrokerConnectionError",
     "BrokerRefusedError",
+    "Cancelled",
     "Client",
+    "ControlOptions",
     "DeadLetter",
     "DeadLetterEntry",
     "DecodeError",

@@ -52,6 +52,7 @@ from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
 from ojs_kombu.wire.codec import OutgoingMessage, encode
+from ojs_kombu.wire.control import ControlOptions, cancel_message
 from ojs_kombu.wire.entities import QueueOptions
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class Client:
         connection_name: shown by the broker (management UI) for this client's connections.
         ssl, transport_options: passed to :class:`kombu.Connection`.
         window: publishes a connection may have awaiting their confirm.
+        control: retention of the control streams ``ojs.queue.control.{q}`` this client declares.
 
     Raises:
         ValidationError: a bad option.
@@ -159,6 +161,7 @@ class Client:
         transport_options: dict[str, Any] | None = None,
         window: int = 1000,
         connection_name: str | None = None,
+        control: ControlOptions | None = None,
     ):
         if publish_timeout is not None and not publish_timeout > 0:
             raise ValidationError(
@@ -170,7 +173,7 @@ class Client:
             )
         self.url = resolve_url(url)
         self.names = Names(prefix)
-        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict)
+        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict, control=control)
         self.cascade = Cascade(self.names)
         self.declare = declare
         self.confirm_timeout = confirm_timeout
@@ -230,6 +233,53 @@ class Client:
         carries its error and does not affect the others.
         """
         return self._publish_jobs(list(jobs))
+
+    # -- control -------------------------------------------------------------------------------
+
+    def cancel(self, job_id: str, *, queue: str) -> None:
+        """CANCEL (binding §5.6, AMQP-019): cancel job ``job_id`` of ``queue``, wherever it is.
+
+        Publishes ``type=ojs.control.cancel``, body ``{"job_id": …}``, to
+        ``ojs.exchange.direct`` with key ``control.{queue}`` (confirmed, mandatory):
+        it lands in the control stream ``ojs.queue.control.{queue}``, which every
+        worker of the queue reads, including workers started later (within the
+        stream's retention).  A job not yet run (queued, scheduled, waiting for a
+        retry) is acknowledged and dropped when it is delivered; a running job on
+        an ``ojs_kombu.Worker`` gets ``current_job().cancelled`` set and, by default,
+        :class:`~ojs_kombu.errors.Cancelled` raised in its handler.  Cancelling a
+        finished or unknown job is harmless.
+
+        Parameters:
+            job_id: the job's id.
+            queue: the OJS queue the job belongs to.
+
+        Raises:
+            ValidationError: a bad queue name or job id (nothing is published).
+            UnroutableError: nothing is bound to ``control.{queue}`` (only possible in the
+                degraded mode of a classic control queue, with no worker running).
+            PublishNackedError, PublishTimeoutError: the broker did not take it.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        validate_queue_name(queue)
+        message = cancel_message(job_id)
+
+        def publish(conn: Connection) -> None:
+            session = self._session(conn)
+            if self.declare:
+                self.topology.ensure_queue(conn.connection, queue)
+            ticket = session.publisher.publish(
+                message,
+                exchange=self.names.direct_exchange,
+                routing_key=self.names.control_routing_key(queue),
+                queue=queue,
+                job_id=message.properties["message_id"],
+                confirm_timeout=self.confirm_timeout,
+            )
+            session.publisher.wait([ticket], self.confirm_timeout)
+            session.last_used = time.monotonic()
+            ticket.raise_for_error()
+
+        self._run(publish)
 
     # -- dead letters ---------------------------------------------------------------------------
 

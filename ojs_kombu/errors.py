@@ -169,6 +169,15 @@ class DeadLetter(Exception):
     """Raise from a handler to send the job to its dead letter queue at once."""
 
 
+class Cancelled(BaseException):
+    """Raised in a running handler's thread when its job is cancelled (``Client.cancel``).
+
+    A ``BaseException``, like ``asyncio.CancelledError``, so a handler's ``except Exception``
+    does not swallow it.  The job is acknowledged, never retried.  ``Worker(cancel_running=
+    "cooperative")`` never raises it: the handler polls ``current_job().cancelled`` instead.
+    """
+
+
 class WorkerError(OjsError):
     """The worker stopped on its own: its consumer ended without being asked to.
 
@@ -184,6 +193,7 @@ __all__ = [
     "ArgumentDifference",
     "BrokerConnectionError",
     "BrokerRefusedError",
+    "Cancelled",
     "DeadLetter",
     "DecodeError",
     "Discard",

@@ -31,6 +31,14 @@ so it changes nothing.  When a reply cannot be read (an argument type it does
 not know), the differences found so far are kept and the passive fallback
 applies.
 
+The control stream ``ojs.queue.control.{q}`` (DESIGN §14) is declared with its
+job queue.  When it exists as another kind of queue (another OJS implementation
+declared it classic), the 406 is recorded and logged like any conflict, but
+whatever ``on_conflict`` says the topology neither raises nor binds that queue:
+it marks the queue's control plane as degraded (:meth:`Topology.control_is_stream`
+is False), and workers fall back to per-worker exclusive queues bound with key
+``control.{q}`` (live control messages only, no replay).
+
 Permanent refusals (403 on a declaration, 404 on the passive declare) become
 :class:`~ojs_kombu.errors.BrokerRefusedError` subclasses (:mod:`ojs_kombu.amqp.errors`).
 """
@@ -50,6 +58,7 @@ from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.errors import ArgumentDifference, TopologyConflictError, ValidationError
 from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueOptions, QueueSpec, Spec, frozen_arguments
 
 logger = logging.getLogger(__name__)
@@ -139,6 +148,7 @@ class Topology:
         on_conflict: ``"use-existing"`` (warn, use the existing entity) or ``"raise"``
             when an entity exists with other arguments; dead-letter arguments are never
             accepted when they differ (see the module docstring).
+        control: retention of the control streams ``ojs.queue.control.{q}``.
 
     Raises:
         ValidationError: ``on_conflict`` is not one of :data:`OnConflict`.
@@ -151,6 +161,7 @@ class Topology:
         queue_options: QueueOptions | None = None,
         per_queue: dict[str, QueueOptions] | None = None,
         on_conflict: OnConflict = "use-existing",
+        control: ControlOptions | None = None,
     ):
         if on_conflict not in ON_CONFLICT_CHOICES:
             raise ValidationError(
@@ -161,6 +172,9 @@ class Topology:
         self.queue_options = queue_options or QueueOptions()
         self.per_queue = dict(per_queue or {})
         self.on_conflict: OnConflict = on_conflict
+        self.control = control or ControlOptions()
+        self._control_queues: dict[str, str] = {}  # ojs.queue.control.{q} -> q
+        self._control_degraded: set[str] = set()  # OJS queues whose control queue is not a stream
         self._conflicts: dict[str, TopologyConflictError] = {}  # entity -> latest conflict
         self._declared: dict[Spec, None] = {}  # insertion-ordered set
         self._lock = threading.RLock()
@@ -210,7 +224,23 @@ class Topology:
             QueueSpec(n.dead_letter_queue(queue), frozen_arguments(self.dead_letter_queue_arguments(queue))),
             BindingSpec(n.job_queue(queue), n.direct_exchange, queue),
             BindingSpec(n.dead_letter_queue(queue), n.dead_letter_exchange, queue),
+            *self.control_specs(queue),
         ]
+
+    def control_specs(self, queue: str) -> list[Spec]:
+        """The control stream ``ojs.queue.control.{queue}`` and its binding (key ``control.{queue}``)."""
+        n = self.names
+        name = n.control_queue(queue)
+        self._control_queues[name] = queue
+        return [
+            QueueSpec(name, frozen_arguments(self.control.arguments())),
+            BindingSpec(name, n.direct_exchange, n.control_routing_key(queue)),
+        ]
+
+    def control_is_stream(self, queue: str) -> bool:
+        """Whether the control queue of ``queue`` is the stream (False: degraded, see the module docstring)."""
+        with self._lock:
+            return queue not in self._control_degraded
 
     def retry_queue_specs(self, queue: str, delay_ms: int) -> list[Spec]:
         """A retry delay queue with exactly the arguments of binding §8.2, and its binding."""
@@ -330,6 +360,10 @@ class Topology:
     def _declare_one(self, connection: Connection, channel: Channel, spec: Spec) -> Channel:
         with map_exceptions():
             if isinstance(spec, BindingSpec):
+                control_queue = self._control_queues.get(spec.destination)
+                if control_queue is not None and control_queue in self._control_degraded:
+                    return channel  # never bind someone else's classic queue: workers bind their own
+
                 if spec.to_exchange:
                     channel.exchange_bind(
                         destination=spec.destination, source=spec.exchange, routing_key=spec.routing_key
@@ -344,9 +378,27 @@ class Topology:
                     )
                 else:
                     _queue_declare(channel, spec.name, spec.argument_dict, {})
+                    self._control_degraded.discard(self._control_queues.get(spec.name, ""))
                 return channel
             except PreconditionFailed as exc:
+                if isinstance(spec, QueueSpec) and spec.name in self._control_queues:
+                    return self._control_conflict(
+                        connection, spec, parse_precondition_failed(spec.name, _reply_text(exc))
+                    )
                 return self._conflict(connection, spec, parse_precondition_failed(spec.name, _reply_text(exc)))
+
+    def _control_conflict(self, connection: Connection, spec: QueueSpec, conflict: TopologyConflictError) -> Channel:
+        """The control queue exists but is not our stream: record, log, degrade (never raise)."""
+        self._conflicts.pop(spec.name, None)
+        self._conflicts[spec.name] = conflict
+        self._control_degraded.add(self._control_queues[spec.name])
+        logger.warning(
+            "%s; the control plane of this queue is degraded: workers use exclusive queues bound with key "
+            "%r (cancels reach live workers only, nothing is replayed to a worker started later)",
+            conflict,
+            self.names.control_routing_key(self._control_queues[spec.name]),
+        )
+        return connection.channel()  # the 406 closed the channel
 
     def _conflict(
         self, connection: Connection, spec: ExchangeSpec | QueueSpec, conflict: TopologyConflictError

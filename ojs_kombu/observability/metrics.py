@@ -67,6 +67,12 @@ class Metrics:
             ["queue"],
             registry=registry,
         )
+        self.jobs_cancelled = Counter(
+            "ojs_amqp_jobs_cancelled_total",
+            "Jobs cancelled (Client.cancel): dropped on delivery (state=pending) or while running (state=running)",
+            ["queue", "state"],
+            registry=registry,
+        )
 
     def published(self, queue: str) -> None:
         """A job message was published to ``queue``."""
@@ -86,6 +92,10 @@ class Metrics:
     def nacked_publish(self, queue: str) -> None:
         """The broker refused a publish to ``queue`` with Basic.Nack."""
         self.publish_nacked.labels(queue).inc()
+
+    def cancelled(self, queue: str, state: str) -> None:
+        """A cancelled job of ``queue`` was acked without running (``pending``) or while running (``running``)."""
+        self.jobs_cancelled.labels(queue, state).inc()
 
     def reconnected(self) -> None:
         """A reconnection attempt was made."""

@@ -56,6 +56,7 @@ from ojs_kombu.errors import OjsError
 from ojs_kombu.observability.logs import message_log_extra
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.policy.backoff import reconnect_delay
+from ojs_kombu.runtime.control import ControlReader
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.headers import strip_death_headers
 
@@ -107,6 +108,8 @@ class Consumer:
         on_delivery: called in the loop thread with each :class:`Delivery`; must not block.
         topology: re-declared after every reconnect, and for re-consuming after a cancel.
         declare: called with the kombu connection after (re)connecting, before consuming.
+        control: reads the control queues on a third channel; after every (re)connection
+            it has caught up with them before any job queue is consumed.
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class Consumer:
         *,
         topology: Topology,
         declare: Callable[[Any], None] | None = None,
+        control: ControlReader | None = None,
         heartbeat: float = 60,
         connect_retries: int | None = None,
         cancel_retry_delay: float = 1.0,
@@ -131,6 +135,8 @@ class Consumer:
         self.on_delivery = on_delivery
         self.topology = topology
         self.declare = declare
+        self.control = control
+        self._channel_count = _CHANNELS + (1 if control is not None else 0)
         self.heartbeat = heartbeat
         self.connect_retries = connect_retries
         self.cancel_retry_delay = cancel_retry_delay
@@ -299,6 +305,8 @@ class Consumer:
         if self.declare:
             self.declare(connection)
         self._publisher = ConfirmedPublisher(connection)
+        if self.control is not None:
+            self.control.attach(connection, self._pump)  # caught up with every cancel before any job arrives
         channel: Channel = connection.channel()
         channel.auto_decode = False
         channel.basic_qos(0, self.prefetch, False)
@@ -310,7 +318,7 @@ class Consumer:
             for amqp_queue in self.queues:
                 self._consume(amqp_queue)
         METRICS.connections_active.inc()
-        METRICS.channels_opened(_CHANNELS)
+        METRICS.channels_opened(self._channel_count)
         self.connected.set()  # after the gauges: a caller woken by it reads them up to date
 
     def _consume(self, amqp_queue: str) -> None:
@@ -328,7 +336,7 @@ class Consumer:
     def _disconnect(self) -> None:
         if self.connected.is_set():
             METRICS.connections_active.dec()
-            METRICS.channels_closed(_CHANNELS)
+            METRICS.channels_closed(self._channel_count)
         self.connected.clear()
         self._forget_window()  # the broker takes the unsettled deliveries of a lost channel back
         self._consuming.clear()  # no consumer outlives its channel
@@ -350,6 +358,8 @@ class Consumer:
                 self._cancel_all()
             self._execute_requests()
             self._reconsume_cancelled()
+            if self.control is not None:
+                self.control.maintain(connection)
             if reader is not None:
                 # Frames may already be buffered (read by a drain_events, e.g. while waiting for
                 # confirms): they do not make the socket readable, so do not wait in select then.
@@ -373,6 +383,21 @@ class Consumer:
         self._execute_requests()
         if self._publisher is not None:
             self._publisher.wait_all(timeout=10)  # republishes settle (ack or nack) before we go
+
+    def _pump(self, timeout: float) -> None:
+        """Read and dispatch what arrives within ``timeout`` seconds (the buffered reader when there is one)."""
+        reader = self._reader
+        if reader is None:
+            try:
+                self._kombu.connection.drain_events(timeout=timeout)
+            except TimeoutError:
+                pass
+            return
+        if not reader.has_frame():
+            readable, _, _ = select.select([self._kombu.connection.sock], [], [], timeout)
+            if readable:
+                reader.fill()
+        reader.dispatch()
 
     @staticmethod
     def _has_buffered(sock: Any) -> bool:

@@ -5,7 +5,8 @@ adapter's consumer) do with a delivery besides ``Basic.Ack``:
 
 * :meth:`Settler.triage` decodes a delivery and settles the ones that must not
   run: undecodable (to the DLQ with the reason in the headers), redelivered
-  (a worker died running it: a failed attempt, ``worker_lost``), expired
+  (a worker died running it: a failed attempt, ``worker_lost``), cancelled
+  (acked, not run: state ``cancelled``), expired
   (acked, not run) and early (back into the scheduling cascade);
 * :meth:`Settler.fail` carries out a :class:`~ojs_kombu.policy.retry.Decision`:
   retry (confirmed publish to the retry queue, then ack), dead letter
@@ -37,6 +38,7 @@ from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, record_failure
 from ojs_kombu.policy.schedule import Cascade, delay_ms_until
 from ojs_kombu.runtime.consumer import Delivery
+from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.wire.codec import OutgoingMessage, decode, encode
 from ojs_kombu.wire.headers import error_headers
 
@@ -121,6 +123,9 @@ class Settler:
         discard_expired: whether :meth:`triage` acks an expired job without
             running it (the ``ojs://`` transport leaves that to the framework,
             which records the task as revoked).
+        cancelled: tells whether a job id was cancelled (``Client.cancel``):
+            :meth:`triage` acks such a job without running it, whatever else
+            holds (redelivered, scheduled ...).  ``None``: no cancels known.
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class Settler:
         dead_letter_mode: DeadLetterMode | str = "nack",
         early_tolerance_ms: int = 0,
         discard_expired: bool = True,
+        cancelled: Callable[[str], bool] | None = None,
     ):
         self.consumer = consumer
         self.names = names
@@ -141,6 +147,7 @@ class Settler:
         self.dead_letter_mode = dead_letter_mode
         self.early_tolerance_ms = early_tolerance_ms
         self.discard_expired = discard_expired
+        self.cancelled = cancelled
 
     def triage(self, delivery: Delivery) -> Job | None:
         """Decode ``delivery``; return the job if it is to run now, else settle it and return None.
@@ -153,6 +160,10 @@ class Settler:
             self.reject_invalid(delivery, exc.code, str(exc))
             return None
         attempt = job.attempt + 1
+        if self.cancelled is not None and self.cancelled(job.id):
+            record_cancelled(job, "pending", attempt)
+            self.consumer.ack(delivery)
+            return None
         if delivery.redelivered:
             logger.warning(
                 "job %s was redelivered: counting attempt %d as failed (worker_lost)",

@@ -28,6 +28,10 @@ handler raised, attempts left                retry queue (confirmed publish, att
 handler raised, exhausted / non-retryable    ``Basic.Nack(requeue=False)`` -> ``ojs.queue.dlx.{q}``
                                              (ack and drop if ``on_exhaustion="discard"``)
 ``redelivered`` (a worker died running it)   a failed attempt with error code ``worker_lost``
+cancelled (``Client.cancel``) before it ran   ack, not run (logged, counted)
+cancelled while running                      ``current_job().cancelled`` set, ``Cancelled`` raised in
+                                             the handler (unless ``cancel_running="cooperative"``);
+                                             ack whatever the handler then does, never retried
 ``expires_at`` passed                        ack, not run (logged)
 ``scheduled_at`` still ahead                 back into the scheduler (confirmed), then ack
 undecodable / invalid envelope / no handler  republished to the DLQ with ``x-ojs-error-code``
@@ -69,10 +73,11 @@ from types import FrameType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 from kombu.connection import Connection
+from pydantic import PrivateAttr
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url, safe_url
 from ojs_kombu.amqp.topology import Topology
-from ojs_kombu.errors import OjsError, ValidationError, WorkerError
+from ojs_kombu.errors import Cancelled, OjsError, ValidationError, WorkerError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
@@ -80,7 +85,9 @@ from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.consumer import Consumer, Delivery
+from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, record_cancelled
 from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
 
 logger = logging.getLogger(__name__)
@@ -91,11 +98,33 @@ R = TypeVar("R")
 #: What ``signal.signal`` takes and returns.
 _SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
-_current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("ojs_current_job", default=None)
+
+class RunningJob(Job):
+    """The job a handler is running, as :func:`current_job` returns it: a :class:`Job` plus
+    :attr:`cancelled`."""
+
+    _cancelled: threading.Event = PrivateAttr(default_factory=threading.Event)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set (within ~1 s of ``Client.cancel``) when the job has been cancelled; a handler may poll it."""
+        return self._cancelled
+
+    @classmethod
+    def of(cls, job: Job, attempt: int, cancelled: threading.Event) -> RunningJob:
+        """``job`` at execution ``attempt``, with the ``cancelled`` event of its run."""
+        fields = {**job.__dict__, **(job.__pydantic_extra__ or {}), "attempt": attempt}
+        running = cls.model_construct(_fields_set=job.model_fields_set | {"attempt"}, **fields)
+        running._cancelled = cancelled
+        return running
 
 
-def current_job() -> Job:
-    """The job the calling handler is running (``attempt`` is this execution, 1-based).
+_current_job: contextvars.ContextVar[RunningJob | None] = contextvars.ContextVar("ojs_current_job", default=None)
+
+
+def current_job() -> RunningJob:
+    """The job the calling handler is running (``attempt`` is this execution, 1-based), with its
+    ``cancelled`` event.
 
     Raises :class:`~ojs_kombu.errors.OjsError` outside a handler.
     """
@@ -138,6 +167,10 @@ class Worker:
             :class:`WorkerError`); see :class:`~ojs_kombu.amqp.topology.Topology`.
         connect_retries: consecutive failed connection attempts after which the
             worker gives up (:class:`WorkerError`); ``None`` retries forever.
+        cancel_running: what cancelling a running job does besides setting
+            ``current_job().cancelled``: ``"interrupt"`` raises :class:`~ojs_kombu.errors.Cancelled`
+            in the handler's thread; ``"cooperative"`` leaves it to the handler.
+        control: retention of the control streams this worker declares.
 
     Raises:
         ValidationError: a queue name, the concurrency or ``dead_letter_mode`` is invalid.
@@ -159,6 +192,8 @@ class Worker:
         transport_options: dict[str, Any] | None = None,
         on_conflict: Literal["use-existing", "raise"] = "use-existing",
         connect_retries: int | None = None,
+        cancel_running: CancelRunning = "interrupt",
+        control: ControlOptions | None = None,
     ):
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
@@ -169,7 +204,8 @@ class Worker:
         self.dead_letter_mode = dead_letter_mode
         self.connect_retries = connect_retries
         self.names = Names(prefix)
-        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict)
+        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict, control=control)
+        self.cancellations = Cancellations(cancel_running)
         self.cascade = Cascade(self.names)
         self._heartbeat = heartbeat
         self._connection_name = connection_name
@@ -201,6 +237,7 @@ class Worker:
             self._receive,
             topology=self.topology,
             declare=self._declare,
+            control=ControlReader(self.names, self.topology, self.queues, self.cancellations),
             heartbeat=self._heartbeat,
             connect_retries=self.connect_retries,
             connection_name=self._connection_name or f"ojs_kombu worker {','.join(self.queues)}",
@@ -208,7 +245,12 @@ class Worker:
             transport_options=self._transport_options,
         )
         self.settler = Settler(
-            self.consumer, self.names, self.topology, self.cascade, dead_letter_mode=self.dead_letter_mode
+            self.consumer,
+            self.names,
+            self.topology,
+            self.cascade,
+            dead_letter_mode=self.dead_letter_mode,
+            cancelled=self.cancellations.is_cancelled,
         )
 
     def configure(self, *, queues: Iterable[str] | None = None, concurrency: int | None = None) -> None:
@@ -295,6 +337,10 @@ class Worker:
     def wait_until_ready(self, timeout: float = 30.0) -> bool:
         """Block until the worker is connected and consuming.
 
+        Connected means caught up with the control streams too (the consumer
+        replays them before it consumes a job queue).  A worker that is not started
+        yet (``run()`` in another thread that has not got that far) is waited for.
+
         Returns:
             True once connected; False on timeout, or at once if the consumer has ended (see :attr:`error`).
         """
@@ -304,7 +350,7 @@ class Worker:
             if self.consumer.connected.wait(max(0.0, min(0.05, remaining))):
                 return True
             thread = self._consumer_thread
-            if remaining <= 0 or thread is None or not thread.is_alive():
+            if remaining <= 0 or (thread is not None and not thread.is_alive()):
                 return self.consumer.connected.is_set()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -490,12 +536,19 @@ class Worker:
         if handler is None:
             self.settler.reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
             return
-        running = job.model_copy(update={"attempt": attempt})
-        token = _current_job.set(running)
+        token = None
         try:
-            with job_span(job, attempt):
-                handler(*job.args, **job.kwargs)
+            with self.cancellations.running(job.id, job.queue) as entry:
+                token = _current_job.set(RunningJob.of(job, attempt, entry.cancelled))
+                with job_span(job, attempt):
+                    handler(*job.args, **job.kwargs)
         except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
+            if self.cancellations.is_cancelled(job.id):
+                self._cancelled(delivery, job, attempt)
+                if isinstance(exc, Exception | Cancelled):
+                    return
+                self._exit_requested(exc)  # SystemExit / KeyboardInterrupt: the job is settled, then exit
+                return
             extra = job_log_extra(job, attempt)
             logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc, extra=extra)
             self.settler.fail(delivery, job, attempt, Failure.from_exception(exc), decide(job, attempt, exc))
@@ -509,9 +562,18 @@ class Worker:
                 )
                 self._exit_requested(exc)
         else:
-            self.consumer.ack(delivery)
+            if self.cancellations.is_cancelled(job.id):
+                self._cancelled(delivery, job, attempt)
+            else:
+                self.consumer.ack(delivery)
         finally:
-            _current_job.reset(token)
+            if token is not None:
+                _current_job.reset(token)
+
+    def _cancelled(self, delivery: Delivery, job: Job, attempt: int) -> None:
+        """A job cancelled while it ran: acked, never retried, counted."""
+        record_cancelled(job, "running", attempt)
+        self.consumer.ack(delivery)
 
     def _exit_requested(self, exc: BaseException) -> None:
         """A handler raised SystemExit / KeyboardInterrupt: shut down; run() re-raises it."""
@@ -524,4 +586,4 @@ class Worker:
             threading.Thread(target=self.stop, name="ojs-stop", daemon=True).start()
 
 
-__all__ = ["Worker", "WorkerError", "current_job"]
+__all__ = ["RunningJob", "Worker", "WorkerError", "current_job"]

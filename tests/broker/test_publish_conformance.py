@@ -186,7 +186,12 @@ def test_amqp_031_entity_names(client, management, prefix):
     assert names.retry_queue("email", 5000) == f"{prefix}.ojs.queue.retry.email.5000"
     assert names.control_queue("email") == f"{prefix}.ojs.queue.control.email"
     declared = {q["name"] for q in management.queues(prefix=prefix + ".")}
-    assert declared == {f"{prefix}.ojs.queue.email", f"{prefix}.ojs.queue.dlx.email"}
+    # The control stream is declared with its job queue (DESIGN §14).
+    assert declared == {
+        f"{prefix}.ojs.queue.email",
+        f"{prefix}.ojs.queue.dlx.email",
+        f"{prefix}.ojs.queue.control.email",
+    }
     exchanges = {e["name"] for e in management.exchanges(prefix=prefix + ".")}
     assert exchanges == {f"{prefix}.ojs.exchange.direct", f"{prefix}.ojs.exchange.dlx", f"{prefix}.ojs.exchange.retry"}
 
@@ -202,6 +207,7 @@ def test_amqp_031_unprefixed_names_are_the_spec_names(amqp_url, management):
         finally:
             management.delete_queue(f"ojs.queue.{queue}")
             management.delete_queue(f"ojs.queue.dlx.{queue}")
+            management.delete_queue(f"ojs.queue.control.{queue}")
 
 
 def test_amqp_032_quorum_queues(client, management, names):

@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 import pytest
 from support import get_messages, message_count, raw_channel, wait_until
@@ -140,3 +141,15 @@ def test_a_job_outliving_the_grace_period_never_writes_to_a_reused_descriptor(cl
         release.set()
         for fd in held:
             os.close(fd)
+
+
+def test_wait_until_ready_waits_for_a_run_that_has_not_started_the_worker_yet(amqp_url, prefix):
+    """run() in another thread may reach start() after wait_until_ready() began (a loaded machine)."""
+    worker = Worker(amqp_url, prefix=prefix, grace_period=1)
+    start = worker.start
+    worker.start = lambda: (time.sleep(0.3), start())[1]  # type: ignore[method-assign]
+    thread, outcome = run_in_thread(worker)
+    assert worker.wait_until_ready()
+    worker.stop()
+    thread.join(10)
+    assert outcome == [None]

@@ -35,7 +35,7 @@ def test_channels_unacked_and_utilization_gauges(client, amqp_url, prefix):
     worker.start()
     try:
         assert worker.wait_until_ready()
-        assert sample("ojs_amqp_channels_active") == channels_before + 2  # consuming + publishing
+        assert sample("ojs_amqp_channels_active") == channels_before + 3  # consuming, publishing, control
 
         def window() -> tuple[float, float]:
             return sample("ojs_amqp_messages_unacked", consumer=name), sample(

@@ -1,0 +1,148 @@
+"""Control messages and the control stream's arguments (binding §5.6; DESIGN §14).
+
+A control message goes to ``ojs.exchange.direct`` with routing key
+``control.{q}`` and lands in the stream ``ojs.queue.control.{q}``.  Properties:
+``type`` (``ojs.control.cancel`` ...), ``content_type=application/json``, a
+unique ``message_id`` and ``timestamp``; body ``{"job_id": …}``.
+
+Pure functions: :mod:`ojs_kombu.client` publishes what :func:`cancel_message`
+builds, :mod:`ojs_kombu.runtime.control` reads what :func:`decode_control` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ojs_kombu.errors import DecodeError, ValidationError
+from ojs_kombu.model.naming import CONTROL_TYPE_CANCEL
+from ojs_kombu.model.timefmt import utcnow
+from ojs_kombu.wire.codec import OutgoingMessage
+
+CONTROL_CONTENT_TYPE = "application/json"
+#: A worker's own catch-up marker (DESIGN §14): published to the control stream at start,
+#: it tells the worker that everything before it has been replayed.  Other readers ignore it.
+CONTROL_TYPE_MARKER = "ojs.control.marker"
+#: A control body larger than this is not a control message (a cancel body is ~60 bytes).
+MAX_CONTROL_BYTES = 64 * 1024
+
+_MAX_AGE = re.compile(r"^[1-9][0-9]*(Y|M|D|h|m|s)$")
+
+
+@dataclass(frozen=True)
+class ControlOptions:
+    """Retention of the control streams ``ojs.queue.control.{q}`` (DESIGN §14).
+
+    RabbitMQ trims a stream by whole segments, so a small segment size makes the
+    age and size limits bite; a cancel record is ~300 bytes on disk.
+
+    Parameters:
+        max_age: ``x-max-age`` (RabbitMQ units ``Y M D h m s``); the default outlives
+            the longest delay the scheduling cascade carries (397.7 days), so a
+            cancel still reaches a job scheduled that far ahead.
+        max_length_bytes: ``x-max-length-bytes``: the stream's size cap.
+        max_segment_size_bytes: ``x-stream-max-segment-size-bytes``.
+
+    Raises:
+        ValidationError: an option is malformed.
+    """
+
+    max_age: str = "400D"
+    max_length_bytes: int = 50_000_000
+    max_segment_size_bytes: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_age, str) or _MAX_AGE.fullmatch(self.max_age) is None:
+            raise ValidationError(
+                f"max_age must look like '400D' (units Y, M, D, h, m, s), got {self.max_age!r}", field="max_age"
+            )
+        for name in ("max_length_bytes", "max_segment_size_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValidationError(f"{name} must be a positive integer, got {value!r}", field=name)
+
+    def arguments(self) -> dict[str, Any]:
+        """The arguments of the control stream."""
+        return {
+            "x-queue-type": "stream",
+            "x-max-age": self.max_age,
+            "x-max-length-bytes": self.max_length_bytes,
+            "x-stream-max-segment-size-bytes": self.max_segment_size_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class ControlMessage:
+    """A decoded control message: its ``type`` property and JSON body."""
+
+    type: str
+    message_id: str | None
+    body: dict[str, Any]
+
+    @property
+    def job_id(self) -> str | None:
+        """The body's ``job_id`` (lowercased, as consumers accept uppercase ids), if a string."""
+        value = self.body.get("job_id")
+        return value.lower() if isinstance(value, str) and value else None
+
+
+def control_message(type: str, body: dict[str, Any]) -> OutgoingMessage:
+    """A control message with the properties of DESIGN §14 (unique ``message_id``, ``timestamp``)."""
+    return OutgoingMessage(
+        json.dumps(body, separators=(",", ":")).encode("utf-8"),
+        {
+            "type": type,
+            "content_type": CONTROL_CONTENT_TYPE,
+            "content_encoding": "utf-8",
+            "message_id": str(uuid.uuid4()),
+            "timestamp": int(utcnow().timestamp()),
+            "delivery_mode": 2,
+            "app_id": "ojs",
+        },
+    )
+
+
+def cancel_message(job_id: str) -> OutgoingMessage:
+    """CANCEL (binding §5.6, AMQP-019): ``type=ojs.control.cancel``, body ``{"job_id": …}``.
+
+    Raises:
+        ValidationError: ``job_id`` is not a non-empty string.
+    """
+    if not isinstance(job_id, str) or not job_id.strip():
+        raise ValidationError(f"job_id must be a non-empty string, got {job_id!r}", field="job_id")
+    return control_message(CONTROL_TYPE_CANCEL, {"job_id": job_id.strip().lower()})
+
+
+def decode_control(body: bytes, properties: dict[str, Any]) -> ControlMessage:
+    """Read a control message; tolerant of other producers (no content type, extra fields).
+
+    Raises:
+        DecodeError: the body is not a JSON object, or the ``type`` property is missing.
+    """
+    kind = properties.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise DecodeError("a control message needs a type property", code="invalid_payload")
+    if len(body) > MAX_CONTROL_BYTES:
+        raise DecodeError(f"a control message body is {len(body)} bytes", code="invalid_payload")
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DecodeError(f"a control message body is not JSON: {exc}", code="invalid_payload") from None
+    if not isinstance(data, dict):
+        raise DecodeError("a control message body must be a JSON object", code="invalid_payload")
+    message_id = properties.get("message_id")
+    return ControlMessage(kind, message_id if isinstance(message_id, str) else None, data)
+
+
+__all__ = [
+    "CONTROL_CONTENT_TYPE",
+    "CONTROL_TYPE_MARKER",
+    "ControlMessage",
+    "ControlOptions",
+    "cancel_message",
+    "control_message",
+    "decode_control",
+]
