@@ -187,3 +187,25 @@ def test_other_queues_keep_being_consumed(amqp_url, prefix, names):
             assert queue_state(amqp_url, names.job_queue("other"))[1] == 1
         finally:
             worker.stop(timeout=5)
+
+
+def test_a_pause_holds_across_a_reconnect(client, worker_factory, amqp_url, management, names, prefix):
+    name = f"{prefix} pause reconnect"
+    runs = Runs()
+    worker = started(worker_factory(connection_name=name), runs)
+    client.pause("default")
+    wait_until(lambda: worker.paused_queues == {"default"}, message="paused")
+    ours = wait_until(
+        lambda: [c for c in management.connections() if c.get("client_properties", {}).get("connection_name") == name],
+        timeout=20,
+        message="the worker's connection in the management API",
+    )
+    for connection in ours:
+        management.close_connection(connection["name"])
+    wait_until(lambda: worker.consumer.reconnections >= 1 and worker.consumer.connected.is_set(), timeout=20)
+
+    job = client.enqueue("work", [])
+    assert_nothing_delivered(amqp_url, names.job_queue("default"), runs, ready=1)
+    client.resume("default")
+    wait_until(lambda: runs.count() == 1, message="the job runs after resume")
+    assert runs.ids == [job.id]
