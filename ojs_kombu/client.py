@@ -52,7 +52,7 @@ from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
 from ojs_kombu.wire.codec import OutgoingMessage, encode
-from ojs_kombu.wire.control import ControlOptions, cancel_message
+from ojs_kombu.wire.control import ControlOptions, cancel_message, pause_message
 from ojs_kombu.wire.entities import QueueOptions
 
 logger = logging.getLogger(__name__)
@@ -261,7 +261,43 @@ class Client:
             BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
         """
         validate_queue_name(queue)
-        message = cancel_message(job_id)
+        self._publish_control(queue, cancel_message(job_id))
+
+    def pause(self, queue: str) -> None:
+        """Pause ``queue``: every ``ojs_kombu.Worker`` of it stops consuming it (``Basic.Cancel``).
+
+        Publishes ``type=ojs.control.pause``, body ``{"queue": …}``, to the control
+        stream as :meth:`cancel` does.  Workers keep running and settling the jobs
+        they already hold; jobs published meanwhile wait in the queue.  The pause
+        outlives worker restarts: a worker replays the control stream at start, and
+        the last pause or resume of the queue decides.
+
+        Parameters:
+            queue: the OJS queue.
+
+        Raises:
+            ValidationError, UnroutableError, PublishNackedError, PublishTimeoutError,
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`cancel`.
+        """
+        self._publish_control(queue, pause_message(queue))
+
+    def resume(self, queue: str) -> None:
+        """Resume ``queue`` after :meth:`pause`: its workers consume it again (``Basic.Consume``).
+
+        Publishes ``type=ojs.control.resume``, body ``{"queue": …}``.  Resuming a
+        queue that is not paused is harmless.
+
+        Parameters:
+            queue: the OJS queue.
+
+        Raises:
+            ValidationError, UnroutableError, PublishNackedError, PublishTimeoutError,
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`cancel`.
+        """
+        self._publish_control(queue, pause_message(queue, paused=False))
+
+    def _publish_control(self, queue: str, message: OutgoingMessage) -> None:
+        """Publish a control ``message`` to the control stream of ``queue`` (confirmed, mandatory)."""
 
         def publish(conn: Connection) -> None:
             session = self._session(conn)

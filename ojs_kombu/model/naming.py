@@ -56,6 +56,8 @@ RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.")
 CONTROL_TYPE_CANCEL = "ojs.control.cancel"
 CONTROL_TYPE_HEARTBEAT = "ojs.control.heartbeat"
 CONTROL_TYPE_INFO = "ojs.control.info"
+CONTROL_TYPE_PAUSE = "ojs.control.pause"
+CONTROL_TYPE_RESUME = "ojs.control.resume"
 
 
 def check_job_type(value: Any) -> str:
@@ -266,6 +268,8 @@ __all__ = [
     "CONTROL_TYPE_CANCEL",
     "CONTROL_TYPE_HEARTBEAT",
     "CONTROL_TYPE_INFO",
+    "CONTROL_TYPE_PAUSE",
+    "CONTROL_TYPE_RESUME",
     "JOB_TYPE_PATTERN",
     "JOB_TYPE_RE",
     "MAX_JOB_TYPE_LENGTH",

@@ -16,6 +16,12 @@ redelivers them, flagged ``redelivered``).  A broker-initiated ``Basic.Cancel``
 (e.g. the queue was deleted) is logged, counted and followed by a re-consume
 after a delay.
 
+Pause and resume (``ControlReader.paused``): the loop compares the paused set with
+what it applied last, on every pass; a paused queue's consumer is cancelled
+(``Basic.Cancel``; its unsettled deliveries are still settled on the channel) and
+a resumed queue is consumed again with the same prefetch.  A queue paused at
+(re)connection is not consumed at all.
+
 Metrics: ``ojs_amqp_connections_active`` and ``ojs_amqp_channels_active`` (the
 consuming and the publishing channel) while connected;
 ``ojs_amqp_messages_unacked{consumer}`` (label: the connection name) and
@@ -165,6 +171,7 @@ class Consumer:
         self._queue_by_tag: dict[str, str] = {}  # consumer tag -> amqp queue (for deliveries)
         self._reader: FrameReader | None = None
         self._recancelled: dict[str, float] = {}
+        self._paused_version = -1  # the version of control.paused the loop applied last
         self.reconnections = 0
         self.cancellations = 0
         self.connected = threading.Event()
@@ -316,7 +323,10 @@ class Consumer:
         self._recancelled.clear()  # a new channel consumes every queue; a pending re-consume would double it
         if not self._cancel_wanted.is_set():
             for amqp_queue in self.queues:
-                self._consume(amqp_queue)
+                if not self._paused(amqp_queue):
+                    self._consume(amqp_queue)
+        self._paused_version = -1
+        self._apply_pauses()  # logs what is paused; consumes nothing more
         METRICS.connections_active.inc()
         METRICS.channels_opened(self._channel_count)
         self.connected.set()  # after the gauges: a caller woken by it reads them up to date
@@ -360,6 +370,7 @@ class Consumer:
             self._reconsume_cancelled()
             if self.control is not None:
                 self.control.maintain(connection)
+                self._apply_pauses()
             if reader is not None:
                 # Frames may already be buffered (read by a drain_events, e.g. while waiting for
                 # confirms): they do not make the socket readable, so do not wait in select then.
@@ -456,6 +467,35 @@ class Consumer:
             self.cancel_retry_delay,
         )
         self._recancelled[amqp_queue] = time.monotonic() + self.cancel_retry_delay
+
+    def _paused(self, amqp_queue: str) -> bool:
+        return self.control is not None and self.queues[amqp_queue] in self.control.paused
+
+    def _apply_pauses(self) -> None:
+        """Cancel the consumers of paused queues and consume resumed ones (when the state changed)."""
+        if self.control is None or self.control.paused.version == self._paused_version:
+            return
+        assert self._channel is not None  # connected
+        self._paused_version = self.control.paused.version
+        for amqp_queue, ojs_queue in self.queues.items():
+            if self._paused(amqp_queue):
+                self._recancelled.pop(amqp_queue, None)  # a broker cancel is re-consumed on resume instead
+                tag = self._consumer_tags.pop(amqp_queue, None)
+                if tag is not None:
+                    self._channel.basic_cancel(tag)
+                    self._queue_by_tag.pop(tag, None)
+                    logger.info("queue %s paused: stopped consuming %s", ojs_queue, amqp_queue)
+                else:
+                    logger.info("queue %s is paused: not consuming %s", ojs_queue, amqp_queue)
+            elif (
+                amqp_queue not in self._consumer_tags
+                and amqp_queue not in self._recancelled
+                and not self._cancel_wanted.is_set()
+            ):
+                self._consume(amqp_queue)
+                logger.info("queue %s resumed: consuming %s again", ojs_queue, amqp_queue)
+        if not self._consumer_tags:
+            self._consuming.clear()
 
     def _reconsume_cancelled(self) -> None:
         if not self._recancelled or self._cancel_wanted.is_set():

@@ -1,4 +1,4 @@
-"""The worker side of the control plane: CANCEL (binding §5.6, AMQP-019; DESIGN §14).
+"""The worker side of the control plane: CANCEL (binding §5.6, AMQP-019), PAUSE and RESUME (DESIGN §14).
 
 Every worker reads the control stream ``ojs.queue.control.{q}`` of every queue it
 serves, from the start of the stream's retention (``x-stream-offset: first``), so
@@ -18,6 +18,15 @@ it knows every cancel still retained, including those published before it starte
   interrupted only when that call returns, and, as with ``TimeLimit``, it can
   land anywhere in the handler's Python code (inside a ``with`` block or a
   ``finally``): handlers that must not be cut short use ``"cooperative"``.
+* :class:`PausedQueues` is the set of queues paused by ``ojs.control.pause`` (and
+  un-paused by ``ojs.control.resume``).  The reader only records the state; the
+  :class:`~ojs_kombu.runtime.consumer.Consumer` loop applies it on its next pass:
+  ``Basic.Cancel`` of the paused queue's consumer (in-flight deliveries are still
+  settled on the same channel), ``Basic.Consume`` with the same prefetch on resume.
+  Each pause or resume applies to the queue of the control stream it was read
+  from.  The replay at start-up (and after a reconnect) applies every pause and
+  resume in stream order, so the last one of each queue decides before any job
+  queue is consumed: a worker started while its queue is paused never consumes it.
 * :class:`ControlReader` consumes the control streams on the
   :class:`~ojs_kombu.runtime.consumer.Consumer`'s connection, on a channel of
   its own, in the consumer's loop thread (the connection's one owner).
@@ -57,7 +66,7 @@ from ojs_kombu.amqp.properties import WireMessage
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import Cancelled, DecodeError, ValidationError
 from ojs_kombu.model.job import Job
-from ojs_kombu.model.naming import CONTROL_TYPE_CANCEL, Names
+from ojs_kombu.model.naming import CONTROL_TYPE_CANCEL, CONTROL_TYPE_PAUSE, CONTROL_TYPE_RESUME, Names
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.wire.control import CONTROL_TYPE_MARKER, control_message, decode_control
@@ -202,6 +211,36 @@ def _raise_in_thread(thread_id: int, exc: type[BaseException] | None) -> bool:
     return bool(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), target) == 1)
 
 
+class PausedQueues:
+    """The OJS queues paused through the control stream; thread-safe.
+
+    :attr:`version` grows on every change, so the consumer loop applies the state
+    only when it changed.
+    """
+
+    def __init__(self) -> None:
+        self._paused: frozenset[str] = frozenset()
+        self._lock = threading.Lock()
+        self.version = 0
+
+    def set(self, queue: str, paused: bool) -> bool:
+        """Pause (``paused``) or resume ``queue``; returns whether its state changed."""
+        with self._lock:
+            if (queue in self._paused) == paused:
+                return False
+            self._paused = self._paused | {queue} if paused else self._paused - {queue}
+            self.version += 1
+            return True
+
+    @property
+    def queues(self) -> frozenset[str]:
+        """The paused queues now."""
+        return self._paused
+
+    def __contains__(self, queue: object) -> bool:
+        return queue in self._paused
+
+
 class ControlReader:
     """Consumes the control queues of ``queues`` on a consumer's connection (see the module docstring).
 
@@ -210,6 +249,7 @@ class ControlReader:
         topology: tells whether each control queue is a stream or degraded.
         queues: the OJS queues whose control messages to read.
         cancellations: where cancels go.
+        paused: where pauses and resumes go (a new, empty state by default).
         prefetch: ``Basic.Qos`` of the control channel (streams need one).
         replay_timeout: seconds :meth:`attach` waits for its markers before it gives up.
     """
@@ -221,6 +261,7 @@ class ControlReader:
         queues: Iterable[str],
         cancellations: Cancellations,
         *,
+        paused: PausedQueues | None = None,
         prefetch: int = 1000,
         replay_timeout: float = 60.0,
     ):
@@ -228,6 +269,7 @@ class ControlReader:
         self.topology = topology
         self.queues = list(queues)
         self.cancellations = cancellations
+        self.paused = paused if paused is not None else PausedQueues()
         self.prefetch = prefetch
         self.replay_timeout = replay_timeout
         self._markers: dict[str, str] = {}  # marker message_id -> queue, until read back
@@ -288,10 +330,11 @@ class ControlReader:
             except TimeoutError:
                 continue
         logger.info(
-            "control plane caught up: %d message(s) replayed in %.3fs, %d cancelled id(s) known",
+            "control plane caught up: %d message(s) replayed in %.3fs, %d cancelled id(s) known, paused: %s",
             self.replayed,
             time.monotonic() - started,
             len(self.cancellations.ids),
+            ", ".join(sorted(self.paused.queues)) or "none",
         )
         return channel
 
@@ -357,10 +400,14 @@ class ControlReader:
                 logger.warning("ignoring a cancel without a job_id on %s", queue)
                 return
             self.cancellations.cancel(control.job_id)
+        elif control.type in (CONTROL_TYPE_PAUSE, CONTROL_TYPE_RESUME):
+            # The stream's queue decides, not the body: a message routed to control.{q} is about q.
+            if self.paused.set(queue, control.type == CONTROL_TYPE_PAUSE) and not self._markers:
+                logger.info("queue %s %s by a control message", queue, "paused" if queue in self.paused else "resumed")
         elif control.type == CONTROL_TYPE_MARKER:
             if control.message_id is not None:
                 self._markers.pop(control.message_id, None)
-        # Other types (info, pause ...) are not implemented yet: ignored.
+        # Other types (info ...) are not implemented yet: ignored.
 
 
 def record_cancelled(job: Job, state: Literal["pending", "running"], attempt: int) -> None:
@@ -387,6 +434,7 @@ __all__ = [
     "CancelledIds",
     "Cancellations",
     "ControlReader",
+    "PausedQueues",
     "RunningEntry",
     "record_cancelled",
 ]

@@ -85,7 +85,7 @@ from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.consumer import Consumer, Delivery
-from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, record_cancelled
+from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
 from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
@@ -206,6 +206,7 @@ class Worker:
         self.names = Names(prefix)
         self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict, control=control)
         self.cancellations = Cancellations(cancel_running)
+        self._paused = PausedQueues()  # outlives configure(), like the cancels
         self.cascade = Cascade(self.names)
         self._heartbeat = heartbeat
         self._connection_name = connection_name
@@ -237,7 +238,7 @@ class Worker:
             self._receive,
             topology=self.topology,
             declare=self._declare,
-            control=ControlReader(self.names, self.topology, self.queues, self.cancellations),
+            control=ControlReader(self.names, self.topology, self.queues, self.cancellations, paused=self._paused),
             heartbeat=self._heartbeat,
             connect_retries=self.connect_retries,
             connection_name=self._connection_name or f"ojs_kombu worker {','.join(self.queues)}",
@@ -309,6 +310,15 @@ class Worker:
         return register(fn) if fn is not None else register
 
     # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def paused_queues(self) -> frozenset[str]:
+        """The queues of this worker paused by :meth:`Client.pause <ojs_kombu.client.Client.pause>`.
+
+        Known once :meth:`wait_until_ready` has returned (the control streams are
+        replayed first); a paused queue is not consumed until it is resumed.
+        """
+        return self._paused.queues & frozenset(self.queues)
 
     @property
     def error(self) -> WorkerError | None:

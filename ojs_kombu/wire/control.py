@@ -3,10 +3,12 @@
 A control message goes to ``ojs.exchange.direct`` with routing key
 ``control.{q}`` and lands in the stream ``ojs.queue.control.{q}``.  Properties:
 ``type`` (``ojs.control.cancel`` ...), ``content_type=application/json``, a
-unique ``message_id`` and ``timestamp``; body ``{"job_id": …}``.
+unique ``message_id`` and ``timestamp``; body ``{"job_id": …}`` for a cancel,
+``{"queue": …}`` for a pause or a resume (``ojs.control.pause`` /
+``ojs.control.resume``, an extension of the binding).
 
 Pure functions: :mod:`ojs_kombu.client` publishes what :func:`cancel_message`
-builds, :mod:`ojs_kombu.runtime.control` reads what :func:`decode_control` returns.
+and :func:`pause_message` build, :mod:`ojs_kombu.runtime.control` reads what :func:`decode_control` returns.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ojs_kombu.errors import DecodeError, ValidationError
-from ojs_kombu.model.naming import CONTROL_TYPE_CANCEL
+from ojs_kombu.model.naming import CONTROL_TYPE_CANCEL, CONTROL_TYPE_PAUSE, CONTROL_TYPE_RESUME, validate_queue_name
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.wire.codec import OutgoingMessage
 
@@ -116,6 +118,21 @@ def cancel_message(job_id: str) -> OutgoingMessage:
     return control_message(CONTROL_TYPE_CANCEL, {"job_id": job_id.strip().lower()})
 
 
+def pause_message(queue: str, *, paused: bool = True) -> OutgoingMessage:
+    """PAUSE or RESUME a queue: ``type=ojs.control.pause`` (``ojs.control.resume`` when
+    ``paused`` is False), body ``{"queue": …}``.
+
+    Parameters:
+        queue: the OJS queue.
+        paused: True to pause, False to resume.
+
+    Raises:
+        ValidationError: a bad queue name.
+    """
+    validate_queue_name(queue)
+    return control_message(CONTROL_TYPE_PAUSE if paused else CONTROL_TYPE_RESUME, {"queue": queue})
+
+
 def decode_control(body: bytes, properties: dict[str, Any]) -> ControlMessage:
     """Read a control message; tolerant of other producers (no content type, extra fields).
 
@@ -145,4 +162,5 @@ __all__ = [
     "cancel_message",
     "control_message",
     "decode_control",
+    "pause_message",
 ]

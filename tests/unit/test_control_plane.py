@@ -10,8 +10,8 @@ import time
 import pytest
 
 from ojs_kombu import Cancelled, ControlOptions, DecodeError, ValidationError
-from ojs_kombu.runtime.control import Cancellations, CancelledIds
-from ojs_kombu.wire.control import cancel_message, decode_control
+from ojs_kombu.runtime.control import Cancellations, CancelledIds, PausedQueues
+from ojs_kombu.wire.control import cancel_message, decode_control, pause_message
 
 
 def test_cancel_message_properties_and_body():
@@ -116,3 +116,23 @@ def test_memory_per_cancelled_id_is_about_180_bytes():
         ids.add(job_id)
     per_id = (sys.getsizeof(ids._ids) - before + sum(sys.getsizeof(j) for j in job_ids)) / len(job_ids)
     assert 60 < per_id < 250
+
+
+def test_pause_and_resume_messages():
+    pause, resume = pause_message("emails"), pause_message("emails", paused=False)
+    assert (pause.properties["type"], resume.properties["type"]) == ("ojs.control.pause", "ojs.control.resume")
+    assert json.loads(pause.body) == json.loads(resume.body) == {"queue": "emails"}
+    assert pause.properties["content_type"] == "application/json"
+    assert pause.properties["message_id"] != resume.properties["message_id"]
+    with pytest.raises(ValidationError):
+        pause_message("control.emails")
+
+
+def test_paused_queues_change_only_on_a_change_and_count_versions():
+    paused = PausedQueues()
+    assert paused.set("a", True) and paused.queues == {"a"} and "a" in paused
+    assert not paused.set("a", True)  # a repeated pause is not a change
+    assert paused.version == 1
+    assert paused.set("a", False) and paused.queues == frozenset()
+    assert not paused.set("b", False)
+    assert paused.version == 2
