@@ -17,20 +17,6 @@ from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.testing.management import ManagementError
 
 
-@pytest.fixture
-def worker_factory(amqp_url, prefix):
-    workers = []
-
-    def make(queues=("default",), **options) -> Worker:
-        worker = Worker(amqp_url, queues=queues, prefix=prefix, grace_period=5, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.stop(timeout=5)
-
-
 class Runs:
     """Records which job ids a handler ran, thread-safely."""
 

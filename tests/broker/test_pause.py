@@ -14,20 +14,6 @@ from ojs_kombu import Client, Worker, current_job
 from ojs_kombu.observability.metrics import METRICS
 
 
-@pytest.fixture
-def worker_factory(amqp_url, prefix):
-    workers = []
-
-    def make(**options) -> Worker:
-        worker = Worker(amqp_url, queues=("default",), prefix=prefix, grace_period=5, concurrency=4, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.stop(timeout=5)
-
-
 class Runs:
     """Records the job ids a handler ran; ``block`` jobs wait for ``release``."""
 
@@ -105,7 +91,7 @@ def test_pause_validates_the_queue_before_publishing(client):
 
 def test_pause_stops_deliveries_within_a_second_and_in_flight_jobs_finish(client, worker_factory, amqp_url, names):
     runs = Runs()
-    worker = started(worker_factory(), runs)
+    worker = started(worker_factory(concurrency=4), runs)
     job_queue = names.job_queue("default")
     assert worker.paused_queues == frozenset()
     assert queue_state(amqp_url, job_queue) == (0, 1)
@@ -135,14 +121,14 @@ def test_pause_stops_deliveries_within_a_second_and_in_flight_jobs_finish(client
 
 def test_a_pause_survives_a_worker_restart(client, worker_factory, amqp_url, names):
     runs = Runs()
-    first = started(worker_factory(), runs)
+    first = started(worker_factory(concurrency=4), runs)
     client.pause("default")
     wait_until(lambda: first.paused_queues == {"default"}, message="first worker paused")
     first.stop(timeout=5)
 
     jobs = [client.enqueue("work", []) for _ in range(2)]
     job_queue = names.job_queue("default")
-    second = started(worker_factory(), runs)
+    second = started(worker_factory(concurrency=4), runs)
     assert second.paused_queues == frozenset({"default"})  # known once ready: replayed before consuming
     assert_nothing_delivered(amqp_url, job_queue, runs, ready=2)
 
@@ -160,7 +146,7 @@ def test_the_last_pause_or_resume_of_the_stream_wins(client, worker_factory, amq
         client.pause("default")
     job = client.enqueue("work", [])
     runs = Runs()
-    worker = started(worker_factory(), runs)
+    worker = started(worker_factory(concurrency=4), runs)
     job_queue = names.job_queue("default")
     if last == "pause":
         assert worker.paused_queues == frozenset({"default"})
@@ -192,7 +178,7 @@ def test_other_queues_keep_being_consumed(amqp_url, prefix, names):
 def test_a_pause_holds_across_a_reconnect(client, worker_factory, amqp_url, management, names, prefix):
     name = f"{prefix} pause reconnect"
     runs = Runs()
-    worker = started(worker_factory(connection_name=name), runs)
+    worker = started(worker_factory(concurrency=4, connection_name=name), runs)
     client.pause("default")
     wait_until(lambda: worker.paused_queues == {"default"}, message="paused")
     ours = wait_until(

@@ -45,20 +45,6 @@ def within_tolerance(actual: float, expected: float) -> bool:
     return expected - 0.001 <= actual <= expected + max(expected * 0.5, 0.1)
 
 
-@pytest.fixture
-def worker_factory(amqp_url, prefix):
-    workers = []
-
-    def make(queues=("default",), **options) -> Worker:
-        worker = Worker(amqp_url, queues=queues, prefix=prefix, grace_period=5, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.stop(timeout=5)
-
-
 def failing(recorder: Recorder, times: int = 10**9, exc=RuntimeError):
     def handler(*args):
         recorder.add(*args)
