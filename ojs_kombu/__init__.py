@@ -41,6 +41,7 @@ from ojs_kombu.errors import (
     ValidationError,
     WorkerError,
 )
+from ojs_kombu.model.info import JobInfo, JobState
 from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
@@ -73,7 +74,9 @@ __all__ = [
     "Header",
     "Job",
     "JobError",
+    "JobInfo",
     "JobOptions",
+    "JobState",
     "Names",
     "NotFoundError",
     "OjsError",

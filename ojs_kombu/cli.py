@@ -8,6 +8,10 @@
     ojs-amqp dlq replay email [--id JOB_ID ...] [--limit N]
     ojs-amqp dlq purge email --yes
     ojs-amqp worker myapp.jobs:worker [--queues email,sms] [--concurrency 20] [--log-level debug]
+    ojs-amqp cancel JOB_ID --queue email
+    ojs-amqp info JOB_ID --queue email [--timeout 2]
+    ojs-amqp pause email
+    ojs-amqp resume email
 
 Every command but ``worker`` takes ``--url`` (default ``$OJS_AMQP_URL``) and
 ``--prefix``; the worker takes them from its :class:`~ojs_kombu.Worker`.
@@ -22,6 +26,10 @@ concurrency.  Exit status: 0 after a graceful shutdown (SIGTERM / SIGINT); 1
 when the worker stopped on its own (:class:`~ojs_kombu.errors.WorkerError`:
 the broker refused it, its connection retries ran out...) so that a supervisor
 restarts it; a handler's ``sys.exit(n)`` ends it with ``n``.
+
+``ojs-amqp info`` prints the job's info as one JSON line (``state``, ``worker_id``,
+``attempt``, times); it exits with status 1, printing nothing on stdout, when no
+live worker of the queue knows the job within ``--timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -131,6 +139,60 @@ def cmd_dlq_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Cancel a job (binding §5.6): it never runs, or its running handler is stopped."""
+    with _client(args) as client:
+        client.cancel(args.job_id, queue=args.queue)
+    print(json.dumps({"cancelled": args.job_id.strip().lower(), "queue": args.queue}))
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Ask the workers of a queue what they know about a job (binding §5.8); exit 1 when none does."""
+    with _client(args) as client:
+        info = client.info(args.job_id, queue=args.queue, timeout=args.timeout)
+    if info is None:
+        print(f"ojs-amqp: no live worker of {args.queue} knows job {args.job_id}", file=sys.stderr)
+        return 1
+    print(info.to_json())
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """Pause a queue: its workers stop consuming it (running jobs finish)."""
+    with _client(args) as client:
+        client.pause(args.queue)
+    print(json.dumps({"paused": args.queue}))
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Resume a paused queue."""
+    with _client(args) as client:
+        client.resume(args.queue)
+    print(json.dumps({"resumed": args.queue}))
+    return 0
+
+
+def _add_control_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The control-plane commands: cancel, info, pause, resume."""
+    cancel = sub.add_parser("cancel", parents=[common], help="cancel a job")
+    cancel.add_argument("job_id")
+    cancel.add_argument("--queue", required=True, help="the OJS queue of the job")
+    cancel.set_defaults(func=cmd_cancel)
+    info = sub.add_parser("info", parents=[common], help="what the live workers know about a job (JSON)")
+    info.add_argument("job_id")
+    info.add_argument("--queue", required=True, help="the OJS queue of the job")
+    info.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for answers (default 2)")
+    info.set_defaults(func=cmd_info)
+    pause = sub.add_parser("pause", parents=[common], help="stop the workers of a queue consuming it")
+    pause.add_argument("queue")
+    pause.set_defaults(func=cmd_pause)
+    resume = sub.add_parser("resume", parents=[common], help="resume a paused queue")
+    resume.add_argument("queue")
+    resume.set_defaults(func=cmd_resume)
+
+
 def load_worker(target: str) -> Worker:
     """The :class:`Worker` at ``module:attribute`` (default attribute ``worker``), imported
     with the current directory first on ``sys.path``.
@@ -214,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, help="handler threads and prefetch (default: the Worker's)")
     worker.add_argument("--log-level", type=str.upper, choices=_LOG_LEVELS, default="INFO")
     worker.set_defaults(func=cmd_worker)
+
+    _add_control_commands(sub, common)
     return parser
 
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from amqp import Channel, Message
@@ -39,10 +39,12 @@ from ojs_kombu.amqp.topology import OnConflict, Topology, _close_quietly
 from ojs_kombu.errors import (
     BrokerConnectionError,
     BrokerRefusedError,
+    DecodeError,
     OjsError,
     PublishError,
     ValidationError,
 )
+from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.model.policies import RetryPolicy
@@ -52,7 +54,14 @@ from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
 from ojs_kombu.wire.codec import OutgoingMessage, encode
-from ojs_kombu.wire.control import ControlOptions, cancel_message, pause_message
+from ojs_kombu.wire.control import (
+    ControlOptions,
+    cancel_message,
+    control_job_id,
+    decode_info_reply,
+    info_message,
+    pause_message,
+)
 from ojs_kombu.wire.entities import QueueOptions
 
 logger = logging.getLogger(__name__)
@@ -61,6 +70,10 @@ T = TypeVar("T")
 
 #: Seconds a Client operation keeps reconnecting before BrokerConnectionError (``publish_timeout``).
 DEFAULT_PUBLISH_TIMEOUT = 5.0
+
+#: Seconds :meth:`Client.info` keeps listening after the first answer that is not ``active``
+#: (other workers of the queue may know the job better).
+INFO_SETTLE_WINDOW = 0.2
 
 #: Dead letters a replay holds unacknowledged at most (``replay_dead_letters(window=)``).
 DEFAULT_REPLAY_WINDOW = 100
@@ -295,6 +308,88 @@ class Client:
             BrokerConnectionError, BrokerRefusedError: as for :meth:`cancel`.
         """
         self._publish_control(queue, pause_message(queue, paused=False))
+
+    def info(self, job_id: str, *, queue: str, timeout: float = 2.0) -> JobInfo | None:
+        """INFO (binding §5.8, AMQP-021): what the live workers of ``queue`` know about job ``job_id``.
+
+        An RPC over the control stream: declares an exclusive, auto-delete,
+        server-named reply queue, consumes it, and publishes (confirmed)
+        ``type=ojs.control.info``, body ``{"job_id": …}``, with ``reply_to`` = that
+        queue and a fresh ``correlation_id``, to ``ojs.exchange.direct`` with key
+        ``control.{queue}``.  Every worker that runs the job, or finished it within
+        its recent-history window, answers.  The first ``active`` answer is returned
+        at once; otherwise the latest outcome among the answers received until
+        :data:`INFO_SETTLE_WINDOW` seconds after the first (or ``timeout``).
+
+        Parameters:
+            job_id: the job's id (any case).
+            queue: the OJS queue the job belongs to.
+            timeout: seconds to wait for answers (> 0).
+
+        Returns:
+            The job's :class:`~ojs_kombu.model.info.JobInfo`, or None when no live
+            worker knows it (after ``timeout``).
+
+        Raises:
+            ValidationError: a bad job id, queue name or timeout (nothing is published).
+            PublishNackedError, PublishTimeoutError, UnroutableError: the broker did not take the request.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        validate_queue_name(queue)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValidationError(f"timeout must be a number of seconds > 0, got {timeout!r}", field="timeout")
+        control_job_id(job_id)  # refused before any I/O
+        return self._run(lambda conn: self._ask_info(conn, job_id, queue, float(timeout)))
+
+    def _ask_info(self, conn: Connection, job_id: str, queue: str, timeout: float) -> JobInfo | None:
+        """One INFO round trip on ``conn`` (see :meth:`info`)."""
+        deadline = time.monotonic() + timeout
+        session = self._session(conn)
+        if self.declare:
+            self.topology.ensure_queue(conn.connection, queue)
+        channel = conn.connection.channel()
+        channel.auto_decode = False
+        answers: list[JobInfo] = []
+        correlation_id = str(uuid.uuid4())
+
+        def on_reply(message: Message) -> None:
+            body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
+            try:
+                correlation, answer = decode_info_reply(body, dict(message.properties))
+            except DecodeError as exc:
+                logger.warning("ignoring an unreadable INFO reply: %s", exc)
+                return
+            if correlation == correlation_id:
+                answers.append(answer)
+
+        try:
+            reply_to, _, _ = channel.queue_declare("", durable=False, exclusive=True, auto_delete=True)
+            channel.basic_consume(reply_to, no_ack=True, callback=on_reply)
+            request = info_message(job_id, reply_to=reply_to, correlation_id=correlation_id)
+            ticket = session.publisher.publish(
+                request,
+                exchange=self.names.direct_exchange,
+                routing_key=self.names.control_routing_key(queue),
+                queue=queue,
+                job_id=request.properties["message_id"],
+                confirm_timeout=self.confirm_timeout,
+            )
+            session.publisher.wait([ticket], self.confirm_timeout)
+            session.last_used = time.monotonic()
+            ticket.raise_for_error()
+            while not any(answer.state == "active" for answer in answers):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    conn.connection.drain_events(timeout=remaining)
+                except TimeoutError:
+                    break
+                if answers and len(answers) == 1:
+                    deadline = min(deadline, time.monotonic() + INFO_SETTLE_WINDOW)
+        finally:
+            _close_quietly(channel)  # the reply queue goes with it (exclusive, auto-delete)
+        return best_answer(answers)
 
     def _publish_control(self, queue: str, message: OutgoingMessage) -> None:
         """Publish a control ``message`` to the control stream of ``queue`` (confirmed, mandatory)."""
@@ -803,10 +898,25 @@ class Client:
         return max(0.05, min(self.publish_timeout - spent, float(self._connection.connect_timeout)))
 
 
+def best_answer(answers: Iterable[JobInfo]) -> JobInfo | None:
+    """The answer :meth:`Client.info` returns among several workers': an ``active`` one, else the
+    latest outcome (by ``finished_at``), else None."""
+    ranked = sorted(
+        answers,
+        key=lambda a: (a.state == "active", (a.finished_at or a.started_at or _EPOCH).timestamp()),
+    )
+    return ranked[-1] if ranked else None
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
 __all__ = [
     "DEFAULT_PUBLISH_TIMEOUT",
     "DEFAULT_REPLAY_WINDOW",
+    "INFO_SETTLE_WINDOW",
     "Client",
     "EnqueueResult",
     "JobOptions",
+    "best_answer",
 ]

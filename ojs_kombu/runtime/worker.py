@@ -44,6 +44,12 @@ Threads: one thread runs the :class:`~ojs_kombu.runtime.consumer.Consumer` loop 
 only user of the connection); ``concurrency`` handler threads run jobs and hand
 their outcomes back to it.  ``Basic.Qos(prefetch=concurrency, global=False)``.
 
+What a worker knows about its jobs: :attr:`Worker.lifecycle` emits the lifecycle
+events of every job it handles (started, succeeded, failed, retried,
+dead-lettered, cancelled, expired) under :attr:`Worker.worker_id`, and
+:attr:`Worker.activity` keeps the jobs running now and a window of recent
+outcomes, with which the worker answers INFO requests (``Client.info``).
+
 How a worker ends:
 
 * :meth:`Worker.run` returns after a graceful shutdown on SIGTERM / SIGINT or
@@ -84,9 +90,11 @@ from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.runtime.activity import Activity
 from ojs_kombu.runtime.consumer import Consumer, Delivery
 from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
-from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.runtime.lifecycle import Lifecycle
+from ojs_kombu.runtime.settle import Settler, failure_error
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
 
@@ -207,6 +215,7 @@ class Worker:
         self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict, control=control)
         self.cancellations = Cancellations(cancel_running)
         self._paused = PausedQueues()  # outlives configure(), like the cancels
+        self._init_activity()
         self.cascade = Cascade(self.names)
         self._heartbeat = heartbeat
         self._connection_name = connection_name
@@ -230,6 +239,13 @@ class Worker:
         self._handler_exit: BaseException | None = None
         self._build_consumer()
 
+    def _init_activity(self) -> None:
+        """The worker's lifecycle hub and the activity it feeds (both outlive configure())."""
+        self.lifecycle = Lifecycle()
+        self.worker_id = self.lifecycle.worker_id
+        self.activity = Activity()
+        self.lifecycle.subscribe(self.activity.record)
+
     def _build_consumer(self) -> None:
         self.consumer = Consumer(
             self.url,
@@ -238,7 +254,14 @@ class Worker:
             self._receive,
             topology=self.topology,
             declare=self._declare,
-            control=ControlReader(self.names, self.topology, self.queues, self.cancellations, paused=self._paused),
+            control=ControlReader(
+                self.names,
+                self.topology,
+                self.queues,
+                self.cancellations,
+                paused=self._paused,
+                info=self.activity.lookup,
+            ),
             heartbeat=self._heartbeat,
             connect_retries=self.connect_retries,
             connection_name=self._connection_name or f"ojs_kombu worker {','.join(self.queues)}",
@@ -252,6 +275,7 @@ class Worker:
             self.cascade,
             dead_letter_mode=self.dead_letter_mode,
             cancelled=self.cancellations.is_cancelled,
+            lifecycle=self.lifecycle,
         )
 
     def configure(self, *, queues: Iterable[str] | None = None, concurrency: int | None = None) -> None:
@@ -547,6 +571,7 @@ class Worker:
             self.settler.reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
             return
         token = None
+        self.lifecycle.emit("started", job, attempt)
         try:
             with self.cancellations.running(job.id, job.queue) as entry:
                 token = _current_job.set(RunningJob.of(job, attempt, entry.cancelled))
@@ -561,7 +586,9 @@ class Worker:
                 return
             extra = job_log_extra(job, attempt)
             logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc, extra=extra)
-            self.settler.fail(delivery, job, attempt, Failure.from_exception(exc), decide(job, attempt, exc))
+            failure = Failure.from_exception(exc)
+            self._failed(job, attempt, failure)
+            self.settler.fail(delivery, job, attempt, failure, decide(job, attempt, exc))
             if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the program wants to end
                 logger.error(
                     "the handler of job %s raised %s: attempt %d failed; the worker shuts down",
@@ -576,14 +603,20 @@ class Worker:
                 self._cancelled(delivery, job, attempt)
             else:
                 self.consumer.ack(delivery)
+                self.lifecycle.emit("succeeded", job, attempt)
         finally:
             if token is not None:
                 _current_job.reset(token)
+
+    def _failed(self, job: Job, attempt: int, failure: Failure) -> None:
+        """Emit ``failed`` for a handler's failure (the Settler then emits ``retried`` / ``dead-lettered``)."""
+        self.lifecycle.emit("failed", job, attempt, error=failure_error(failure))
 
     def _cancelled(self, delivery: Delivery, job: Job, attempt: int) -> None:
         """A job cancelled while it ran: acked, never retried, counted."""
         record_cancelled(job, "running", attempt)
         self.consumer.ack(delivery)
+        self.lifecycle.emit("cancelled", job, attempt)
 
     def _exit_requested(self, exc: BaseException) -> None:
         """A handler raised SystemExit / KeyboardInterrupt: shut down; run() re-raises it."""
