@@ -377,16 +377,18 @@ class Client:
             session.publisher.wait([ticket], self.confirm_timeout)
             session.last_used = time.monotonic()
             ticket.raise_for_error()
+            settling = False
             while not any(answer.state == "active" for answer in answers):
+                if answers and not settling:  # other workers may know better: listen a little longer
+                    settling = True
+                    deadline = min(deadline, time.monotonic() + INFO_SETTLE_WINDOW)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 try:
                     conn.connection.drain_events(timeout=remaining)
                 except TimeoutError:
-                    break
-                if answers and len(answers) == 1:
-                    deadline = min(deadline, time.monotonic() + INFO_SETTLE_WINDOW)
+                    continue  # the loop ends on the deadline
         finally:
             _close_quietly(channel)  # the reply queue goes with it (exclusive, auto-delete)
         return best_answer(answers)

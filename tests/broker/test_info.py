@@ -170,6 +170,9 @@ def test_a_finished_job_answers_its_outcome(client, worker_factory):
         assert (info.state, info.worker_id, info.attempt) == (state, worker.worker_id, 1)
         assert info.started_at is not None and info.finished_at is not None
         assert info.finished_at >= info.started_at
+    began = time.monotonic()
+    assert client.info(done.id, queue="default", timeout=10.0).state == "completed"
+    assert time.monotonic() - began < 2.0  # a settle window after the first answer, not the whole timeout
     assert client.info(retrying.id, queue="default", timeout=TIMEOUT).error["type"] == "RuntimeError"
     assert client.info(dead.id, queue="default", timeout=TIMEOUT).error["message"] == "fails for good"
 
