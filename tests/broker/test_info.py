@@ -6,6 +6,7 @@ import json
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import pika
 import pytest
@@ -273,3 +274,47 @@ def test_concurrent_info_calls_each_get_their_own_answer(amqp_url, prefix, worke
         for t in threads:
             t.join()
     assert {job_id: a.job_id if a else None for job_id, a in answers.items()} == {j.id: j.id for j in jobs}
+
+
+# -- lifecycle emission (the source of INFO and of the events stream) ------------------------------
+
+
+def test_the_worker_and_its_settler_emit_the_lifecycle_of_every_job(client, worker_factory):
+    events: list[tuple[str, str, int, str]] = []
+    lock = threading.Lock()
+
+    def fails():
+        raise RuntimeError("on purpose")
+
+    client.declare_queue("default")
+    cancelled = client.enqueue("ok", [])
+    client.cancel(cancelled.id, queue="default")  # before the worker starts: dropped on delivery
+    expired = client.enqueue("ok", [], expires_at=timedelta(seconds=-1))
+    worker = worker_factory()
+    worker.handler("ok", lambda: None)
+    worker.handler("fails", fails)
+
+    def record(event) -> None:
+        with lock:
+            events.append((event.job_id, event.event, event.attempt, event.worker_id))
+
+    worker.lifecycle.subscribe(record)
+    worker.start()
+    assert worker.wait_until_ready()
+    done = client.enqueue("ok", [])
+    retried = client.enqueue("fails", [], retry=RetryPolicy(max_attempts=2, initial_interval="PT60S", jitter=False))
+    dead = client.enqueue("fails", [], retry=RetryPolicy(max_attempts=1))
+    expected = {
+        cancelled.id: ["cancelled"],
+        expired.id: ["expired"],
+        done.id: ["started", "succeeded"],
+        retried.id: ["started", "failed", "retried"],
+        dead.id: ["started", "failed", "dead-lettered"],
+    }
+
+    def seen() -> dict[str, list[str]]:
+        with lock:
+            return {job_id: [e for j, e, _, _ in events if j == job_id] for job_id in expected}
+
+    wait_until(lambda: seen() == expected, message=f"the lifecycle events {expected}")
+    assert {(attempt, worker_id) for _, _, attempt, worker_id in events} == {(1, worker.worker_id)}
