@@ -438,7 +438,9 @@ class ControlReader:
 
     def _answer_info(self, queue: str, request: ControlMessage) -> None:
         """Answer an INFO request read live, for a job this worker knows (see the module docstring)."""
-        if self.info is None or self._channel is None or queue in self._markers.values():
+        if self.info is None or self._channel is None:
+            return
+        if queue in self._markers.values():
             return  # replayed while catching up: its asker has long given up
         if request.reply_to is None or request.job_id is None:
             logger.warning(
