@@ -86,9 +86,12 @@ from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.consumer import Consumer, Delivery
 from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
+from ojs_kombu.runtime.lifecycle import JobEvent, Lifecycle
+from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, ActiveJobs, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.events import EventsOptions
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +174,12 @@ class Worker:
             ``current_job().cancelled``: ``"interrupt"`` raises :class:`~ojs_kombu.errors.Cancelled`
             in the handler's thread; ``"cooperative"`` leaves it to the handler.
         control: retention of the control streams this worker declares.
+        events: also publish this worker's job lifecycle events (started, succeeded, failed,
+            retried, dead-lettered, cancelled, expired) to the events stream; default off.
+            Its presence is published every ``presence_interval`` seconds either way
+            (see :mod:`ojs_kombu.runtime.presence`).
+        presence_interval: seconds between two presences on the events stream.
+        events_options: retention of the events stream this worker declares.
 
     Raises:
         ValidationError: a queue name, the concurrency or ``dead_letter_mode`` is invalid.
@@ -194,6 +203,9 @@ class Worker:
         connect_retries: int | None = None,
         cancel_running: CancelRunning = "interrupt",
         control: ControlOptions | None = None,
+        events: bool = False,
+        presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
+        events_options: EventsOptions | None = None,
     ):
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
@@ -204,7 +216,17 @@ class Worker:
         self.dead_letter_mode = dead_letter_mode
         self.connect_retries = connect_retries
         self.names = Names(prefix)
-        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict, control=control)
+        self.topology = Topology(
+            self.names, queue_options=queue_options, on_conflict=on_conflict, control=control, events=events_options
+        )
+        self.lifecycle = Lifecycle()
+        self.events = events
+        self.presence_interval = check_presence_interval(presence_interval)
+        self._active = ActiveJobs()
+        self.lifecycle.subscribe(self._active.record)
+        if events:
+            self.lifecycle.subscribe(self._offer_event)
+        self._beacon: Beacon | None = None
         self.cancellations = Cancellations(cancel_running)
         self._paused = PausedQueues()  # outlives configure(), like the cancels
         self.cascade = Cascade(self.names)
@@ -321,6 +343,11 @@ class Worker:
         return self._paused.queues & frozenset(self.queues)
 
     @property
+    def worker_id(self) -> str:
+        """This worker's id (``{host}.{pid}.{6 hex}``): in its presence and its job events."""
+        return self.lifecycle.worker_id
+
+    @property
     def error(self) -> WorkerError | None:
         """Why the worker stopped on its own (its consumer ended unasked), else ``None``."""
         return self._error
@@ -340,6 +367,21 @@ class Worker:
                 self._threads.append(thread)
             self._consumer_thread = threading.Thread(target=self._run_consumer, name="ojs-consumer", daemon=True)
             self._consumer_thread.start()
+            self._beacon = Beacon(
+                self.url,
+                self.names,
+                self.topology,
+                worker_id=self.worker_id,
+                queues=self.queues,
+                concurrency=self.concurrency,
+                active=self._active.active,
+                interval=self.presence_interval,
+                heartbeat=self._heartbeat,
+                ssl=self._ssl,
+                transport_options=self._transport_options,
+                connection_name=f"{self._connection_name or 'ojs_kombu worker'} events",
+            )
+            self._beacon.start()
         logger.info(
             "worker consuming %s on %s (concurrency %d)", ", ".join(self.queues), safe_url(self.url), self.concurrency
         )
@@ -403,6 +445,8 @@ class Worker:
         for thread in self._threads:
             thread.join(timeout=0.5)
         self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
+        if self._beacon is not None:
+            self._beacon.stop()  # after the last settle: its job events, then the offline presence
         self._stopped.set()
 
     def teardown(self) -> int:
@@ -584,6 +628,12 @@ class Worker:
         """A job cancelled while it ran: acked, never retried, counted."""
         record_cancelled(job, "running", attempt)
         self.consumer.ack(delivery)
+
+    def _offer_event(self, event: JobEvent) -> None:
+        """The lifecycle subscriber of ``events=True``: hand the event to the beacon's thread."""
+        beacon = self._beacon
+        if beacon is not None:
+            beacon.offer(event)
 
     def _exit_requested(self, exc: BaseException) -> None:
         """A handler raised SystemExit / KeyboardInterrupt: shut down; run() re-raises it."""
