@@ -50,6 +50,7 @@ from ojs_kombu.transport import register_aliases
 from ojs_kombu.wire.codec import CONTENT_TYPE, decode, encode
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.events import ActiveJob, EventsOptions, JobEventRecord, WorkerPresence
 from ojs_kombu.wire.headers import Header
 
 register_aliases()
@@ -59,6 +60,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CONTENT_TYPE",
     "AccessRefusedError",
+    "ActiveJob",
     "ArgumentDifference",
     "BrokerConnectionError",
     "BrokerRefusedError",
@@ -70,9 +72,11 @@ __all__ = [
     "DecodeError",
     "Discard",
     "EnqueueResult",
+    "EventsOptions",
     "Header",
     "Job",
     "JobError",
+    "JobEventRecord",
     "JobOptions",
     "Names",
     "NotFoundError",
@@ -90,6 +94,7 @@ __all__ = [
     "ValidationError",
     "Worker",
     "WorkerError",
+    "WorkerPresence",
     "current_job",
     "decode",
     "encode",

@@ -220,6 +220,7 @@ class Worker:
             self.names, queue_options=queue_options, on_conflict=on_conflict, control=control, events=events_options
         )
         self.lifecycle = Lifecycle()
+        self.worker_id = self.lifecycle.worker_id
         self.events = events
         self.presence_interval = check_presence_interval(presence_interval)
         self._active = ActiveJobs()
@@ -341,11 +342,6 @@ class Worker:
         replayed first); a paused queue is not consumed until it is resumed.
         """
         return self._paused.queues & frozenset(self.queues)
-
-    @property
-    def worker_id(self) -> str:
-        """This worker's id (``{host}.{pid}.{6 hex}``): in its presence and its job events."""
-        return self.lifecycle.worker_id
 
     @property
     def error(self) -> WorkerError | None:
