@@ -124,6 +124,7 @@ class ActiveJobs:
 
 
 _STOP = object()
+_PUMP_INTERVAL = 0.5  # seconds between two reads of the beacon's connection (heartbeats)
 
 
 class Beacon:
@@ -190,6 +191,7 @@ class Beacon:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failures = 0
+        self._next_pump = 0.0
 
     # -- the worker's side ---------------------------------------------------------------------
 
@@ -306,12 +308,15 @@ class Beacon:
         """Publish queued job events until the next beat is due, keeping the connection alive."""
         deadline = time.monotonic() + wait
         while not self._stopping.is_set():
-            self._pump()
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            if now >= self._next_pump:  # not per event: a busy worker's events would wait for it
+                self._pump()
+                self._next_pump = now + _PUMP_INTERVAL
+            remaining = deadline - now
             if remaining <= 0:
                 return
             try:
-                item = self._pending.get(timeout=min(remaining, 1.0))
+                item = self._pending.get(timeout=min(remaining, _PUMP_INTERVAL))
             except queue_module.Empty:
                 continue
             if item is _STOP:

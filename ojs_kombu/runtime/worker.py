@@ -264,7 +264,7 @@ class Worker:
             control=ControlReader(self.names, self.topology, self.queues, self.cancellations, paused=self._paused),
             heartbeat=self._heartbeat,
             connect_retries=self.connect_retries,
-            connection_name=self._connection_name or f"ojs_kombu worker {','.join(self.queues)}",
+            connection_name=self._consumer_name(),
             ssl=self._ssl,
             transport_options=self._transport_options,
         )
@@ -276,6 +276,9 @@ class Worker:
             dead_letter_mode=self.dead_letter_mode,
             cancelled=self.cancellations.is_cancelled,
         )
+
+    def _consumer_name(self) -> str:
+        return self._connection_name or f"ojs_kombu worker {','.join(self.queues)}"
 
     def configure(self, *, queues: Iterable[str] | None = None, concurrency: int | None = None) -> None:
         """Replace the queues and/or the concurrency, before :meth:`start`
@@ -375,7 +378,7 @@ class Worker:
                 heartbeat=self._heartbeat,
                 ssl=self._ssl,
                 transport_options=self._transport_options,
-                connection_name=f"{self._connection_name or 'ojs_kombu worker'} events",
+                connection_name=f"{self._consumer_name()} events",
             )
             self._beacon.start()
         logger.info(

@@ -267,3 +267,27 @@ def test_reading_a_non_stream_events_queue_is_a_typed_error(amqp_url, prefix, na
         with pytest.raises(TopologyError, match="not a stream"):
             client.workers()
         assert [c.entity for c in client.topology.conflicts] == [names.events_stream]
+
+
+def test_cli_workers_and_events_print_json_lines(worker_factory, client, amqp_url, prefix, capsys):
+    from ojs_kombu.cli import main
+
+    worker = worker_factory(events=True)
+    worker.handler("ok", lambda: None)
+    worker.start()
+    assert worker.wait_until_ready()
+    wait_until(lambda: client.workers(), timeout=10, message="the worker's presence")
+    capsys.readouterr()
+    assert main(["workers", "--url", amqp_url, "--prefix", prefix]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    presence = json.loads(line)
+    assert presence["worker_id"] == worker.worker_id and presence["queues"] == ["default"]
+    assert "guest" not in line
+
+    job = client.enqueue("ok", [])
+    wait_until(lambda: len(client.events(timedelta(minutes=1))) >= 2, timeout=10, message="the job's events")
+    assert main(["events", "--url", amqp_url, "--prefix", prefix, "--since", "1m", "--queue", "default"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["event"], e["job_id"]) for e in lines] == [("started", job.id), ("succeeded", job.id)]
+    assert main(["events", "--url", amqp_url, "--prefix", prefix, "--queue", "other"]) == 0
+    assert capsys.readouterr().out == ""
