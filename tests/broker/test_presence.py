@@ -291,3 +291,47 @@ def test_cli_workers_and_events_print_json_lines(worker_factory, client, amqp_ur
     assert [(e["event"], e["job_id"]) for e in lines] == [("started", job.id), ("succeeded", job.id)]
     assert main(["events", "--url", amqp_url, "--prefix", prefix, "--queue", "other"]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_an_events_stream_with_other_retention_is_used_as_it_is(amqp_url, prefix, names, management):
+    arguments = {**EventsOptions().arguments(), "x-max-age": "2h"}
+    with raw_channel(amqp_url) as channel:
+        channel.queue_declare(names.events_stream, durable=True, arguments=arguments)
+    with Client(amqp_url, prefix=prefix, on_conflict="raise") as client:  # events conflicts are never raised
+        assert client.workers() == []
+        (conflict,) = client.topology.conflicts
+        assert conflict.entity == names.events_stream
+        assert [(d.argument, d.existing) for d in conflict.differences] == [("x-max-age", "'2h'")]
+    assert management.queue(names.events_stream)["arguments"]["x-max-age"] == "2h"  # never re-declared
+    bindings = management.bindings(source=names.events_exchange, destination=names.events_stream)
+    assert [b["routing_key"] for b in bindings] == ["#"]
+
+
+def test_the_beacon_reconnects_after_its_connection_is_closed(worker_factory, client, management):
+    name = f"beacon-{uuid.uuid4().hex[:8]}"
+    worker = worker_factory(presence_interval=0.5, connection_name=name)
+    worker.start()
+    assert worker.wait_until_ready()
+    wait_until(lambda: client.workers(), timeout=10, message="the first presence")
+
+    def beacon_connection():
+        return next(
+            (c for c in management.connections() if c["client_properties"].get("connection_name") == f"{name} events"),
+            None,
+        )
+
+    closed = wait_until(beacon_connection, timeout=15, interval=0.5, message="the beacon's connection")
+    assert management.close_connection(closed["name"])
+    closed_at = utcnow()
+    wait_until(
+        lambda: any(p.sent_at > closed_at + timedelta(seconds=0.5) for p in client.workers()),
+        timeout=15,
+        message="a presence after the reconnect",
+    )
+    reopened = wait_until(
+        lambda: (c := beacon_connection()) is not None and c["name"] != closed["name"] and c,
+        timeout=15,
+        interval=0.5,
+        message="a new beacon connection",
+    )
+    assert reopened["timeout"] == 60
