@@ -357,9 +357,16 @@ class Beacon:
         self._stopping.wait(delay)
 
     def _goodbye(self) -> None:
-        """At stop: publish the pending job events and the ``offline`` presence, one attempt."""
+        """At stop: publish the pending job events and the ``offline`` presence, if connected.
+
+        Not connected (the broker is unreachable): no attempt is made, so stopping never waits
+        for a connection; the worker drops out of ``Client.workers()`` when its presence goes stale.
+        """
+        channel = self._channel
+        if channel is None or not self._connection.connected:
+            logger.info("worker beacon: not connected at stop; no offline presence is published")
+            return
         try:
-            channel = self._connected()
             while True:
                 try:
                     item = self._pending.get_nowait()

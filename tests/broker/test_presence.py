@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -130,6 +131,26 @@ def test_presence_lists_active_jobs_with_their_start_times(amqp_url, names, clie
         2,
     )
     assert abs(active.started_at - started) < timedelta(milliseconds=1)
+
+
+def test_a_workers_presence_lists_the_job_its_handler_runs(worker_factory, client):
+    release = threading.Event()
+    worker = worker_factory(presence_interval=0.5)
+    worker.handler("block", lambda: release.wait(30))
+    worker.start()
+    assert worker.wait_until_ready()
+    before = utcnow()
+    job = client.enqueue("block", [])
+    try:
+        (presence,) = wait_until(
+            lambda: [p for p in client.workers() if p.active], timeout=10, message="a presence with the running job"
+        )
+    finally:
+        release.set()
+    (active,) = presence.active
+    assert (active.job_id, active.queue, active.job_type, active.attempt) == (job.id, "default", "block", 1)
+    assert before - timedelta(seconds=1) <= active.started_at <= presence.sent_at
+    wait_until(lambda: [p for p in client.workers() if not p.active], timeout=10, message="the job gone from it")
 
 
 # -- Client.workers() --------------------------------------------------------------------------------
