@@ -192,6 +192,7 @@ class Beacon:
         self._thread: threading.Thread | None = None
         self._failures = 0
         self._next_pump = 0.0
+        self._drop_lock = threading.Lock()
 
     # -- the worker's side ---------------------------------------------------------------------
 
@@ -227,13 +228,18 @@ class Beacon:
         try:
             self._pending.put_nowait(event)
         except queue_module.Full:
+            self._drop()
+
+    def _drop(self) -> None:
+        with self._drop_lock:  # handler threads drop concurrently
             self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                logger.warning(
-                    "events stream: %d job event(s) dropped so far, %d are waiting for the broker",
-                    self.dropped,
-                    self._pending.qsize(),
-                )
+            dropped = self.dropped
+        if dropped == 1 or dropped % 1000 == 0:
+            logger.warning(
+                "events stream: %d job event(s) dropped so far, %d are waiting for the broker",
+                dropped,
+                self._pending.qsize(),
+            )
 
     def presence(self, state: PresenceState = "online") -> WorkerPresence:
         """The worker's presence now."""
@@ -337,7 +343,7 @@ class Beacon:
         try:
             self._pending.put_nowait(event)
         except queue_module.Full:
-            self.dropped += 1
+            self._drop()
 
     def _pump(self) -> None:
         """Read what the broker sent (heartbeats) and send ours: the beacon's connection is otherwise write-only."""
