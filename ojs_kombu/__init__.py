@@ -51,6 +51,7 @@ from ojs_kombu.transport import register_aliases
 from ojs_kombu.wire.codec import CONTENT_TYPE, decode, encode
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.events import ActiveJob, EventsOptions, JobEventRecord, WorkerPresence
 from ojs_kombu.wire.headers import Header
 
 register_aliases()
@@ -60,6 +61,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CONTENT_TYPE",
     "AccessRefusedError",
+    "ActiveJob",
     "ArgumentDifference",
     "BrokerConnectionError",
     "BrokerRefusedError",
@@ -71,9 +73,11 @@ __all__ = [
     "DecodeError",
     "Discard",
     "EnqueueResult",
+    "EventsOptions",
     "Header",
     "Job",
     "JobError",
+    "JobEventRecord",
     "JobInfo",
     "JobOptions",
     "JobState",
@@ -93,6 +97,7 @@ __all__ = [
     "ValidationError",
     "Worker",
     "WorkerError",
+    "WorkerPresence",
     "current_job",
     "decode",
     "encode",

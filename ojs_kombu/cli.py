@@ -12,6 +12,8 @@
     ojs-amqp info JOB_ID --queue email [--timeout 2]
     ojs-amqp pause email
     ojs-amqp resume email
+    ojs-amqp workers [--stale-after 15]
+    ojs-amqp events [--since 10m] [--queue email] [--limit N]
 
 Every command but ``worker`` takes ``--url`` (default ``$OJS_AMQP_URL``) and
 ``--prefix``; the worker takes them from its :class:`~ojs_kombu.Worker`.
@@ -38,14 +40,16 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from importlib import import_module
 from typing import Any
 
 from ojs_kombu.client import Client
-from ojs_kombu.errors import OjsError
+from ojs_kombu.errors import OjsError, ValidationError
+from ojs_kombu.model.timefmt import parse_timestamp
 from ojs_kombu.runtime.worker import Worker
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -229,6 +233,43 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+_SINCE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(s|m|h|d)$")
+_SINCE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def since_arg(text: str) -> datetime | timedelta:
+    """``--since``: how long ago (``90s``, ``10m``, ``1h``, ``2d``) or an RFC 3339 timestamp.
+
+    Raises:
+        argparse.ArgumentTypeError: neither.
+    """
+    match = _SINCE.fullmatch(text.strip())
+    if match:
+        return timedelta(**{_SINCE_UNITS[match[2]]: float(match[1])})
+    try:
+        return parse_timestamp(text.strip())
+    except ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a duration (30s, 10m, 1h, 2d) nor an RFC 3339 timestamp"
+        ) from None
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    """Print the live workers, one JSON object per line (their latest presence)."""
+    with _client(args) as client:
+        for presence in client.workers(stale_after=args.stale_after):
+            print(json.dumps(presence.to_json(), ensure_ascii=False))
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    """Print job lifecycle events from the events stream, one JSON object per line, oldest first."""
+    with _client(args) as client:
+        for record in client.events(args.since, queue=args.queue, limit=args.limit):
+            print(json.dumps(record.to_json(), ensure_ascii=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``ojs-amqp``."""
     parser = argparse.ArgumentParser(prog="ojs-amqp", description=__doc__.split("\n\n")[0])
@@ -278,6 +319,16 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker)
 
     _add_control_commands(sub, common)
+    workers = sub.add_parser("workers", parents=[common], help="list the live workers (events stream)")
+    workers.add_argument(
+        "--stale-after", type=float, default=15.0, help="seconds after which a silent worker is gone (default 15)"
+    )
+    workers.set_defaults(func=cmd_workers)
+    events = sub.add_parser("events", parents=[common], help="print job lifecycle events (Worker(events=True))")
+    events.add_argument("--since", type=since_arg, default=timedelta(minutes=10), help="10m, 1h, … or a timestamp")
+    events.add_argument("--queue", help="only the events of this OJS queue")
+    events.add_argument("--limit", type=int, help="at most this many events")
+    events.set_defaults(func=cmd_events)
     return parser
 
 

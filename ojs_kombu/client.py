@@ -48,11 +48,13 @@ from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.model.policies import RetryPolicy
+from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.observability.tracing import with_trace_context
 from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
+from ojs_kombu.runtime.presence import read_events
 from ojs_kombu.wire.codec import OutgoingMessage, encode
 from ojs_kombu.wire.control import (
     ControlOptions,
@@ -63,6 +65,7 @@ from ojs_kombu.wire.control import (
     pause_message,
 )
 from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.events import EventsOptions, JobEventRecord, WorkerPresence
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +80,13 @@ INFO_SETTLE_WINDOW = 0.2
 
 #: Dead letters a replay holds unacknowledged at most (``replay_dead_letters(window=)``).
 DEFAULT_REPLAY_WINDOW = 100
+
+#: A worker whose latest presence is older than this many seconds is not listed by ``workers()``
+#: (three presence intervals).
+DEFAULT_STALE_AFTER = 15.0
+
+# Timestamp offsets of a stream point at chunks: start reading a little earlier, filter by body times.
+_STREAM_OFFSET_SLACK = timedelta(seconds=1)
 
 
 class JobOptions(TypedDict, total=False):
@@ -149,6 +159,8 @@ class Client:
         ssl, transport_options: passed to :class:`kombu.Connection`.
         window: publishes a connection may have awaiting their confirm.
         control: retention of the control streams ``ojs.queue.control.{q}`` this client declares.
+        events_options: retention of the events stream ``ojs.stream.events`` (declared by
+            :meth:`workers` and :meth:`events`); must match the workers'.
 
     Raises:
         ValidationError: a bad option.
@@ -175,6 +187,7 @@ class Client:
         window: int = 1000,
         connection_name: str | None = None,
         control: ControlOptions | None = None,
+        events_options: EventsOptions | None = None,
     ):
         if publish_timeout is not None and not publish_timeout > 0:
             raise ValidationError(
@@ -186,7 +199,9 @@ class Client:
             )
         self.url = resolve_url(url)
         self.names = Names(prefix)
-        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict, control=control)
+        self.topology = Topology(
+            self.names, queue_options=queue_options, on_conflict=on_conflict, control=control, events=events_options
+        )
         self.cascade = Cascade(self.names)
         self.declare = declare
         self.confirm_timeout = confirm_timeout
@@ -413,6 +428,110 @@ class Client:
             ticket.raise_for_error()
 
         self._run(publish)
+
+    # -- events stream --------------------------------------------------------------------------
+
+    def workers(self, *, stale_after: float = DEFAULT_STALE_AFTER, timeout: float = 10.0) -> list[WorkerPresence]:
+        """The live workers, from their latest presence on the events stream (BEAT, DESIGN §14).
+
+        Reads ``ojs.stream.events`` from ``stale_after`` seconds ago up to now and keeps
+        each worker's latest presence; a worker that stopped gracefully (its last presence
+        is ``offline``) or whose latest presence is older than ``stale_after`` (killed, hung
+        or cut off) is left out.  Workers publish a presence every 5 s by default, so a
+        killed worker drops out within ``stale_after`` seconds.  Presence times are the
+        workers' clocks: keep hosts in sync (NTP).
+
+        Parameters:
+            stale_after: seconds after which a silent worker counts as gone.
+            timeout: seconds to wait for the read to catch up with the stream.
+
+        Returns:
+            One presence per live worker, sorted by worker id.
+
+        Raises:
+            ValidationError: ``stale_after`` is not > 0.
+            TopologyError: ``ojs.stream.events`` exists and is not a stream.
+            OjsError: the read did not catch up within ``timeout``.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        if isinstance(stale_after, bool) or not isinstance(stale_after, int | float) or not stale_after > 0:
+            raise ValidationError(f"stale_after must be > 0 seconds, got {stale_after!r}", field="stale_after")
+        horizon = utcnow() - timedelta(seconds=stale_after)
+        latest: dict[str, WorkerPresence] = {}
+
+        def keep(record: WorkerPresence | JobEventRecord) -> bool:
+            if isinstance(record, WorkerPresence):
+                known = latest.get(record.worker_id)
+                if known is None or record.sent_at >= known.sent_at:
+                    latest[record.worker_id] = record
+            return True
+
+        self._read_events(horizon, keep, latest.clear, timeout)
+        live = [p for p in latest.values() if p.state == "online" and p.sent_at >= horizon]
+        return sorted(live, key=lambda presence: presence.worker_id)
+
+    def events(
+        self,
+        since: datetime | timedelta,
+        *,
+        queue: str | None = None,
+        limit: int | None = None,
+        timeout: float = 10.0,
+    ) -> list[JobEventRecord]:
+        """Job lifecycle events read back from the events stream, oldest first.
+
+        Workers publish them only when opted in (``Worker(events=True)``); the stream
+        keeps them for its retention (default one hour, :class:`~ojs_kombu.wire.events.EventsOptions`).
+
+        Parameters:
+            since: an aware datetime, or how long ago (``timedelta(minutes=10)``).
+            queue: only the events of this OJS queue.
+            limit: at most this many (the oldest ones).
+            timeout: seconds to wait for the read to catch up with the stream.
+
+        Returns:
+            The events at or after ``since``, in the order the stream holds them.
+
+        Raises:
+            ValidationError: a naive datetime, a bad queue name or a ``limit`` below 1.
+            TopologyError: ``ojs.stream.events`` exists and is not a stream.
+            OjsError: the read did not catch up within ``timeout``.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        start = utcnow() - since if isinstance(since, timedelta) else since
+        if not isinstance(start, datetime) or start.tzinfo is None or start.utcoffset() is None:
+            raise ValidationError(f"since must be an aware datetime or a timedelta, got {since!r}", field="since")
+        if queue is not None:
+            validate_queue_name(queue)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValidationError(f"limit must be a positive integer, got {limit!r}", field="limit")
+        found: list[JobEventRecord] = []
+
+        def keep(record: WorkerPresence | JobEventRecord) -> bool:
+            if isinstance(record, JobEventRecord) and record.at >= start and queue in (None, record.queue):
+                found.append(record)
+            return limit is None or len(found) < limit
+
+        self._read_events(start, keep, found.clear, timeout)
+        return found
+
+    def _read_events(
+        self,
+        since: datetime,
+        on_event: Callable[[WorkerPresence | JobEventRecord], bool],
+        reset: Callable[[], None],
+        timeout: float,
+    ) -> None:
+        """Read the events stream from ``since`` (see :func:`~ojs_kombu.runtime.presence.read_events`);
+        ``reset`` forgets what an attempt that failed had collected before the next one."""
+
+        def read(conn: Connection) -> None:
+            reset()
+            read_events(
+                conn.connection, self.names, self.topology, since - _STREAM_OFFSET_SLACK, on_event, timeout=timeout
+            )
+
+        self._run(read)
 
     # -- dead letters ---------------------------------------------------------------------------
 
@@ -916,6 +1035,7 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 __all__ = [
     "DEFAULT_PUBLISH_TIMEOUT",
     "DEFAULT_REPLAY_WINDOW",
+    "DEFAULT_STALE_AFTER",
     "INFO_SETTLE_WINDOW",
     "Client",
     "EnqueueResult",
