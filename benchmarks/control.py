@@ -72,7 +72,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=4, help="handler threads (sections 1, 2 and 4)")
     parser.add_argument("--skip-info", action="store_true", help="leave out the INFO round trip")
     parser.add_argument("--info-samples", type=int, default=200, help="INFO calls per kind (running, finished)")
-    parser.add_argument("--info-budget", type=float, default=20.0, help="seconds of INFO calls per kind at most")
+    parser.add_argument("--info-budget", type=float, default=45.0, help="seconds of INFO calls per kind at most")
     parser.add_argument("--cancels", type=int, default=100_000, help="cancels in the replayed control stream")
     parser.add_argument("--replay-rounds", type=int, default=3, help="worker start-ups per side")
     parser.add_argument("--drain-count", type=int, default=5_000, help="no-op jobs per drain")
