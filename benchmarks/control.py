@@ -100,13 +100,12 @@ class Bench:
         options.setdefault("concurrency", self.concurrency)
         return Worker(self.url, prefix=self.prefix, queues=[queue_name], grace_period=5, **options)
 
-    def started(self, queue_name: str, **options: Any) -> Worker:
-        """A started, ready Worker of ``queue_name``."""
-        worker = self.worker(queue_name, **options)
+    @staticmethod
+    def start(worker: Worker) -> None:
+        """Start ``worker`` and wait until it is ready; exit when it does not get there."""
         worker.start()
         if not worker.wait_until_ready(60):
-            sys.exit(f"the worker of {queue_name} did not get ready: {worker.error}")
-        return worker
+            sys.exit(f"the worker of {', '.join(worker.queues)} did not get ready: {worker.error}")
 
 
 def ms(values: list[float]) -> str:
@@ -199,9 +198,7 @@ def cancel_latency(bench: Bench, kind: str, samples: int) -> tuple[list[float], 
     jobs = RunningJobs()
     worker = bench.worker(queue_name, cancel_running="interrupt" if kind == "busy" else "cooperative")
     worker.handler("bench.hold", jobs.busy if kind == "busy" else jobs.cooperative)
-    worker.start()
-    if not worker.wait_until_ready(60):
-        sys.exit(f"the worker did not get ready: {worker.error}")
+    bench.start(worker)
     latencies: list[float] = []
     calls: list[float] = []
     try:
@@ -269,9 +266,7 @@ def info_section(bench: Bench, samples: int, budget: float) -> dict[str, InfoRes
     worker.handler("bench.hold", lambda: (started.put(current_job().id), release.wait(120)))
     worker.handler("bench.noop", lambda: finished.set())
     bench.client.declare_queue(queue_name)
-    worker.start()
-    if not worker.wait_until_ready(60):
-        sys.exit(f"the worker did not get ready: {worker.error}")
+    bench.start(worker)
     results: dict[str, InfoResult] = {}
     try:
         running = bench.client.enqueue("bench.hold", [], queue=queue_name)
