@@ -23,7 +23,7 @@ from ojs_kombu.testing.management import ManagementClient
 def pytest_collection_modifyitems(items):
     for item in items:
         if "broker" in item.fixturenames or any(
-            f in item.fixturenames for f in ("amqp_url", "management", "client", "prefix")
+            f in item.fixturenames for f in ("amqp_url", "management", "client", "prefix", "node")
         ):
             item.add_marker(pytest.mark.broker)
 

@@ -7,7 +7,7 @@ it knows every cancel still retained, including those published before it starte
 * :class:`CancelledIds` is the bounded set of cancelled job ids.  Memory: about
   180 bytes per id (measured 176: a 36-character ``str`` of 85 bytes plus its
   ordered-dict slot); the default bound of 1,000,000 ids is ~180 MB at most, and the stream's
-  retention (``ControlOptions.max_length_bytes``, 50 MB ≈ 170,000 cancels by
+  retention (``ControlOptions.max_length_bytes``, 50 MB ≈ 135,000 cancels by
   default) bounds it far lower in practice.  Past the bound the oldest id goes.
 * :class:`Cancellations` is what a worker knows: the cancelled ids, and the jobs
   running now.  Cancelling a running job sets its ``cancelled`` event and, in

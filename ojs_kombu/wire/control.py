@@ -59,7 +59,7 @@ class ControlOptions:
     """Retention of the control streams ``ojs.queue.control.{q}`` (DESIGN §14).
 
     RabbitMQ trims a stream by whole segments, so a small segment size makes the
-    age and size limits bite; a cancel record is ~300 bytes on disk.
+    age and size limits bite; a cancel record is ~370 bytes on disk (measured: 100,000 cancels, 37.2 MB).
 
     Parameters:
         max_age: ``x-max-age`` (RabbitMQ units ``Y M D h m s``); the default outlives
