@@ -62,6 +62,9 @@ class JobEvent:
         worker_id: the worker that emitted it.
         at: when (UTC).
         error: for ``failed``: ``{"code", "type", "message"}`` of the failure.
+        enqueued_at, scheduled_at: the job's ``enqueued_at`` / ``scheduled_at`` (aware datetimes),
+            when it has them: what queue wait and scheduling lateness are measured from
+            (:class:`~ojs_kombu.observability.job_metrics.JobMetrics`).
     """
 
     event: JobEventName
@@ -72,6 +75,8 @@ class JobEvent:
     worker_id: str
     at: datetime = field(default_factory=utcnow)
     error: dict[str, Any] | None = None
+    enqueued_at: datetime | None = None
+    scheduled_at: datetime | None = None
 
 
 Subscriber = Callable[[JobEvent], None]
@@ -111,7 +116,17 @@ class Lifecycle:
         subscribers = self._subscribers
         if not subscribers:
             return None
-        job_event = JobEvent(event, job.id, job.type, job.queue, attempt, self.worker_id, error=error)
+        job_event = JobEvent(
+            event,
+            job.id,
+            job.type,
+            job.queue,
+            attempt,
+            self.worker_id,
+            error=error,
+            enqueued_at=job.enqueued_datetime,
+            scheduled_at=job.scheduled_datetime,
+        )
         for subscriber in subscribers:
             try:
                 subscriber(job_event)
