@@ -10,6 +10,18 @@ other process, start one with a single call::
 It binds the loopback interface unless told otherwise (``host="0.0.0.0"`` for a
 Prometheus on another machine), and serves prometheus_client's default registry:
 the binding's ``ojs_amqp_*`` metrics and the per job type ``ojs_job_*`` ones.
+
+The ``ojs_job_*`` metrics come from a job :class:`~ojs_kombu.runtime.lifecycle.Lifecycle`
+that :data:`~ojs_kombu.observability.job_metrics.JOB_METRICS` subscribes to: a
+:class:`~ojs_kombu.Worker` subscribes its own; for another consumer,
+``JOB_METRICS.subscribe(broker.lifecycle)`` (Dramatiq's ``OjsBroker``) or
+``JOB_METRICS.subscribe(ojs_celery.lifecycle.worker_lifecycle())`` (in a Celery
+worker's main process, e.g. from a ``worker_ready`` signal handler).
+
+One endpoint per process and port: a framework that forks several worker processes
+each importing the app (``dramatiq`` with ``--processes`` above 1) must start it in
+one process only, or give each its own port; the second bind of a port raises
+:class:`~ojs_kombu.errors.MetricsServerError`.
 """
 
 from __future__ import annotations

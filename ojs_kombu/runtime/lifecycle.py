@@ -116,6 +116,7 @@ class Lifecycle:
         subscribers = self._subscribers
         if not subscribers:
             return None
+        enqueued_at, scheduled_at = _moments(job)
         job_event = JobEvent(
             event,
             job.id,
@@ -124,8 +125,8 @@ class Lifecycle:
             attempt,
             self.worker_id,
             error=error,
-            enqueued_at=job.enqueued_datetime,
-            scheduled_at=job.scheduled_datetime,
+            enqueued_at=enqueued_at,
+            scheduled_at=scheduled_at,
         )
         for subscriber in subscribers:
             try:
@@ -133,6 +134,15 @@ class Lifecycle:
             except Exception:
                 logger.exception("a lifecycle subscriber failed on %s of job %s", event, job.id)
         return job_event
+
+
+def _moments(job: Job) -> tuple[datetime | None, datetime | None]:
+    """``job``'s ``enqueued_at`` and ``scheduled_at``; both None when a job built without validation
+    (an adapter's ``Job.model_construct``) carries a malformed one: events never fail on them."""
+    try:
+        return job.enqueued_datetime, job.scheduled_datetime
+    except (ValueError, TypeError):  # ValidationError is a ValueError
+        return None, None
 
 
 __all__ = ["JOB_EVENT_NAMES", "JobEvent", "JobEventName", "Lifecycle", "Subscriber", "new_worker_id"]

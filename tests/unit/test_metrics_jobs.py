@@ -152,3 +152,15 @@ def test_a_lifecycle_carries_enqueued_at_and_scheduled_at_to_the_metrics() -> No
     assert sample(registry, "ojs_job_schedule_lateness_seconds_count") == 1
     lateness = sample(registry, "ojs_job_schedule_lateness_seconds_sum")
     assert lateness is not None and 1.9 <= lateness < 60.0  # scheduled_at is rounded up to the ms
+
+
+def test_a_malformed_timestamp_of_an_unvalidated_job_never_fails_the_event() -> None:
+    """Adapters build jobs with ``Job.model_construct`` (no validation): the event still goes out."""
+    seen: list[JobEvent] = []
+    lifecycle = Lifecycle("w1")
+    lifecycle.subscribe(seen.append)
+    job = Job.model_construct(id="j1", type="email.send", queue="email", args=[], enqueued_at="yesterday")
+
+    lifecycle.emit("started", job, 1)
+
+    assert [(e.event, e.enqueued_at, e.scheduled_at) for e in seen] == [("started", None, None)]
