@@ -169,19 +169,21 @@ def run_cli(tmp_path, amqp_url, prefix) -> Iterator[Callable[..., subprocess.Pop
         process.communicate(timeout=10)
 
 
-def test_worker_command_serves_metrics_on_the_given_port(run_cli, client, prefix):
+def test_worker_command_serves_metrics_on_the_given_port_and_host(run_cli, client, prefix):
     port = free_port()
-    process = run_cli("--metrics-port", str(port))
+    process = run_cli("--metrics-port", str(port), "--metrics-host", "127.0.0.2")  # another loopback address
     client.enqueue("cli.job", [], queue=f"cli-{prefix}")
     labels = {"queue": f"cli-{prefix}", "type": "cli.job", "outcome": "succeeded"}
 
     def succeeded() -> bool:
         try:
-            return value(scrape(f"http://127.0.0.1:{port}/metrics"), "ojs_job_outcomes_total", **labels) == 1
+            return value(scrape(f"http://127.0.0.2:{port}/metrics"), "ojs_job_outcomes_total", **labels) == 1
         except urllib.error.URLError:  # not listening yet
             return False
 
     wait_until(succeeded, timeout=30, message="the job's outcome on the worker's endpoint")
+    with pytest.raises(urllib.error.URLError):  # bound to the given host only
+        scrape(f"http://127.0.0.1:{port}/metrics")
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
