@@ -111,11 +111,12 @@ def test_a_scrape_shows_runtime_outcomes_queue_wait_and_lateness(client, worker_
 
 def test_a_metrics_port_in_use_is_a_typed_error_at_start(worker_factory, listener):
     worker = worker_factory(metrics_port=listener)
+    threads = threading.active_count()
 
     with pytest.raises(MetricsServerError, match=f"127.0.0.1:{listener}"):
         worker.start()
     assert worker.metrics_server is None
-    assert not worker.consumer.connected.is_set()  # nothing else was started
+    assert threading.active_count() == threads  # no handler, consumer or beacon thread was started
     worker.stop()  # a worker that never started stops at once
 
 
