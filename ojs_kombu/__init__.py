@@ -30,6 +30,7 @@ from ojs_kombu.errors import (
     DeadLetter,
     DecodeError,
     Discard,
+    MetricsServerError,
     NotFoundError,
     OjsError,
     PublishError,
@@ -45,6 +46,7 @@ from ojs_kombu.model.info import JobInfo, JobState
 from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
+from ojs_kombu.observability.server import MetricsServer, serve_metrics
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
 from ojs_kombu.runtime.worker import Worker, current_job
 from ojs_kombu.transport import register_aliases
@@ -81,6 +83,8 @@ __all__ = [
     "JobInfo",
     "JobOptions",
     "JobState",
+    "MetricsServer",
+    "MetricsServerError",
     "Names",
     "NotFoundError",
     "OjsError",
@@ -103,4 +107,5 @@ __all__ = [
     "encode",
     "job_type_for",
     "register_aliases",
+    "serve_metrics",
 ]

@@ -228,7 +228,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """Run the :class:`Worker` found at ``module:attribute`` until SIGTERM/SIGINT."""
     worker = load_worker(args.target)
     queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues is not None else None
-    worker.configure(queues=queues, concurrency=args.concurrency)
+    worker.configure(
+        queues=queues, concurrency=args.concurrency, metrics_port=args.metrics_port, metrics_host=args.metrics_host
+    )
     worker.run()
     return 0
 
@@ -315,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("target", help="module:attribute of the Worker (attribute default: worker)")
     worker.add_argument("--queues", help="comma-separated OJS queues to consume instead of the Worker's own")
     worker.add_argument("--concurrency", type=int, help="handler threads and prefetch (default: the Worker's)")
+    worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: none)")
+    worker.add_argument("--metrics-host", help="interface of the metrics endpoint (default: the Worker's, 127.0.0.1)")
     worker.add_argument("--log-level", type=str.upper, choices=_LOG_LEVELS, default="INFO")
     worker.set_defaults(func=cmd_worker)
 

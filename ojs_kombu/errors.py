@@ -188,6 +188,11 @@ class WorkerError(OjsError):
     """
 
 
+class MetricsServerError(OjsError, OSError):
+    """The Prometheus metrics endpoint could not listen (its port is in use, the address is not
+    this host's, a privileged port ...).  ``__cause__`` is the ``OSError``."""
+
+
 __all__ = [
     "AccessRefusedError",
     "ArgumentDifference",
@@ -197,6 +202,7 @@ __all__ = [
     "DeadLetter",
     "DecodeError",
     "Discard",
+    "MetricsServerError",
     "NotFoundError",
     "OjsError",
     "PublishError",

@@ -4,6 +4,8 @@ All metrics live in one :class:`Metrics` object (``METRICS``) registered with
 prometheus_client's default registry, so ``prometheus_client.start_http_server``
 or any exporter the application already runs picks them up.  Code elsewhere in
 the library calls the small recording methods, never the Prometheus objects.
+The per job type ``ojs_job_*`` metrics are in :mod:`ojs_kombu.observability.job_metrics`,
+and :func:`~ojs_kombu.observability.server.serve_metrics` serves them all over HTTP.
 """
 
 from __future__ import annotations

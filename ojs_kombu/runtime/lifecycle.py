@@ -62,6 +62,9 @@ class JobEvent:
         worker_id: the worker that emitted it.
         at: when (UTC).
         error: for ``failed``: ``{"code", "type", "message"}`` of the failure.
+        enqueued_at, scheduled_at: the job's ``enqueued_at`` / ``scheduled_at`` (aware datetimes),
+            when it has them: what queue wait and scheduling lateness are measured from
+            (:class:`~ojs_kombu.observability.job_metrics.JobMetrics`).
     """
 
     event: JobEventName
@@ -72,6 +75,8 @@ class JobEvent:
     worker_id: str
     at: datetime = field(default_factory=utcnow)
     error: dict[str, Any] | None = None
+    enqueued_at: datetime | None = None
+    scheduled_at: datetime | None = None
 
 
 Subscriber = Callable[[JobEvent], None]
@@ -111,13 +116,33 @@ class Lifecycle:
         subscribers = self._subscribers
         if not subscribers:
             return None
-        job_event = JobEvent(event, job.id, job.type, job.queue, attempt, self.worker_id, error=error)
+        enqueued_at, scheduled_at = _moments(job)
+        job_event = JobEvent(
+            event,
+            job.id,
+            job.type,
+            job.queue,
+            attempt,
+            self.worker_id,
+            error=error,
+            enqueued_at=enqueued_at,
+            scheduled_at=scheduled_at,
+        )
         for subscriber in subscribers:
             try:
                 subscriber(job_event)
             except Exception:
                 logger.exception("a lifecycle subscriber failed on %s of job %s", event, job.id)
         return job_event
+
+
+def _moments(job: Job) -> tuple[datetime | None, datetime | None]:
+    """``job``'s ``enqueued_at`` and ``scheduled_at``; both None when a job built without validation
+    (an adapter's ``Job.model_construct``) carries a malformed one: events never fail on them."""
+    try:
+        return job.enqueued_datetime, job.scheduled_datetime
+    except (ValueError, TypeError):  # ValidationError is a ValueError
+        return None, None
 
 
 __all__ = ["JOB_EVENT_NAMES", "JobEvent", "JobEventName", "Lifecycle", "Subscriber", "new_worker_id"]

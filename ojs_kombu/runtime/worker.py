@@ -86,7 +86,9 @@ from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import Cancelled, OjsError, ValidationError, WorkerError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
+from ojs_kombu.observability.job_metrics import JOB_METRICS
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
+from ojs_kombu.observability.server import DEFAULT_METRICS_HOST, MetricsServer, check_metrics_port, serve_metrics
 from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
@@ -187,9 +189,14 @@ class Worker:
             (see :mod:`ojs_kombu.runtime.presence`).
         presence_interval: seconds between two presences on the events stream.
         events_options: retention of the events stream this worker declares.
+        metrics_port: serve Prometheus metrics (``ojs_amqp_*``, ``ojs_job_*``) on this port from
+            :meth:`start` to :meth:`stop` (0: a free port, see :attr:`metrics_server`); ``None``
+            (default): no endpoint (the metrics are recorded either way, for an exporter of the
+            application's own).
+        metrics_host: the interface the metrics endpoint binds (default loopback only).
 
     Raises:
-        ValidationError: a queue name, the concurrency or ``dead_letter_mode`` is invalid.
+        ValidationError: a queue name, the concurrency, ``dead_letter_mode`` or ``metrics_port`` is invalid.
     """
 
     def __init__(
@@ -213,6 +220,8 @@ class Worker:
         events: bool = False,
         presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
         events_options: EventsOptions | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = DEFAULT_METRICS_HOST,
     ):
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
@@ -228,6 +237,10 @@ class Worker:
         )
         self.events = events
         self.presence_interval = check_presence_interval(presence_interval)
+        self.metrics_port = None if metrics_port is None else check_metrics_port(metrics_port)
+        self.metrics_host = metrics_host
+        self.metrics_server: MetricsServer | None = None
+        """The running metrics endpoint (between :meth:`start` and :meth:`stop` with ``metrics_port``)."""
         self._init_activity()
         if events:
             self.lifecycle.subscribe(self._offer_event)
@@ -263,6 +276,7 @@ class Worker:
         self.worker_id = self.lifecycle.worker_id
         self.activity = Activity()
         self.lifecycle.subscribe(self.activity.record)
+        JOB_METRICS.subscribe(self.lifecycle)
 
     def _build_consumer(self) -> None:
         self.consumer = Consumer(
@@ -299,21 +313,33 @@ class Worker:
     def _consumer_name(self) -> str:
         return self._connection_name or f"ojs_kombu worker {','.join(self.queues)}"
 
-    def configure(self, *, queues: Iterable[str] | None = None, concurrency: int | None = None) -> None:
-        """Replace the queues and/or the concurrency, before :meth:`start`
-        (``ojs-amqp worker --queues … --concurrency …``).
+    def configure(
+        self,
+        *,
+        queues: Iterable[str] | None = None,
+        concurrency: int | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str | None = None,
+    ) -> None:
+        """Replace the queues, the concurrency and/or the metrics endpoint, before :meth:`start`
+        (``ojs-amqp worker --queues … --concurrency … --metrics-port …``).
 
         Parameters:
             queues: the OJS queues to consume instead of the constructor's (not added to them).
             concurrency: handler threads and prefetch count.
+            metrics_port, metrics_host: the metrics endpoint's (``None``: the constructor's).
 
         Raises:
             OjsError: the worker is already started.
-            ValidationError: a queue name or the concurrency is invalid.
+            ValidationError: a queue name, the concurrency or the metrics port is invalid.
         """
         with self._lifecycle:
             if self._consumer_thread is not None:
                 raise OjsError("configure() must be called before the worker is started")
+            if metrics_port is not None:
+                self.metrics_port = check_metrics_port(metrics_port)
+            if metrics_host is not None:
+                self.metrics_host = metrics_host
             if queues is not None:
                 self.queues = _queues(queues)
             if concurrency is not None:
@@ -371,14 +397,19 @@ class Worker:
         return self._error
 
     def start(self) -> None:
-        """Start consuming in background threads (for embedding); see :meth:`stop`.
+        """Start consuming in background threads (for embedding), and the metrics endpoint
+        when ``metrics_port`` is set; see :meth:`stop`.
 
         Raises:
             OjsError: the worker was already started.
+            MetricsServerError: the metrics endpoint cannot listen (its port is in use ...);
+                nothing was started.
         """
         with self._lifecycle:
             if self._consumer_thread is not None:
                 raise OjsError("the worker is already started")
+            if self.metrics_port is not None:
+                self.metrics_server = serve_metrics(self.metrics_port, self.metrics_host)
             for index in range(self.concurrency):
                 thread = threading.Thread(target=self._work_loop, name=f"ojs-handler-{index}", daemon=True)
                 thread.start()
@@ -465,6 +496,8 @@ class Worker:
         self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
         if self._beacon is not None:
             self._beacon.stop()  # after the last settle: its job events, then the offline presence
+        if self.metrics_server is not None:
+            self.metrics_server.stop()  # last: a scrape during the shutdown still sees it
         self._stopped.set()
 
     def teardown(self) -> int:
