@@ -38,7 +38,7 @@ unit: setup
 	$(PY) -m pytest -q tests/unit
 
 bench: setup
-	$(PY) -m ojs_kombu.testing.broker run -- $(PY) benchmarks/publish.py
+	$(PY) -m ojs_kombu.testing.broker run -- sh -c '$(PY) benchmarks/publish.py && $(PY) benchmarks/control.py'
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
