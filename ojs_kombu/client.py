@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from amqp import Channel, Message
-from amqp.exceptions import NotFound
+from amqp.exceptions import NotFound, RecoverableConnectionError
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
@@ -868,7 +868,8 @@ class Client:
         The control stream of each queue is declared if missing, then replayed with
         the workers' own :class:`~ojs_kombu.runtime.control.ControlReader` (which
         publishes one small marker record to each stream to know it caught up).
-        The cost grows with the streams' retention (every retained cancel is read).
+        The cost grows with the streams' retention: every retained cancel is read
+        (measured: 1 s for 10,000 cancels, 5.5 s for 50,000, on a loaded 2-core machine).
 
         Parameters:
             queues: OJS queue names.
@@ -880,6 +881,7 @@ class Client:
 
         Raises:
             ValidationError: a bad queue name.
+            OjsError: the streams were not replayed within ``timeout``.
             BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
         """
         wanted = [validate_queue_name(q) for q in dict.fromkeys(queues)]
@@ -890,7 +892,11 @@ class Client:
             streams = [q for q in wanted if self.topology.control_is_stream(q)]
             reader = ControlReader(self.names, self.topology, streams, Cancellations(), replay_timeout=timeout)
             if streams:
-                _close_quietly(reader.attach(conn.connection))
+                try:
+                    _close_quietly(reader.attach(conn.connection))
+                except RecoverableConnectionError as exc:  # the replay was too slow: not worth a reconnect
+                    self._drop(conn)  # its channel still consumes the streams
+                    raise OjsError(f"reading the control streams: {exc}") from None
             return {q: (q in reader.paused) if q in streams else None for q in wanted}
 
         return self._run(read)

@@ -81,9 +81,19 @@ def json_option(command: Callable[P, R]) -> Callable[P, R]:
 
 @contextmanager
 def open_client(url: str | None, prefix: str) -> Iterator[Client]:
-    """A :class:`Client` for a command, closed when it ends; its URL's password is remembered for :func:`redact`."""
+    """A :class:`Client` for a command, closed when it ends; its URL's password is remembered for :func:`redact`.
+
+    Raises:
+        ValidationError: the URL cannot be parsed (kombu raises ValueError or KeyError for it).
+    """
     remember_secrets(url)
-    with Client(url, prefix=prefix) as client:
+    try:
+        client = Client(url, prefix=prefix)
+    except (ValueError, KeyError) as exc:
+        if isinstance(exc, ValidationError):
+            raise
+        raise ValidationError(f"bad broker URL: {exc}", field="url") from None
+    with client:
         remember_secrets(client.url)
         yield client
 

@@ -106,6 +106,10 @@ def test_exit_codes_and_no_password_in_any_output(amqp_url, prefix, management):
     code, out, err = invoke("status", "--queue", "q", "--url", wrong, "--prefix", prefix)  # login refused
     assert code == 1 and err.startswith("ojs-amqp: AccessRefusedError:") and "Traceback" not in err
     assert secret not in out + err
+    for bad in (f"amqp://guest:{secret}@127.0.0.1:notaport//", f"ftp://guest:{secret}@127.0.0.1//"):
+        code, out, err = invoke("dlq", "list", "q", "--url", bad)
+        assert code == 1 and err.startswith("ojs-amqp: ValidationError: bad broker URL") and err.count("\n") == 1
+        assert secret not in out + err
     code, out, err = invoke(  # the management API refuses the login: said on stderr, no password anywhere
         "status",
         "--queue",
@@ -198,6 +202,8 @@ def test_status_json_numbers_match_the_broker(client, worker_factory, management
     assert {k: row[k] for k in expected} == {**expected, "unacked": None, "retrying": None, "paused": False}
     assert row["publish_rate"] is None and missing == {**missing, "queue": "gone", "exists": False, "ready": None}
     assert last == {"totals": {"ready": 3, "retrying": None, "dead": 1, "scheduled": 1}, "management": False}
+    code, out, _ = invoke("status", "--json", "--queue", "st", "--no-paused", *no_management)
+    assert code == 0 and json_lines(out)[0]["paused"] is None and json_lines(out)[0]["ready"] == 3
     code, out, err = invoke("status", *no_management)  # nothing to list
     assert code == 1 and "--queue" in err
 
