@@ -27,7 +27,7 @@ MISSING = "–"
 
 # Passwords met on the command line or in $OJS_AMQP_URL: never printed (see redact()).
 _SECRETS: set[str] = set()
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^\s/]*@", re.IGNORECASE)
 
 
 def remember_secrets(url: str | Sequence[str] | None) -> None:
@@ -193,11 +193,17 @@ def cell(value: Any, fmt: str = "{}") -> str:
     return fmt.format(value)
 
 
+#: Columns of counts and rates: right-aligned.
+NUMERIC_COLUMNS = frozenset(
+    ("ready", "unacked", "consumers", "retrying", "dead", "attempt", "busy", "publish/s", "deliver/s", "ack/s")
+)
+
+
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, caption: str = "") -> Table:
-    """A rich table; number-like columns are right-aligned by the caller's cell strings."""
+    """A rich table of ``rows`` (cells redacted); :data:`NUMERIC_COLUMNS` are right-aligned."""
     result = Table(title=title, caption=caption or None, show_lines=False, header_style="bold")
     for name in columns:
-        result.add_column(name, justify="left" if name in ("queue", "id", "type", "worker", "error") else "right")
+        result.add_column(name, justify="right" if name in NUMERIC_COLUMNS else "left")
     for row in rows:
         result.add_row(*(redact(str(value)) for value in row))
     return result

@@ -202,25 +202,34 @@ def export(queue: str, output: IO[str], url: str | None, prefix: str, **filters:
         output.write(json.dumps(record(entry), ensure_ascii=False, default=str) + "\n")
 
 
-@contextmanager
-def _progress(what: str, total: int | None) -> Iterator[Callable[[ReplayProgress], None]]:
+class _Bar:
     """A progress bar on stderr, advanced by a replay's or a purge's :class:`ReplayProgress` reports."""
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[done]} {task.fields[what]}"),
-        TimeElapsedColumn(),
-        console=console(stderr=True),
-        transient=False,
-    )
-    task = bar.add_task("scanned", total=total, done=0, what=what)
 
-    def report(progress: ReplayProgress) -> None:
-        bar.update(task, total=progress.total, completed=progress.scanned, done=progress.replayed)
+    def __init__(self, what: str, total: int | None):
+        self.progress = Progress(
+            TextColumn("scanned"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[done]} " + what),
+            TimeElapsedColumn(),
+            console=console(stderr=True),
+        )
+        self.task = self.progress.add_task("", total=total, done=0)
 
-    with bar:
-        yield report
+    def report(self, progress: ReplayProgress) -> None:
+        """Show where the scan stands (a :class:`ReplayProgress` callback)."""
+        self.progress.update(self.task, total=progress.total, completed=progress.scanned, done=progress.replayed)
+
+    def finish(self, done: int) -> None:
+        """Show the final count (the last report comes before its window's letters are acked)."""
+        self.progress.update(self.task, done=done)
+
+
+@contextmanager
+def _progress(what: str, total: int | None) -> Iterator[_Bar]:
+    bar = _Bar(what, total)
+    with bar.progress:
+        yield bar
 
 
 def _confirm(client: Client, queue: str, action: str, selection: Selection, yes: bool) -> int | None:
@@ -249,10 +258,11 @@ def replay(queue: str, yes: bool, url: str | None, prefix: str, **filters: Any) 
     selection = selection_of(**filters)
     with open_client(url, prefix) as client:
         total = _confirm(client, queue, "Replay", selection, yes)
-        with _progress("replayed", total) as report:
+        with _progress("replayed", total) as bar:
             replayed = client.replay_dead_letters(
-                queue, limit=selection.limit, select=selection.filter, progress=report
+                queue, limit=selection.limit, select=selection.filter, progress=bar.report
             )
+            bar.finish(len(replayed))
     click.echo(json.dumps({"replayed": replayed}))
 
 
@@ -269,8 +279,9 @@ def purge(queue: str, yes: bool, url: str | None, prefix: str, **filters: Any) -
         if not selection.filtered:
             purged = client.purge_dead_letters(queue)
         else:
-            with _progress("deleted", total) as report:
+            with _progress("deleted", total) as bar:
                 purged = client.purge_dead_letters(
-                    queue, select=selection.filter, limit=selection.limit, progress=report
+                    queue, select=selection.filter, limit=selection.limit, progress=bar.report
                 )
+                bar.finish(purged)
     click.echo(json.dumps({"purged": purged}))

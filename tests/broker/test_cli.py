@@ -18,6 +18,7 @@ from support import get_messages, message_count, raw_channel, wait_until
 
 from ojs_kombu import Job
 from ojs_kombu.cli import main
+from ojs_kombu.cli.common import redact, remember_secrets
 from ojs_kombu.model.job import JobError
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
 
@@ -124,6 +125,13 @@ def test_exit_codes_and_no_password_in_any_output(amqp_url, prefix, management):
         code, out, err = invoke(*usage)
         assert code == 2 and "Usage:" in err and out == "", usage
     assert invoke("--help")[0] == 0
+
+
+def test_redact_hides_url_passwords_and_remembered_ones():
+    remember_secrets("amqp://u:p%40ss-w0rd@h//;amqp://v:other-secret@h2//")
+    assert redact("at amqps://user:p@ss@host:5671/vh: refused") == "at amqps://user:***@host:5671/vh: refused"
+    assert redact("login p@ss-w0rd and other-secret failed") == "login *** and *** failed"
+    assert redact("amqp://guest@host// has no password") == "amqp://guest@host// has no password"
 
 
 # -- status ---------------------------------------------------------------------------------------------
