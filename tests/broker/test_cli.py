@@ -131,7 +131,7 @@ def test_redact_hides_url_passwords_and_remembered_ones():
     remember_secrets("amqp://u:p%40ss-w0rd@h//;amqp://v:other-secret@h2//")
     assert redact("at amqps://user:p@ss@host:5671/vh: refused") == "at amqps://user:***@host:5671/vh: refused"
     assert redact("login p@ss-w0rd and other-secret failed") == "login *** and *** failed"
-    assert redact("amqp://guest@host// has no password") == "amqp://guest@host// has no password"
+    assert redact("amqp://alice@host// has no password") == "amqp://alice@host// has no password"
 
 
 # -- status ---------------------------------------------------------------------------------------------
