@@ -438,6 +438,8 @@ def test_control_commands_cancel_info_pause_resume(capsys, client, worker_factor
     assert code == 0
     info = json.loads(out)
     assert (info["job_id"], info["state"], info["worker_id"]) == (job.id, "completed", worker.worker_id)
+    code, out, _ = run(capsys, "info", job.id, "--queue", "default", "--timeout", "2", *common)  # the table
+    assert code == 0 and f"job {job.id}" in out and "completed" in out and worker.worker_id in out
 
     unknown = Job.create("cli.job", []).id
     code, out, err = run(capsys, "info", unknown, "--queue", "default", "--timeout", "0.5", *common)
