@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from amqp import Channel, Message
+from amqp.exceptions import NotFound, RecoverableConnectionError
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
@@ -53,6 +54,7 @@ from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.observability.tracing import with_trace_context
 from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
+from ojs_kombu.runtime.control import Cancellations, ControlReader
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
 from ojs_kombu.runtime.presence import read_events
 from ojs_kombu.wire.codec import OutgoingMessage, encode
@@ -121,6 +123,14 @@ class EnqueueResult:
         if self.error is not None:
             raise self.error
         return self.job
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """What a passive ``Queue.Declare`` tells of a queue (:meth:`Client.queue_counts`)."""
+
+    ready: int
+    consumers: int
 
 
 class _Session:
@@ -535,12 +545,21 @@ class Client:
 
     # -- dead letters ---------------------------------------------------------------------------
 
-    def dead_letters(self, queue: str, limit: int = 100) -> list[DeadLetterEntry]:
+    def dead_letters(
+        self, queue: str, limit: int | None = 100, *, select: Callable[[DeadLetterEntry], bool] | None = None
+    ) -> list[DeadLetterEntry]:
         """Up to ``limit`` jobs in ``ojs.queue.dlx.{queue}``, oldest first, left in place.
 
         Messages are read with ``Basic.Get`` on a channel that is then closed
         without acking, so the broker keeps every one of them.  Inspection is
         not FETCH: workers never use ``Basic.Get``.
+
+        Parameters:
+            queue: the OJS queue whose dead letters to read.
+            limit: at most this many entries (``None``: all of them).
+            select: only the entries it picks (e.g. a
+                :class:`~ojs_kombu.runtime.deadletter.DeadLetterFilter`); the letters it
+                passes over are read too (held unacked until the browse ends), not returned.
 
         Raises:
             NotFoundError: the dead letter queue does not exist.
@@ -552,11 +571,13 @@ class Client:
             channel.auto_decode = False
             entries: list[DeadLetterEntry] = []
             try:
-                while len(entries) < limit:
+                while limit is None or len(entries) < limit:
                     message = self._get_dead_letter(channel, self.names.dead_letter_queue(queue))
                     if message is None:
                         break
-                    entries.append(DeadLetterEntry.from_message(message))
+                    entry = DeadLetterEntry.from_message(message)
+                    if select is None or select(entry):
+                        entries.append(entry)
             finally:
                 _close_quietly(channel)  # unacked messages go back where they were
             return entries
@@ -571,6 +592,7 @@ class Client:
         ids: Iterable[str] | None = None,
         window: int = DEFAULT_REPLAY_WINDOW,
         progress: Callable[[ReplayProgress], None] | None = None,
+        select: Callable[[DeadLetterEntry], bool] | None = None,
     ) -> list[str]:
         """Move dead letters of ``queue`` back to their job queue; returns the replayed job ids.
 
@@ -596,6 +618,8 @@ class Client:
             window: dead letters held unacknowledged at most (>= 1).
             progress: called with a :class:`ReplayProgress` once per window, when its
                 letters are fetched and their republishes confirmed, right before they are acked.
+            select: replay only the letters it also picks (e.g. a
+                :class:`~ojs_kombu.runtime.deadletter.DeadLetterFilter`).
 
         Raises:
             NotFoundError: the dead letter queue does not exist.
@@ -609,7 +633,11 @@ class Client:
 
         return self._scan_dead_letters(
             queue,
-            select=lambda entry: entry.job is not None and (wanted is None or entry.job.id in wanted),
+            select=lambda entry: (
+                entry.job is not None
+                and (wanted is None or entry.job.id in wanted)
+                and (select is None or select(entry))
+            ),
             take=republish,
             limit=limit,
             window=window,
@@ -736,17 +764,33 @@ class Client:
         )
 
     def purge_dead_letters(
-        self, queue: str, *, ids: Iterable[str] | None = None, window: int = DEFAULT_REPLAY_WINDOW
+        self,
+        queue: str,
+        *,
+        ids: Iterable[str] | None = None,
+        window: int = DEFAULT_REPLAY_WINDOW,
+        select: Callable[[DeadLetterEntry], bool] | None = None,
+        limit: int | None = None,
+        progress: Callable[[ReplayProgress], None] | None = None,
     ) -> int:
         """Delete dead letters of ``queue``: all of them, or exactly those whose id is in ``ids``.
 
-        Without ``ids`` the queue is purged.  With ``ids`` (job ids, or the
-        ``message_id`` of a letter that is not an OJS job; any case) the queue is
-        walked as :meth:`replay_dead_letters` walks it: at most ``window`` letters
-        held unacknowledged, each chosen one acked (removed), every other one
-        moved to the back unchanged (confirmed before it is acked), so the letters
-        left keep their order.  Meant for a pipeline that archived some dead
-        letters (e.g. to Parquet) and must remove exactly those.
+        Without ``ids``, ``select`` and ``limit`` the queue is purged.  Otherwise
+        (``ids``: job ids, or the ``message_id`` of a letter that is not an OJS job;
+        any case) the queue is walked as :meth:`replay_dead_letters` walks it: at
+        most ``window`` letters held unacknowledged, each chosen one acked
+        (removed), every other one moved to the back unchanged (confirmed before it
+        is acked), so the letters left keep their order.  Meant for a pipeline that
+        archived some dead letters (e.g. to Parquet) and must remove exactly those.
+
+        Parameters:
+            queue: the OJS queue whose ``ojs.queue.dlx.{queue}`` is purged.
+            ids: delete only these letters.
+            window: letters held unacknowledged at most during a walk (>= 1).
+            select: delete only the letters it also picks (e.g. a
+                :class:`~ojs_kombu.runtime.deadletter.DeadLetterFilter`).
+            limit: delete at most this many letters.
+            progress: called once per window of a walk, as for :meth:`replay_dead_letters`.
 
         Returns:
             How many letters were deleted.
@@ -756,18 +800,20 @@ class Client:
             PublishError: moving a letter to the back was refused (the walk stops; nothing is lost).
         """
         validate_queue_name(queue)
-        if ids is not None:
-            wanted = {i.lower() for i in ids}
-            if not wanted:
+        if ids is not None or select is not None or limit is not None:
+            wanted = {i.lower() for i in ids} if ids is not None else None
+            if wanted is not None and not wanted:
                 return 0
             return len(
                 self._scan_dead_letters(
                     queue,
                     select=lambda entry: (
-                        (entry.job.id if entry.job is not None else str(entry.message_id).lower()) in wanted
+                        (wanted is None or entry.letter_id in wanted) and (select is None or select(entry))
                     ),
                     take=None,
+                    limit=limit,
                     window=window,
+                    progress=progress,
                 )
             )
 
@@ -780,6 +826,80 @@ class Client:
                 _close_quietly(channel)
 
         return self._run(purge)
+
+    # -- inspection ------------------------------------------------------------------------------
+
+    def queue_counts(self, amqp_queues: Iterable[str]) -> dict[str, QueueCounts | None]:
+        """Ready messages and consumers of AMQP queues, exact and current (passive ``Queue.Declare``).
+
+        Parameters:
+            amqp_queues: full AMQP queue names (``ojs.queue.email``, ``ojs.schedule.03`` …).
+
+        Returns:
+            Each name with its :class:`QueueCounts`, or None when the queue does not exist.
+
+        Raises:
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        wanted = list(dict.fromkeys(amqp_queues))
+
+        def inspect(conn: Connection) -> dict[str, QueueCounts | None]:
+            counts: dict[str, QueueCounts | None] = {}
+            channel: Channel | None = None
+            try:
+                for name in wanted:
+                    channel = channel or conn.connection.channel()
+                    try:
+                        _, ready, consumers = channel.queue_declare(name, passive=True)
+                    except NotFound:
+                        counts[name], channel = None, None  # the broker closed the channel
+                        continue
+                    counts[name] = QueueCounts(int(ready), int(consumers))
+            finally:
+                if channel is not None:
+                    _close_quietly(channel)
+            return counts
+
+        return self._run(inspect)
+
+    def paused_queues(self, queues: Iterable[str], *, timeout: float = 10.0) -> dict[str, bool | None]:
+        """Whether each OJS queue is paused, as its workers see it: its control stream read from the start.
+
+        The control stream of each queue is declared if missing, then replayed with
+        the workers' own :class:`~ojs_kombu.runtime.control.ControlReader` (which
+        publishes one small marker record to each stream to know it caught up).
+        The cost grows with the streams' retention: every retained cancel is read
+        (measured: 1 s for 10,000 cancels, 5.5 s for 50,000, on a loaded 2-core machine).
+
+        Parameters:
+            queues: OJS queue names.
+            timeout: seconds to wait for the replay.
+
+        Returns:
+            Each queue: True (paused), False, or None when its control queue is a classic
+            queue (degraded mode: no history to read).
+
+        Raises:
+            ValidationError: a bad queue name.
+            OjsError: the streams were not replayed within ``timeout``.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        wanted = [validate_queue_name(q) for q in dict.fromkeys(queues)]
+
+        def read(conn: Connection) -> dict[str, bool | None]:
+            for queue in wanted:
+                self.topology.declare(conn.connection, self.topology.control_specs(queue))
+            streams = [q for q in wanted if self.topology.control_is_stream(q)]
+            reader = ControlReader(self.names, self.topology, streams, Cancellations(), replay_timeout=timeout)
+            if streams:
+                try:
+                    _close_quietly(reader.attach(conn.connection))
+                except RecoverableConnectionError as exc:  # the replay was too slow: not worth a reconnect
+                    self._drop(conn)  # its channel still consumes the streams
+                    raise OjsError(f"reading the control streams: {exc}") from None
+            return {q: (q in reader.paused) if q in streams else None for q in wanted}
+
+        return self._run(read)
 
     # -- topology --------------------------------------------------------------------------------
 
@@ -1040,5 +1160,6 @@ __all__ = [
     "Client",
     "EnqueueResult",
     "JobOptions",
+    "QueueCounts",
     "best_answer",
 ]

@@ -10,14 +10,16 @@ kept, same id).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from amqp import Message
 
-from ojs_kombu.errors import DecodeError
+from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.job import Job
-from ojs_kombu.model.timefmt import format_timestamp, utcnow
+from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp, utcnow
 from ojs_kombu.wire.codec import decode
 from ojs_kombu.wire.headers import Header
 
@@ -72,6 +74,96 @@ class DeadLetterEntry:
             decode_error=problem,
         )
 
+    @property
+    def letter_id(self) -> str:
+        """The job's id, or the ``message_id`` of a letter that is not an OJS job (lowercase)."""
+        return self.job.id if self.job is not None else str(self.message_id).lower()
+
+    @property
+    def error_codes(self) -> list[str]:
+        """Every error code the letter carries: ``x-ojs-error-code``, ``error.type``, the codes of ``errors[]``."""
+        codes = [self.error_code] if self.error_code else []
+        if self.job is not None:
+            codes += [self.job.error.type] if self.job.error is not None else []
+            codes += [str(e["code"]) for e in self.job.errors or () if isinstance(e, dict) and e.get("code")]
+        return codes
+
+    @property
+    def dead_at(self) -> datetime | None:
+        """When the letter was dead-lettered: its first ``x-death`` time, else its job's latest
+        ``errors[].occurred_at``; None when neither is known."""
+        deaths = self.headers.get("x-death") or []
+        when = deaths[0].get("time") if deaths and isinstance(deaths[0], dict) else None
+        if isinstance(when, datetime):
+            return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+        errors = [e for e in (self.job.errors or ()) if isinstance(e, dict)] if self.job is not None else []
+        if errors and isinstance(errors[-1].get("occurred_at"), str):
+            try:
+                return parse_timestamp(errors[-1]["occurred_at"])
+            except ValidationError:
+                return None
+        return None
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """Which dead letters a listing, replay or purge acts on: all the given criteria must hold.
+
+    Attributes:
+        types: the job's type is one of these (a letter that is not an OJS job never matches).
+        error: an error code the letter carries (:attr:`DeadLetterEntry.error_codes`, exact,
+            any case), or text found in its error message (any case).
+        since: dead-lettered at or after this aware datetime (:attr:`DeadLetterEntry.dead_at`;
+            a letter whose time is unknown never matches).
+        ids: its :attr:`DeadLetterEntry.letter_id` is one of these (any case).
+
+    Raises:
+        ValidationError: ``since`` is a naive datetime.
+    """
+
+    types: frozenset[str] | None = None
+    error: str | None = None
+    since: datetime | None = None
+    ids: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.since is not None and self.since.utcoffset() is None:
+            raise ValidationError(f"since must be an aware datetime, got {self.since!r}", field="since")
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        types: Iterable[str] | None = None,
+        error: str | None = None,
+        since: datetime | None = None,
+        ids: Iterable[str] | None = None,
+    ) -> DeadLetterFilter:
+        """A filter from plain arguments (``None`` or empty: no criterion)."""
+        return cls(
+            types=frozenset(types) if types else None,
+            error=error or None,
+            since=since,
+            ids=frozenset(i.strip().lower() for i in ids) if ids else None,
+        )
+
+    def __call__(self, entry: DeadLetterEntry) -> bool:
+        """Whether ``entry`` matches every criterion."""
+        if self.types is not None and (entry.job is None or entry.job.type not in self.types):
+            return False
+        if self.ids is not None and entry.letter_id not in self.ids:
+            return False
+        if self.error is not None:
+            wanted = self.error.lower()
+            codes = {code.lower() for code in entry.error_codes}
+            if wanted not in codes and wanted not in (entry.error_message or "").lower():
+                return False
+        if self.since is not None:
+            dead_at = entry.dead_at
+            if dead_at is None or dead_at < self.since:
+                return False
+        return True
+
 
 @dataclass(frozen=True)
 class ReplayProgress:
@@ -102,4 +194,4 @@ def replayable(job: Job) -> Job:
     )
 
 
-__all__ = ["DeadLetterEntry", "ReplayProgress", "replayable"]
+__all__ = ["DeadLetterEntry", "DeadLetterFilter", "ReplayProgress", "replayable"]

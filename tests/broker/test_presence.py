@@ -299,7 +299,7 @@ def test_cli_workers_and_events_print_json_lines(worker_factory, client, amqp_ur
     assert worker.wait_until_ready()
     wait_until(lambda: client.workers(), timeout=10, message="the worker's presence")
     capsys.readouterr()
-    assert main(["workers", "--url", amqp_url, "--prefix", prefix]) == 0
+    assert main(["workers", "--json", "--url", amqp_url, "--prefix", prefix]) == 0
     (line,) = capsys.readouterr().out.splitlines()
     presence = json.loads(line)
     assert presence["worker_id"] == worker.worker_id and presence["queues"] == ["default"]
@@ -307,10 +307,10 @@ def test_cli_workers_and_events_print_json_lines(worker_factory, client, amqp_ur
 
     job = client.enqueue("ok", [])
     wait_until(lambda: len(client.events(timedelta(minutes=1))) >= 2, timeout=10, message="the job's events")
-    assert main(["events", "--url", amqp_url, "--prefix", prefix, "--since", "1m", "--queue", "default"]) == 0
+    assert main(["events", "--json", "--url", amqp_url, "--prefix", prefix, "--since", "1m", "--queue", "default"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(e["event"], e["job_id"]) for e in lines] == [("started", job.id), ("succeeded", job.id)]
-    assert main(["events", "--url", amqp_url, "--prefix", prefix, "--queue", "other"]) == 0
+    assert main(["events", "--json", "--url", amqp_url, "--prefix", prefix, "--queue", "other"]) == 0
     assert capsys.readouterr().out == ""
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from datetime import UTC, datetime, timedelta
 
+import click
 import pytest
 
 from ojs_kombu import DecodeError, Job, Names, ValidationError
@@ -247,5 +247,5 @@ def test_cli_since_takes_durations_and_timestamps():
     assert since_arg("2d") == timedelta(days=2)
     assert since_arg("2026-11-24T10:00:00Z") == datetime(2026, 11, 24, 10, tzinfo=UTC)
     for bad in ("10 minutes", "2026-11-24T10:00:00", ""):
-        with pytest.raises(argparse.ArgumentTypeError):
+        with pytest.raises(click.BadParameter):
             since_arg(bad)
