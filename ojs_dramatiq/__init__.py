@@ -23,11 +23,15 @@ from .encoder import (
     ojs_queue_for,
     retry_policy_for,
 )
+from .running import OjsRunning, RunningMessage, current_cancelled
 
 __all__ = [
     "OjsBroker",
     "OjsEncoder",
     "OjsMessageProxy",
+    "OjsRunning",
+    "RunningMessage",
+    "current_cancelled",
     "job_id_for",
     "job_to_message",
     "message_to_job",
