@@ -13,7 +13,7 @@ from frameworks import dramatiq_worker, global_ojs_broker
 from support import message_count, raw_channel, wait_until
 from test_dramatiq_worker import Recorder
 
-from ojs_dramatiq import OjsBroker, current_cancelled, job_id_for
+from ojs_dramatiq import OjsBroker, OjsRunning, current_cancelled, job_id_for
 from ojs_kombu import Cancelled, Client, OjsError, ValidationError
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.runtime.lifecycle import JobEvent
@@ -38,6 +38,21 @@ def assert_nothing_left(broker: OjsBroker, queue_name: str) -> None:
         20,
         message=f"nothing left of {queue_name}",
     )
+
+
+class Seen(dramatiq.Middleware):
+    """Records the id of every message a worker thread takes (``before_process_message``).
+
+    Added before ``OjsRunning``, so it also sees the messages that one skips: a message cancelled
+    before it was delivered must be dropped on delivery, before any Dramatiq middleware sees it.
+    """
+
+    def __init__(self, broker: OjsBroker):
+        self.ids: list[str] = []
+        broker.add_middleware(self, before=OjsRunning)
+
+    def before_process_message(self, broker, message):
+        self.ids.append(message.message_id)
 
 
 @pytest.fixture
@@ -72,6 +87,7 @@ def test_a_queued_message_cancelled_with_two_workers_consuming_never_runs(ojs_br
 
     block, work = define(ojs_broker)
     define(other_broker)
+    seen = [Seen(ojs_broker), Seen(other_broker)]
     # One thread each and Dramatiq's prefetch of 2 per thread: four blockers fill both workers.
     with dramatiq_worker(ojs_broker, worker_threads=1), dramatiq_worker(other_broker, worker_threads=1):
         for _ in range(4):
@@ -90,6 +106,7 @@ def test_a_queued_message_cancelled_with_two_workers_consuming_never_runs(ojs_br
         wait_until(lambda: "sentinel" in ran.calls, message="the sentinel message")
         wait_until(lambda: cancelled_count("default", "pending") == before + 1, message="the cancelled one dropped")
         assert "target" not in ran.calls
+        assert all(target.message_id not in s.ids for s in seen)
         assert_nothing_left(ojs_broker, "default")
 
 
@@ -101,6 +118,7 @@ def test_a_message_cancelled_by_its_ojs_job_id_never_runs(ojs_broker, start_work
     def work(label):
         ran.add(label)
 
+    seen = Seen(ojs_broker)
     target = work.send("target")
     client.cancel(job_id_for(target.message_id, target.message_timestamp), queue="by-job-id")
     work.send("sentinel")
@@ -108,6 +126,7 @@ def test_a_message_cancelled_by_its_ojs_job_id_never_runs(ojs_broker, start_work
     assert ran.wait(1) == ["sentinel"]
     assert_nothing_left(ojs_broker, "by-job-id")
     assert ran.calls == ["sentinel"]
+    assert target.message_id not in seen.ids
 
 
 def test_a_delayed_message_cancelled_never_runs_on_a_worker_started_after(ojs_broker, start_worker):
@@ -117,6 +136,7 @@ def test_a_delayed_message_cancelled_never_runs_on_a_worker_started_after(ojs_br
     def later(label):
         ran.add(label)
 
+    seen = Seen(ojs_broker)
     target = later.send_with_options(args=("target",), delay=5000)
     later.send_with_options(args=("sentinel",), delay=5500)
     ojs_broker.cancel(target.message_id, queue_name="later")
@@ -126,6 +146,7 @@ def test_a_delayed_message_cancelled_never_runs_on_a_worker_started_after(ojs_br
     assert cancelled_count("later", "pending") == before + 1  # dropped when due, before the sentinel ran
     assert_nothing_left(ojs_broker, "later")
     assert ran.calls == ["sentinel"]
+    assert target.message_id not in seen.ids
 
 
 def test_a_message_waiting_in_a_retry_queue_and_cancelled_does_not_run_again(ojs_broker, start_worker):
@@ -136,6 +157,7 @@ def test_a_message_waiting_in_a_retry_queue_and_cancelled_does_not_run_again(ojs
         ran.add(time.monotonic())
         raise RuntimeError("fail on purpose")
 
+    seen = Seen(ojs_broker)
     start_worker()
     before = cancelled_count("flaky", "pending")
     message = flaky.send()
@@ -143,6 +165,7 @@ def test_a_message_waiting_in_a_retry_queue_and_cancelled_does_not_run_again(ojs
     ojs_broker.cancel(message.message_id, queue_name="flaky")
     wait_until(lambda: cancelled_count("flaky", "pending") == before + 1, 20, message="the retry dropped")
     assert len(ran.calls) == 1
+    assert seen.ids == [message.message_id]  # the first attempt only
     assert_nothing_left(ojs_broker, "flaky")
 
 
@@ -221,16 +244,23 @@ def test_a_busy_actor_is_interrupted_within_a_second_and_the_worker_goes_on(ojs_
 
 
 def test_a_cooperative_actor_sees_its_cancelled_event_within_a_second(amqp_url, prefix):
-    started, seen = threading.Event(), Recorder()
+    """The actor stops by raising: the message is acked all the same, and ``Retries`` (out of
+    retries here) neither dead-letters it nor sends ``on_retry_exhausted``."""
+    started, seen, exhausted = threading.Event(), Recorder(), Recorder()
     with global_ojs_broker(amqp_url, prefix, cancel_running="cooperative") as broker:
 
-        @dramatiq.actor(queue_name="polite", max_retries=3, min_backoff=100)
+        @dramatiq.actor(queue_name="polite")
+        def on_exhausted(message_data, retry_info):
+            exhausted.add(message_data["message_id"])
+
+        @dramatiq.actor(queue_name="polite", max_retries=0, on_retry_exhausted=on_exhausted.actor_name)
         def polite():
             cancelled = current_cancelled()
             started.set()
             while not cancelled.wait(0.01):
                 pass
             seen.add(time.monotonic())
+            raise RuntimeError("stopping: cancelled")
 
         with dramatiq_worker(broker, worker_threads=1):
             before = cancelled_count("polite", "running")
@@ -242,8 +272,7 @@ def test_a_cooperative_actor_sees_its_cancelled_event_within_a_second(amqp_url, 
             assert seen_at - cancelled_at < 1.0
             wait_until(lambda: cancelled_count("polite", "running") == before + 1, message="counted as cancelled")
             assert_nothing_left(broker, "polite")
-            started.clear()
-            assert not started.wait(0.5), "a cancelled message runs once"
+            assert exhausted.calls == []
 
 
 def test_current_cancelled_outside_an_actor_raises():
