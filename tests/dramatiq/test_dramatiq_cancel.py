@@ -210,9 +210,9 @@ def test_a_busy_actor_is_interrupted_within_a_second_and_the_worker_goes_on(ojs_
 
     @dramatiq.actor(queue_name="busy", max_retries=3, min_backoff=100, on_retry_exhausted=on_exhausted.actor_name)
     def busy():
-        started.set()
         n = 0
-        try:
+        try:  # started.set() inside: the interruption may land in it
+            started.set()
             while True:
                 n += 1
         except Cancelled:
