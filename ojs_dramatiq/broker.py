@@ -184,13 +184,13 @@ class OjsBroker(dramatiq.Broker):
         cancel_running: CancelRunning = "interrupt",
         **options: Any,
     ):
+        self._running: OjsRunning | None = None
         super().__init__(middleware=middleware)
         self.cancellations = Cancellations(cancel_running)
         self.paused = PausedQueues()
         self.lifecycle = Lifecycle()
-        # Last: Dramatiq runs after-hooks in reverse order, so it settles a cancelled message
-        # before Retries (or any other middleware given here) sees it.
-        self.add_middleware(OjsRunning(self.cancellations, self.lifecycle))
+        self._running = OjsRunning(self.cancellations, self.lifecycle)
+        self.add_middleware(self._running)
         if max_priority is not None and not 0 < max_priority <= 255:
             raise ValueError("max_priority must be a value between 0 and 255")
         if dead_letter_mode not in ("nack", "republish"):
@@ -237,6 +237,20 @@ class OjsBroker(dramatiq.Broker):
 
     def __repr__(self) -> str:
         return f"<OjsBroker {self.client!r}>"
+
+    def add_middleware(
+        self, middleware: Middleware, *, before: type[Middleware] | None = None, after: type[Middleware] | None = None
+    ) -> None:
+        """Add ``middleware`` as any Dramatiq broker does, keeping :class:`~ojs_dramatiq.OjsRunning` last.
+
+        Last, because Dramatiq runs after-hooks in reverse order: it settles a cancelled message
+        before ``Retries`` (even one added later) could retry or dead-letter it.
+        """
+        super().add_middleware(middleware, before=before, after=after)
+        running = self._running
+        if running is not None and self.middleware[-1] is not running:
+            self.middleware.remove(running)
+            self.middleware.append(running)
 
     # -- declarations ----------------------------------------------------------------------
 

@@ -243,6 +243,38 @@ def test_a_busy_actor_is_interrupted_within_a_second_and_the_worker_goes_on(ojs_
     assert busy_events == ["started", "cancelled"]
 
 
+def test_a_retries_middleware_added_later_does_not_retry_a_cancelled_message(amqp_url, prefix):
+    """``OjsRunning`` stays last whatever is added after the broker is made (its after-hook must run first)."""
+    started, ran = threading.Event(), Recorder()
+    with global_ojs_broker(amqp_url, prefix, middleware=[]) as broker:
+        broker.add_middleware(dramatiq.middleware.Retries(max_retries=3, min_backoff=100, max_backoff=200))
+        assert isinstance(broker.middleware[-1], OjsRunning)
+
+        @dramatiq.actor(queue_name="late-retries")
+        def busy():
+            try:
+                started.set()
+                while True:
+                    pass
+            except Cancelled:
+                ran.add("interrupted")
+                raise
+
+        with dramatiq_worker(broker, worker_threads=1):
+            assert isinstance(broker.middleware[-1], OjsRunning)  # after the worker's own middleware too
+            before = cancelled_count("late-retries", "running"), cancelled_count("late-retries", "pending")
+            message = busy.send()
+            assert started.wait(10)
+            started.clear()
+            broker.cancel(message.message_id, queue_name="late-retries")
+            assert ran.wait(1, timeout=5) == ["interrupted"]
+            assert not started.wait(1.0), "retried"  # a retry would run after 100-200 ms
+            assert_nothing_left(broker, "late-retries")
+            # Acked where it ran; not published to a retry queue first (and dropped from there).
+            after = cancelled_count("late-retries", "running"), cancelled_count("late-retries", "pending")
+            assert after == (before[0] + 1, before[1])
+
+
 def test_a_cooperative_actor_sees_its_cancelled_event_within_a_second(amqp_url, prefix):
     """The actor stops by raising: the message is acked all the same, and ``Retries`` (out of
     retries here) neither dead-letters it nor sends ``on_retry_exhausted``."""
