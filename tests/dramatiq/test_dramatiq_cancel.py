@@ -357,8 +357,11 @@ def test_a_pause_holds_for_a_worker_started_later(ojs_broker, start_worker, amqp
     work.send("waits")
     worker = start_worker()
     wait_until(lambda: "held" in ojs_broker.paused, message="the pause replayed")
-    time.sleep(0.5)  # a window to prove an absence: the message stays ready, unconsumed
-    assert message_count(amqp_url, names.job_queue("held")) == 1 and ran.calls == []
+    deadline = time.monotonic() + 1.0  # a window to prove an absence; every check in it is exact
+    while time.monotonic() < deadline:
+        assert message_count(amqp_url, names.job_queue("held")) == 1 and ran.calls == []
+        assert consumers(amqp_url, names.job_queue("held")) == 0
+        time.sleep(0.1)
     assert worker.consumers.keys() == {"held"}
     ojs_broker.resume("held")
     assert ran.wait(1) == ["waits"]
