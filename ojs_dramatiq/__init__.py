@@ -12,6 +12,11 @@ groups, results and the ``dramatiq`` CLI work unchanged; the messages on the
 wire are OJS job envelopes that any OJS worker (``ojs_kombu``, ``ojs_celery``,
 other SDKs) can run, and jobs from any OJS producer reach the actor whose name
 maps to their type.  See the README, "Migrating a Dramatiq project".
+
+Control plane: ``broker.cancel(message.message_id, queue_name=...)`` cancels a message
+wherever it is (queued, delayed, waiting for a retry, or running: see
+:mod:`ojs_dramatiq.running` and :func:`current_cancelled`); ``broker.pause(queue_name)`` /
+``broker.resume(queue_name)`` stop and restart its consumers in every worker.
 """
 
 from .broker import OjsBroker, OjsMessageProxy
@@ -23,11 +28,15 @@ from .encoder import (
     ojs_queue_for,
     retry_policy_for,
 )
+from .running import OjsRunning, RunningMessage, current_cancelled
 
 __all__ = [
     "OjsBroker",
     "OjsEncoder",
     "OjsMessageProxy",
+    "OjsRunning",
+    "RunningMessage",
+    "current_cancelled",
     "job_id_for",
     "job_to_message",
     "message_to_job",

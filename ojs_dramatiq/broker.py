@@ -23,7 +23,13 @@ What changes against ``RabbitmqBroker`` (the actors do not):
   ``ojs.queue.retry.{q}.{ms}`` (attempt+1, error headers), confirmed, then the
   original is acked; a failed message is ``Basic.Nack(requeue=False)``-ed into
   ``ojs.queue.dlx.{q}``;
-* a message redelivered because its worker died counts as a failed attempt.
+* a message redelivered because its worker died counts as a failed attempt;
+* :meth:`OjsBroker.cancel` (or ``ojs_kombu.Client.cancel`` from any OJS producer) cancels a
+  message wherever it is: every consumer replays the control stream ``ojs.queue.control.{q}``
+  before it consumes, so a queued, delayed or retrying message is acked and dropped when it is
+  delivered, also on a worker started after the cancel; a running one is interrupted (see
+  :mod:`ojs_dramatiq.running`); :meth:`OjsBroker.pause` / :meth:`OjsBroker.resume` stop and
+  restart the consumers of a queue in every worker.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import dramatiq
 from amqp.channel import Channel
@@ -54,12 +60,15 @@ from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, ladder_ms
 from ojs_kombu.runtime.consumer import Consumer as AmqpConsumer
 from ojs_kombu.runtime.consumer import Delivery
+from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
+from ojs_kombu.runtime.lifecycle import Lifecycle
 from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.wire.entities import QueueOptions
 
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
 from .errors import dramatiq_error, dramatiq_errors
 from .parameters import PIKA_KEYWORDS, refuse_untranslatable, url_for_parameters
+from .running import OjsRunning, RunningMessage
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +92,7 @@ CLIENT_OPTIONS = frozenset(
         "on_conflict",
         "window",
         "connection_name",
+        "control",
     }
 )
 
@@ -109,6 +119,10 @@ class OjsBroker(dramatiq.Broker):
         ``x-ojs-error-*`` headers, confirmed, then acked).
       parameters: ``RabbitmqBroker``'s other form instead of ``url``: a list of dicts of pika
         connection parameters (or ``pika.ConnectionParameters`` objects), a failover list.
+      cancel_running: what cancelling a running message does besides setting its
+        :func:`~ojs_dramatiq.current_cancelled` event: ``"interrupt"`` raises
+        :class:`ojs_kombu.Cancelled` in the actor's thread (as ``TimeLimit`` does);
+        ``"cooperative"`` leaves it to the actor.
       **options: ``RabbitmqBroker``'s pika keyword arguments ``host``, ``port``,
         ``virtual_host``, ``credentials`` (``pika.PlainCredentials``) and ``heartbeat``, instead
         of ``url`` (translated into an AMQP URL by :func:`ojs_dramatiq.parameters.url_for_parameters`;
@@ -116,13 +130,22 @@ class OjsBroker(dramatiq.Broker):
         with a ``TypeError`` naming what to use instead); the kombu connection options
         ``heartbeat``, ``ssl``, ``transport_options``; the :class:`ojs_kombu.Client` options
         ``queue_options``, ``pool_size``, ``confirm_timeout``, ``connect_retries``, ``app_id``,
-        ``on_conflict``, ``window``, ``connection_name`` and ``declare`` (``False``: never
+        ``on_conflict``, ``window``, ``connection_name``, ``control`` (retention of the control
+        streams, a :class:`ojs_kombu.wire.control.ControlOptions`) and ``declare`` (``False``: never
         declare job queues when publishing, for producers without the configure permission).
+
+    Attributes:
+      cancellations: the cancels every consumer of this broker knows (replayed from the control
+        streams), and the messages its worker threads run.
+      paused: the OJS queues paused by :meth:`pause`, as the consumers read them.
+      lifecycle: the job events of this broker's workers (``started`` ... ``cancelled``); subscribe
+        to it with ``broker.lifecycle.subscribe(callback)``.
 
     Raises:
       TypeError: for an unknown keyword argument, a pika parameter that cannot be honoured, or
         ``url`` together with ``parameters`` / pika keyword arguments.
-      ValueError: for a bad ``max_priority``, ``dead_letter_mode`` or connection parameter.
+      ValueError: for a bad ``max_priority``, ``dead_letter_mode``, ``cancel_running`` or
+        connection parameter.
 
     Errors of :meth:`enqueue` (and ``send()``): Dramatiq's, so that code written for
     ``RabbitmqBroker`` that catches :class:`dramatiq.errors.BrokerError` keeps working; the
@@ -158,9 +181,16 @@ class OjsBroker(dramatiq.Broker):
         confirm_delivery: bool = True,
         dead_letter_mode: str = "nack",
         parameters: Sequence[Any] | None = None,
+        cancel_running: CancelRunning = "interrupt",
         **options: Any,
     ):
+        self._running: OjsRunning | None = None
         super().__init__(middleware=middleware)
+        self.cancellations = Cancellations(cancel_running)
+        self.paused = PausedQueues()
+        self.lifecycle = Lifecycle()
+        self._running = OjsRunning(self.cancellations, self.lifecycle)
+        self.add_middleware(self._running)
         if max_priority is not None and not 0 < max_priority <= 255:
             raise ValueError("max_priority must be a value between 0 and 255")
         if dead_letter_mode not in ("nack", "republish"):
@@ -207,6 +237,20 @@ class OjsBroker(dramatiq.Broker):
 
     def __repr__(self) -> str:
         return f"<OjsBroker {self.client!r}>"
+
+    def add_middleware(
+        self, middleware: Middleware, *, before: type[Middleware] | None = None, after: type[Middleware] | None = None
+    ) -> None:
+        """Add ``middleware`` as any Dramatiq broker does, keeping :class:`~ojs_dramatiq.OjsRunning` last.
+
+        Last, because Dramatiq runs after-hooks in reverse order: it settles a cancelled message
+        before ``Retries`` (even one added later) could retry or dead-letter it.
+        """
+        super().add_middleware(middleware, before=before, after=after)
+        running = self._running
+        if running is not None and self.middleware[-1] is not running:
+            self.middleware.remove(running)
+            self.middleware.append(running)
 
     # -- declarations ----------------------------------------------------------------------
 
@@ -361,6 +405,53 @@ class OjsBroker(dramatiq.Broker):
         message.origin.retry(message, job, failure, ladder_ms(delay))
         self.emit_after("enqueue", message, delay)
         return message._message
+
+    # -- control ---------------------------------------------------------------------------
+
+    def cancel(self, message_id: str, *, queue_name: str) -> None:
+        """Cancel message ``message_id`` of Dramatiq queue ``queue_name``, wherever it is.
+
+        Publishes an OJS cancel (``type=ojs.control.cancel``, body ``{"job_id": message_id}``,
+        confirmed) to the control stream of the queue's OJS queue, as
+        :meth:`ojs_kombu.Client.cancel` does.  Every consumer of the queue, in every worker
+        process, including those started later (within the stream's retention), then acks and
+        drops the message when it is delivered: queued, delayed (``delay=``) or waiting for a
+        retry, it never runs again and never reaches the dead letter queue.  A running message is
+        interrupted (see :mod:`ojs_dramatiq.running`).  Cancelling a finished or unknown message
+        is harmless.
+
+        Parameters:
+          message_id: the Dramatiq ``message_id`` (what ``send()`` returned), or the OJS job id.
+          queue_name: the Dramatiq queue of the message.
+
+        Raises:
+          ojs_kombu.ValidationError: (a ``ValueError``) a bad queue name or message id.
+          dramatiq.errors.BrokerError: the broker did not take the cancel, as :meth:`enqueue`
+            raises it (``ConnectionClosed`` when it cannot be reached ...).
+        """
+        with dramatiq_errors():
+            self.client.cancel(message_id, queue=self.ojs_queue(queue_name))
+
+    def pause(self, queue_name: str) -> None:
+        """Pause Dramatiq queue ``queue_name``: every consumer of it stops consuming (``Basic.Cancel``).
+
+        Workers finish the messages they hold; new ones wait in the queue.  The pause outlives
+        worker restarts (the control stream is replayed at start) until :meth:`resume`.
+
+        Raises:
+          ojs_kombu.ValidationError, dramatiq.errors.BrokerError: as :meth:`cancel`.
+        """
+        with dramatiq_errors():
+            self.client.pause(self.ojs_queue(queue_name))
+
+    def resume(self, queue_name: str) -> None:
+        """Resume Dramatiq queue ``queue_name`` after :meth:`pause`: its consumers consume again.
+
+        Raises:
+          ojs_kombu.ValidationError, dramatiq.errors.BrokerError: as :meth:`cancel`.
+        """
+        with dramatiq_errors():
+            self.client.resume(self.ojs_queue(queue_name))
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -521,16 +612,19 @@ def _connection(
     return translation.url, translation.heartbeat
 
 
-class OjsMessageProxy(MessageProxy):
+class OjsMessageProxy(RunningMessage):
     """A message delivered by :class:`OjsBroker`: the Dramatiq message, plus the OJS job
-    (``ojs_job``, ``attempt`` = executions before this one) and the AMQP delivery."""
+    (``ojs_job``, ``attempt`` = executions before this one), the AMQP delivery and the
+    consumer that received it (``origin``), which settles it."""
 
     def __init__(self, message: Message[Any], job: Job, delivery: Delivery, origin: _OjsConsumer):
-        super().__init__(message)
-        self.ojs_job = job
-        self.ojs_delivery = delivery
+        super().__init__(message, job, delivery)
         self.origin = origin
         self.settled = False
+
+    def settle_cancelled(self, state: Literal["pending", "running"]) -> None:
+        """Ack the cancelled message (once), count it and emit ``cancelled``."""
+        self.origin.settle_cancelled(self.ojs_delivery, self.ojs_job, state, self)
 
 
 class _OjsConsumer(Consumer):
@@ -539,7 +633,9 @@ class _OjsConsumer(Consumer):
     The AMQP consumer loop runs in its own thread and hands deliveries over
     through a queue; acks, nacks and republishes from Dramatiq's worker threads
     are marshalled to that loop (the only user of its connection), which
-    reconnects, re-declares and re-consumes by itself (DESIGN §9).
+    reconnects, re-declares and re-consumes by itself (DESIGN §9).  On every
+    (re)connection it first replays the queue's control stream into the broker's
+    cancellations and paused queues.
     """
 
     def __init__(self, broker: OjsBroker, queue_name: str, prefetch: int, timeout: int):
@@ -559,12 +655,20 @@ class _OjsConsumer(Consumer):
             self._on_delivery,
             topology=topology,
             declare=lambda conn: topology.ensure_scheduling(conn, ojs_queue, cascade),
+            control=ControlReader(broker.names, topology, [ojs_queue], broker.cancellations, paused=broker.paused),
             heartbeat=broker.heartbeat,
             connection_name=f"ojs_dramatiq consumer {queue_name}",
             ssl=broker.ssl,
             transport_options=broker.transport_options,
         )
-        self.settler = Settler(self.consumer, broker.names, topology, cascade, dead_letter_mode=broker.dead_letter_mode)
+        self.settler = Settler(
+            self.consumer,
+            broker.names,
+            topology,
+            cascade,
+            dead_letter_mode=broker.dead_letter_mode,
+            cancelled=broker.cancellations.is_cancelled,
+        )
         self._thread = threading.Thread(target=self._run, name=f"ojs-dramatiq-{queue_name}", daemon=True)
         self._thread.start()
 
@@ -621,7 +725,26 @@ class _OjsConsumer(Consumer):
             self.settler.reject_invalid(delivery, exc.code, str(exc))
             self._settled()
             return None
+        if self.broker.cancellations.is_cancelled(message.message_id):  # by OjsBroker.cancel (triage knows job ids)
+            self.settle_cancelled(delivery, job, "pending")
+            return None
         return OjsMessageProxy(message, job, delivery, self)
+
+    def settle_cancelled(
+        self, delivery: Delivery, job: Job, state: Literal["pending", "running"], proxy: OjsMessageProxy | None = None
+    ) -> None:
+        """A cancelled message: ``Basic.Ack`` (never retried, never dead-lettered), counted, logged, an event.
+
+        Parameters:
+          delivery: its delivery.
+          job: its job.
+          state: ``"pending"`` (it never ran) or ``"running"`` (its actor ran).
+          proxy: the message, once a worker thread has it (settled once only).
+        """
+        if self._settled(proxy):
+            record_cancelled(job, state, job.attempt + 1)
+            self.consumer.ack(delivery)
+            self.broker.lifecycle.emit("cancelled", job, job.attempt + 1)
 
     def ack(self, message: MessageProxy) -> None:
         """``Basic.Ack`` (from any thread), unless the message was already retried."""
@@ -642,6 +765,7 @@ class _OjsConsumer(Consumer):
             return
         if origin.settler.dead_letter_mode == "nack":
             origin.consumer.nack(message.ojs_delivery)
+            self.broker.lifecycle.emit("dead-lettered", message.ojs_job, message.execution)
             return
         exception = message._exception
         failure = (

@@ -142,6 +142,12 @@ class RunningEntry:
     cancelled: threading.Event = field(default_factory=threading.Event)
     interrupted: bool = False
     active: bool = True  # False once the handler has returned: never interrupt it after
+    aliases: tuple[str, ...] = ()  # other ids a cancel may name it by (a Dramatiq message id)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every id a cancel of this job may carry."""
+        return (self.job_id, *self.aliases)
 
 
 class Cancellations:
@@ -197,31 +203,58 @@ class Cancellations:
         leaving, an interruption that has not been delivered yet is withdrawn, so
         :class:`~ojs_kombu.errors.Cancelled` never escapes into the worker's own code.
         """
-        entry = RunningEntry(job_id.lower(), queue, threading.get_ident())
+        entry = self.enter(job_id, queue)
         try:
-            with self._lock:
-                self._running.setdefault(entry.job_id, []).append(entry)
-            if entry.job_id in self.ids:
-                entry.cancelled.set()
             yield entry
         finally:
-            while True:
-                try:
-                    self._leave(entry)
-                    break
-                except Cancelled:
-                    continue  # delivered while leaving: the interruption has done its work
+            self.leave(entry)
+
+    def enter(self, job_id: str, queue: str, *, aliases: Iterable[str] = ()) -> RunningEntry:
+        """Register the calling thread as running ``job_id``, until :meth:`leave`: :meth:`running`
+        for frameworks whose hooks bracket a handler (Dramatiq's middleware).
+
+        Parameters:
+            job_id: the job's id.
+            queue: its OJS queue (logs).
+            aliases: other ids a cancel may name the job by (a Dramatiq message id).
+
+        Returns:
+            The entry, its ``cancelled`` event set already when the job was cancelled before.
+        """
+        keys = [k.lower() for k in aliases if k.lower() != job_id.lower()]
+        entry = RunningEntry(job_id.lower(), queue, threading.get_ident(), aliases=tuple(dict.fromkeys(keys)))
+        with self._lock:
+            for key in entry.keys:
+                self._running.setdefault(key, []).append(entry)
+        if any(key in self.ids for key in entry.keys):
+            entry.cancelled.set()
+        return entry
+
+    def leave(self, entry: RunningEntry) -> None:
+        """Unregister ``entry`` (from its own thread), withdrawing an undelivered interruption.
+
+        Idempotent.  A :class:`~ojs_kombu.errors.Cancelled` delivered while leaving is swallowed:
+        the interruption has done its work.
+        """
+        while True:
+            try:
+                self._leave(entry)
+                break
+            except Cancelled:
+                continue
 
     def _leave(self, entry: RunningEntry) -> None:
         with self._lock:
-            entry.active = False
-            if entry.interrupted:
-                _raise_in_thread(entry.thread_id, None)  # withdraw a pending, undelivered Cancelled
-            entries = self._running.get(entry.job_id, [])
-            if entry in entries:
-                entries.remove(entry)
-            if not entries:
-                self._running.pop(entry.job_id, None)
+            if entry.active:  # once only: a second withdrawal could clear another interruption (TimeLimit's)
+                entry.active = False
+                if entry.interrupted:
+                    _raise_in_thread(entry.thread_id, None)  # withdraw a pending, undelivered Cancelled
+            for key in entry.keys:
+                entries = self._running.get(key, [])
+                if entry in entries:
+                    entries.remove(entry)
+                if not entries:
+                    self._running.pop(key, None)
 
 
 def _raise_in_thread(thread_id: int, exc: type[BaseException] | None) -> bool:

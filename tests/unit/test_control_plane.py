@@ -102,6 +102,22 @@ def test_cooperative_mode_only_sets_the_event():
     assert entry.interrupted is False
 
 
+def test_enter_registers_aliases_and_leave_is_idempotent():
+    """The non-contextmanager form (Dramatiq's middleware): a cancel may name the job by an alias."""
+    cancellations = Cancellations("cooperative")
+    cancellations.cancel("earlier")
+    assert cancellations.enter("JOB", "q", aliases=("Earlier",)).cancelled.is_set()  # cancelled before it started
+    entry = cancellations.enter("job2", "q", aliases=("msg-2", "JOB2"))
+    assert entry.keys == ("job2", "msg-2")
+    cancellations.cancel("MSG-2")
+    assert entry.cancelled.is_set()
+    cancellations.leave(entry)
+    cancellations.leave(entry)
+    assert entry.active is False
+    assert cancellations.enter("job3", "q", aliases=("other",)).cancelled.is_set() is False
+    assert cancellations._running.keys() == {"job", "earlier", "job3", "other"}  # job2 and msg-2 left
+
+
 def test_cancel_running_mode_is_validated():
     with pytest.raises(ValidationError):
         Cancellations("kill")

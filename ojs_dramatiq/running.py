@@ -1,0 +1,169 @@
+"""Running Dramatiq messages under OJS: the delivered message, cancels while running, lifecycle events.
+
+:class:`OjsRunning` is the middleware :class:`~ojs_dramatiq.OjsBroker` adds, last of those it
+is given (so its before-hook runs after every other one, and its after-hooks, which Dramatiq
+calls in reverse order, before ``Retries``).  Around every message an ``OjsBroker`` consumer
+delivers it
+
+* registers the worker thread with the broker's
+  :class:`~ojs_kombu.runtime.control.Cancellations`, under the OJS job id and the Dramatiq
+  message id (``OjsBroker.cancel`` names either), as ``TimeLimit`` registers it with its timer;
+* skips the message (``SkipMessage``, acked, never run) when it was cancelled after it was
+  delivered but before a worker thread took it;
+* when the message is cancelled while its actor runs: sets :func:`current_cancelled` and, unless
+  the broker was made with ``cancel_running="cooperative"``, raises
+  :class:`ojs_kombu.Cancelled` in the actor's thread (``PyThreadState_SetAsyncExc``, what
+  ``TimeLimit`` does; the same caveats: a thread blocked in C is interrupted when the call
+  returns).  The message is then acked whatever the actor did, counted as cancelled, never
+  retried by ``Retries`` and never dead-lettered; the worker thread goes on;
+* emits the ``started``, ``succeeded``, ``failed`` and ``cancelled`` events of the broker's
+  :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` (a message another middleware skips, such as
+  ``AgeLimit``, never started: it has none).
+
+An actor that must not be cut short uses ``cancel_running="cooperative"`` and polls::
+
+    from ojs_dramatiq import current_cancelled
+
+    @dramatiq.actor
+    def crunch(items):
+        for item in items:
+            if current_cancelled().is_set():
+                return  # acked as cancelled, whatever it returns or raises
+            process(item)
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from typing import Any, Literal
+
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.message import Message
+from dramatiq.middleware import Middleware, SkipMessage
+
+from ojs_kombu.errors import OjsError
+from ojs_kombu.model.job import Job
+from ojs_kombu.policy.retry import Failure
+from ojs_kombu.runtime.consumer import Delivery
+from ojs_kombu.runtime.control import Cancellations, RunningEntry
+from ojs_kombu.runtime.lifecycle import Lifecycle
+
+_current_cancelled: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "ojs_dramatiq_current_cancelled", default=None
+)
+
+
+def current_cancelled() -> threading.Event:
+    """The ``cancelled`` event of the message the calling actor runs: set (within ~1 s of
+    ``OjsBroker.cancel`` or ``ojs_kombu.Client.cancel``) when it has been cancelled.
+
+    Raises:
+        OjsError: outside an actor run by a worker of an :class:`~ojs_dramatiq.OjsBroker`.
+    """
+    event = _current_cancelled.get()
+    if event is None:
+        raise OjsError("current_cancelled() is only available inside an actor run from an OjsBroker")
+    return event
+
+
+class RunningMessage(MessageProxy):
+    """A message delivered with its OJS job (``ojs_job``, ``attempt`` = executions before this
+    one) and its AMQP delivery: what :class:`OjsRunning` looks after.
+
+    :class:`~ojs_dramatiq.OjsMessageProxy` is the one :class:`~ojs_dramatiq.OjsBroker` delivers.
+    """
+
+    def __init__(self, message: Message[Any], job: Job, delivery: Delivery):
+        super().__init__(message)
+        self.ojs_job = job
+        self.ojs_delivery = delivery
+        self.running: RunningEntry | None = None  # while a worker thread runs it
+        self._cancelled_token: contextvars.Token[threading.Event | None] | None = None
+
+    @property
+    def execution(self) -> int:
+        """This execution of the job, 1-based (the ``attempt`` of its events and logs)."""
+        return self.ojs_job.attempt + 1
+
+    def settle_cancelled(self, state: Literal["pending", "running"]) -> None:
+        """Ack the cancelled message (once), count it and emit ``cancelled``."""
+        raise NotImplementedError
+
+
+class OjsRunning(Middleware):
+    """Cancels of running messages and lifecycle events (see the module docstring).
+
+    Parameters:
+        cancellations: the broker's cancels, shared with its consumers' control readers.
+        lifecycle: where the events go.
+    """
+
+    def __init__(self, cancellations: Cancellations, lifecycle: Lifecycle):
+        self.cancellations = cancellations
+        self.lifecycle = lifecycle
+        self._by_thread: dict[int, RunningMessage] = {}  # what each worker thread runs now
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        """Register the thread; skip the message if it is cancelled already."""
+        if not isinstance(message, RunningMessage):
+            return
+        thread_id = threading.get_ident()
+        stale = self._by_thread.pop(thread_id, None)
+        if stale is not None:  # its after-hook never ran (an interruption landed in Dramatiq's own code)
+            self._leave(stale)
+        job = message.ojs_job
+        entry = self.cancellations.enter(job.id, job.queue, aliases=(message.message_id,))
+        message.running = entry
+        message._cancelled_token = _current_cancelled.set(entry.cancelled)
+        self._by_thread[thread_id] = message
+        if entry.cancelled.is_set():
+            raise SkipMessage(f"message {message.message_id} was cancelled")
+        self.lifecycle.emit("started", job, message.execution)
+
+    def after_process_message(
+        self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
+    ) -> None:
+        """Unregister the thread; settle a cancelled message (ack) before ``Retries`` sees it."""
+        if not isinstance(message, RunningMessage) or not self._leave(message):
+            return
+        assert message.running is not None
+        job, execution = message.ojs_job, message.execution
+        if message.running.cancelled.is_set():
+            message.settle_cancelled("running")
+            if exception is not None:
+                # Dramatiq's own way to say "do not retry this": Retries fails the message instead
+                # (a no-op nack: it is acked already) and sends no on_retry_exhausted message.
+                message.options["throws"] = BaseException
+        elif exception is None:
+            self.lifecycle.emit("succeeded", job, execution)
+        else:
+            failure = Failure.from_exception(exception)
+            error = {"code": failure.code, "type": failure.type, "message": failure.message}
+            self.lifecycle.emit("failed", job, execution, error=error)
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        """Unregister the thread; settle a message skipped because it was cancelled."""
+        if not isinstance(message, RunningMessage) or not self._leave(message):
+            return
+        assert message.running is not None
+        if message.running.cancelled.is_set():
+            message.settle_cancelled("pending")
+
+    def _leave(self, message: RunningMessage) -> bool:
+        """Unregister ``message``'s run; False when it was not registered (or left already)."""
+        entry = message.running
+        if entry is None or not entry.active:
+            return False
+        self.cancellations.leave(entry)
+        self._by_thread.pop(entry.thread_id, None)
+        token, message._cancelled_token = message._cancelled_token, None
+        if token is not None:
+            try:
+                _current_cancelled.reset(token)
+            except ValueError:  # left from another context (a stale run): nothing to restore
+                _current_cancelled.set(None)
+        return True
+
+
+__all__ = ["OjsRunning", "RunningMessage", "current_cancelled"]
