@@ -58,16 +58,18 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for
 from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, ladder_ms
+from ojs_kombu.runtime.activity import worker_lifecycle
 from ojs_kombu.runtime.consumer import Consumer as AmqpConsumer
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
-from ojs_kombu.runtime.lifecycle import Lifecycle
+from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.wire.entities import QueueOptions
 
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
 from .errors import dramatiq_error, dramatiq_errors
 from .parameters import PIKA_KEYWORDS, refuse_untranslatable, url_for_parameters
+from .presence import OjsPresence
 from .running import OjsRunning, RunningMessage
 
 logger = logging.getLogger(__name__)
@@ -123,6 +125,9 @@ class OjsBroker(dramatiq.Broker):
         :func:`~ojs_dramatiq.current_cancelled` event: ``"interrupt"`` raises
         :class:`ojs_kombu.Cancelled` in the actor's thread (as ``TimeLimit`` does);
         ``"cooperative"`` leaves it to the actor.
+      events: also publish the job lifecycle events to the events stream (``Client.events``);
+        the worker presence (``Client.workers``) is always published, every ``presence_interval`` s.
+      presence_interval: seconds between two presences of a booted worker.
       **options: ``RabbitmqBroker``'s pika keyword arguments ``host``, ``port``,
         ``virtual_host``, ``credentials`` (``pika.PlainCredentials``) and ``heartbeat``, instead
         of ``url`` (translated into an AMQP URL by :func:`ojs_dramatiq.parameters.url_for_parameters`;
@@ -140,6 +145,8 @@ class OjsBroker(dramatiq.Broker):
       paused: the OJS queues paused by :meth:`pause`, as the consumers read them.
       lifecycle: the job events of this broker's workers (``started`` ... ``cancelled``); subscribe
         to it with ``broker.lifecycle.subscribe(callback)``.
+      activity: what this process's workers run and ran lately: the answers to
+        ``ojs_kombu.Client.info`` (INFO) and the jobs their presence lists.
 
     Raises:
       TypeError: for an unknown keyword argument, a pika parameter that cannot be honoured, or
@@ -182,13 +189,20 @@ class OjsBroker(dramatiq.Broker):
         dead_letter_mode: str = "nack",
         parameters: Sequence[Any] | None = None,
         cancel_running: CancelRunning = "interrupt",
+        events: bool = False,
+        presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
         **options: Any,
     ):
         self._running: OjsRunning | None = None
         super().__init__(middleware=middleware)
         self.cancellations = Cancellations(cancel_running)
         self.paused = PausedQueues()
-        self.lifecycle = Lifecycle()
+        self.lifecycle, self.activity = worker_lifecycle()
+        self.presence_interval = check_presence_interval(presence_interval)
+        self._presence = OjsPresence(self._beacon_for)
+        if events:
+            self.lifecycle.subscribe(self._presence.offer)
+        self.add_middleware(self._presence)
         self._running = OjsRunning(self.cancellations, self.lifecycle)
         self.add_middleware(self._running)
         if max_priority is not None and not 0 < max_priority <= 255:
@@ -528,6 +542,24 @@ class OjsBroker(dramatiq.Broker):
                 successes = 0
             time.sleep(idle_time / 1000)
 
+    def _beacon_for(self, worker: Any) -> Beacon:
+        """The presence beacon of a booted Dramatiq worker (:class:`~ojs_dramatiq.presence.OjsPresence`)."""
+        queues = worker.consumer_whitelist or self.get_declared_queues()
+        return Beacon(
+            self.client.url,
+            self.names,
+            self.topology,
+            worker_id=self.lifecycle.worker_id,
+            queues=sorted({self.ojs_queue(q) for q in queues}),
+            concurrency=worker.worker_threads,
+            active=self.activity.active_jobs,
+            interval=self.presence_interval,
+            heartbeat=self.heartbeat,
+            ssl=self.ssl,
+            transport_options=self.transport_options,
+            connection_name=f"ojs_dramatiq worker {self.lifecycle.worker_id} events",
+        )
+
     def in_flight(self, queue_name: str) -> int:
         """Messages of ``queue_name`` delivered to this process's consumers and not yet settled."""
         return sum(c.unsettled for c in list(self._consumers.get(queue_name, ())))
@@ -655,7 +687,14 @@ class _OjsConsumer(Consumer):
             self._on_delivery,
             topology=topology,
             declare=lambda conn: topology.ensure_scheduling(conn, ojs_queue, cascade),
-            control=ControlReader(broker.names, topology, [ojs_queue], broker.cancellations, paused=broker.paused),
+            control=ControlReader(
+                broker.names,
+                topology,
+                [ojs_queue],
+                broker.cancellations,
+                paused=broker.paused,
+                info=broker.activity.lookup,
+            ),
             heartbeat=broker.heartbeat,
             connection_name=f"ojs_dramatiq consumer {queue_name}",
             ssl=broker.ssl,
@@ -668,6 +707,7 @@ class _OjsConsumer(Consumer):
             cascade,
             dead_letter_mode=broker.dead_letter_mode,
             cancelled=broker.cancellations.is_cancelled,
+            lifecycle=broker.lifecycle,
         )
         self._thread = threading.Thread(target=self._run, name=f"ojs-dramatiq-{queue_name}", daemon=True)
         self._thread.start()

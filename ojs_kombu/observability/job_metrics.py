@@ -181,15 +181,16 @@ class JobMetrics:
             if event.attempt == 1:
                 self._first_start(series, event)
             return
-        outcome = series.outcomes.get(event.event)
-        if outcome is None:
-            outcome = series.outcomes[event.event] = self.outcomes.labels(event.queue, event.job_type, event.event)
-        outcome.inc()
         if event.event in _ENDS_RUN:
             with self._lock:
                 started = self._started.pop(key, None)
             if started is not None:  # None: ended without running (cancelled or lost before it started)
                 series.runtime.observe(_seconds(event.at, started))
+        # Counted after the runtime: a scrape that sees the outcome sees its runtime too.
+        outcome = series.outcomes.get(event.event)
+        if outcome is None:
+            outcome = series.outcomes[event.event] = self.outcomes.labels(event.queue, event.job_type, event.event)
+        outcome.inc()
 
     def _first_start(self, series: _Series, event: JobEventLike) -> None:
         ready = max((t for t in (event.enqueued_at, event.scheduled_at) if t is not None), default=None)

@@ -32,7 +32,9 @@ from dataclasses import replace
 
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.info import JobInfo, JobState
-from ojs_kombu.runtime.lifecycle import JobEvent
+from ojs_kombu.observability.job_metrics import JOB_METRICS
+from ojs_kombu.runtime.lifecycle import JobEvent, Lifecycle
+from ojs_kombu.wire.events import ActiveJob
 
 #: Default size of the recent-history window (finished jobs kept for INFO).
 DEFAULT_HISTORY = 10_000
@@ -120,10 +122,38 @@ class Activity:
             running = list(self._running.values())
         return sorted(running, key=lambda info: info.started_at.timestamp() if info.started_at else 0.0)
 
+    def active_jobs(self) -> list[ActiveJob]:
+        """The jobs running now as a worker presence lists them (the provider of a
+        :class:`~ojs_kombu.runtime.presence.Beacon`)."""
+        return [
+            ActiveJob(info.job_id, info.queue, info.type, info.attempt, info.started_at)
+            for info in self.active()
+            if info.started_at is not None
+        ]
+
     def __len__(self) -> int:
         """How many jobs are known (running and in the history window)."""
         with self._lock:
             return len(self._running.keys() | self._finished.keys())
 
 
-__all__ = ["DEFAULT_HISTORY", "Activity"]
+def worker_lifecycle(worker_id: str | None = None) -> tuple[Lifecycle, Activity]:
+    """A new worker's :class:`Lifecycle`, with what every worker hangs on it: its
+    :class:`Activity` (INFO, presence) and the process's job metrics (``ojs_job_*``).
+
+    The :class:`~ojs_kombu.Worker`, the Dramatiq broker and the Celery worker all start here.
+
+    Parameters:
+        worker_id: the worker's id (default: a new one).
+
+    Returns:
+        The lifecycle and the activity it feeds.
+    """
+    lifecycle = Lifecycle(worker_id)
+    activity = Activity()
+    lifecycle.subscribe(activity.record)
+    JOB_METRICS.subscribe(lifecycle)
+    return lifecycle, activity
+
+
+__all__ = ["DEFAULT_HISTORY", "Activity", "worker_lifecycle"]

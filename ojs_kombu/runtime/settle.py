@@ -223,7 +223,6 @@ class Settler:
         """
         if decision.outcome is Outcome.RETRY:
             self.retry(delivery, job, attempt, failure, decision.delay_ms or 1)
-            self._emit("retried", job, attempt, failure)
             return
         if decision.outcome is Outcome.DISCARD:
             logger.info("job %s discarded: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
@@ -238,7 +237,8 @@ class Settler:
         self._emit("dead-lettered", job, attempt, failure)
 
     def retry(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, delay_ms: int) -> None:
-        """Publish ``job`` (attempt+1, error recorded) to ``ojs.queue.retry.{q}.{delay_ms}``, then ack.
+        """Publish ``job`` (attempt+1, error recorded) to ``ojs.queue.retry.{q}.{delay_ms}``, then ack;
+        emits ``retried``.
 
         ``delay_ms`` must be a step of :func:`~ojs_kombu.policy.retry.ladder_ms` (one queue per delay).
         """
@@ -252,6 +252,7 @@ class Settler:
             queue,
             prepare=lambda connection: self.topology.ensure_retry_queue(connection, queue, delay_ms),
         )
+        self._emit("retried", job, attempt, failure)
 
     def delay(self, delivery: Delivery, job: Job, delay_ms: int) -> None:
         """A job that arrived before its ``scheduled_at``: back into the cascade, unchanged."""

@@ -86,21 +86,20 @@ from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import Cancelled, OjsError, ValidationError, WorkerError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
-from ojs_kombu.observability.job_metrics import JOB_METRICS
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.observability.server import DEFAULT_METRICS_HOST, MetricsServer, check_metrics_port, serve_metrics
 from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
-from ojs_kombu.runtime.activity import Activity
+from ojs_kombu.runtime.activity import worker_lifecycle
 from ojs_kombu.runtime.consumer import Consumer, Delivery
 from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
-from ojs_kombu.runtime.lifecycle import JobEvent, Lifecycle
+from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler, failure_error
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
-from ojs_kombu.wire.events import ActiveJob, EventsOptions
+from ojs_kombu.wire.events import EventsOptions
 
 logger = logging.getLogger(__name__)
 
@@ -272,11 +271,8 @@ class Worker:
 
     def _init_activity(self) -> None:
         """The worker's lifecycle hub and the activity it feeds (both outlive configure())."""
-        self.lifecycle = Lifecycle()
+        self.lifecycle, self.activity = worker_lifecycle()
         self.worker_id = self.lifecycle.worker_id
-        self.activity = Activity()
-        self.lifecycle.subscribe(self.activity.record)
-        JOB_METRICS.subscribe(self.lifecycle)
 
     def _build_consumer(self) -> None:
         self.consumer = Consumer(
@@ -423,7 +419,7 @@ class Worker:
                 worker_id=self.worker_id,
                 queues=self.queues,
                 concurrency=self.concurrency,
-                active=self._active_jobs,
+                active=self.activity.active_jobs,
                 interval=self.presence_interval,
                 heartbeat=self._heartbeat,
                 ssl=self._ssl,
@@ -688,14 +684,6 @@ class Worker:
         record_cancelled(job, "running", attempt)
         self.consumer.ack(delivery)
         self.lifecycle.emit("cancelled", job, attempt)
-
-    def _active_jobs(self) -> list[ActiveJob]:
-        """The presence's running jobs: what the worker's :class:`Activity` knows is active."""
-        return [
-            ActiveJob(info.job_id, info.queue, info.type, info.attempt, info.started_at)
-            for info in self.activity.active()
-            if info.started_at is not None
-        ]
 
     def _offer_event(self, event: JobEvent) -> None:
         """The lifecycle subscriber of ``events=True``: hand the event to the beacon's thread."""
