@@ -63,8 +63,9 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
             exc = exc.exc
         if self._ojs_counted:
             return None
-        counted = isinstance(exc, (WorkerLostError, TimeLimitExceeded)) or (
-            isinstance(exc, (SystemExit, KeyboardInterrupt)) and not (self._already_cancelled or self._already_revoked)
+        # A task terminated by a revoke (or an OJS cancel) is not a failed attempt: never retried.
+        counted = not (self._already_cancelled or self._already_revoked) and (
+            isinstance(exc, (WorkerLostError, TimeLimitExceeded, SystemExit, KeyboardInterrupt))
         )
         if (
             counted

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -16,7 +17,7 @@ DEFAULT_CODEC = "ojs_celery.protocol:CeleryCodec"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 
 #: The transport options that are the binding's (removed before py-amqp sees the options).
-OJS_OPTIONS = ("prefix", "queue_options", "passthrough_queues", "codec", "confirm_timeout")
+OJS_OPTIONS = ("prefix", "queue_options", "passthrough_queues", "codec", "confirm_timeout", "on_cancel")
 
 #: ``x-*`` queue arguments of a framework queue that become fields of its OJS queue's options.
 QUEUE_ARGUMENT_OPTIONS = {
@@ -55,6 +56,7 @@ class Settings:
     passthrough_queues: frozenset[str]
     codec: TaskCodec | type | str
     confirm_timeout: float
+    on_cancel: Callable[[str], None] | str | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> Settings:
@@ -78,6 +80,7 @@ class Settings:
             passthrough_queues=frozenset(options.get("passthrough_queues") or ()),
             codec=options.get("codec") or DEFAULT_CODEC,
             confirm_timeout=float(options.get("confirm_timeout") or DEFAULT_CONFIRM_TIMEOUT),
+            on_cancel=options.get("on_cancel"),
         )
 
     def load_codec(self) -> TaskCodec:
@@ -87,6 +90,18 @@ class Settings:
         elif isinstance(self.codec, type):
             self.codec = self.codec()
         return cast(TaskCodec, self.codec)
+
+    def load_on_cancel(self) -> Callable[[str], None] | None:
+        """The ``on_cancel`` hook (imported on first use when given as ``"module:function"``).
+
+        Raises:
+            TypeError: ``on_cancel`` is neither callable nor the path of a callable.
+        """
+        if isinstance(self.on_cancel, str):
+            self.on_cancel = symbol_by_name(self.on_cancel)
+        if self.on_cancel is not None and not callable(self.on_cancel):
+            raise TypeError(f"the transport option on_cancel must be callable, got {self.on_cancel!r}")
+        return self.on_cancel
 
     def options_with(self, arguments: dict[str, Any]) -> QueueOptions:
         """The queue options with the fields of the ``x-*`` queue ``arguments`` a framework declared.
