@@ -102,6 +102,25 @@ def test_a_live_ojs_cancel_revokes_the_id_in_the_worker(celery_app, recorder, wo
         wait_until(lambda: job_id in worker_state.revoked, 10, message="the revoke")
 
 
+def test_ojs_cancel_of_a_task_waiting_for_its_retry(celery_app, worker_factory, client, amqp_url, names):
+    """A task that failed once waits in a retry queue; cancelled, it is dropped on delivery: never run again."""
+    attempts: list[int] = []
+
+    @celery_app.task(name="cancel.flaky", bind=True, max_retries=3)
+    def flaky(self):
+        attempts.append(self.request.retries)
+        raise self.retry(exc=KeyError("again"), countdown=2)
+
+    dropped = _dropped_pending()
+    with worker_factory(celery_app):
+        doomed = flaky.delay()
+        wait_until(lambda: attempts == [0], 30, message="the first attempt")
+        client.cancel(doomed.id, queue="celery")
+        wait_until(lambda: _dropped_pending() == dropped + 1, 30, message="the retry to be dropped")
+    assert attempts == [0]
+    _assert_settled(amqp_url, names)
+
+
 # -- a running task --------------------------------------------------------------------------
 
 
