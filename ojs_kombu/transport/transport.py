@@ -99,10 +99,14 @@ class Transport(pyamqp.Transport):
         def maintain() -> None:
             if not connection.connected:
                 loop.on_tick.discard(maintain)  # this connection is gone
+                timer.cancel()
                 return
             connection.ojs.maintain()
 
+        # On every tick (a pause applies right after the frame that carried it), and at least
+        # every second: an idle loop may sleep for seconds, and re-reading a control stream is due later.
         loop.on_tick.add(maintain)
+        timer = loop.call_repeatedly(1.0, maintain)
         reader = connection.frame_reader
         if reader is None:
             return

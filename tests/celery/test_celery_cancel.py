@@ -22,6 +22,7 @@ from support import message_count, raw_channel, wait_until
 
 from ojs_celery import Celery
 from ojs_kombu.model.ids import new_job_id
+from ojs_kombu.testing.management import ManagementError
 
 pytestmark = pytest.mark.broker
 
@@ -119,6 +120,29 @@ def test_ojs_cancel_of_a_task_waiting_for_its_retry(celery_app, worker_factory, 
         wait_until(lambda: _dropped_pending() == dropped + 1, 30, message="the retry to be dropped")
     assert attempts == [0]
     _assert_settled(amqp_url, names)
+
+
+def test_the_worker_reads_a_deleted_control_stream_again(
+    celery_app, recorder, worker_factory, client, management, names
+):
+    """The broker cancels the control consumer (stream deleted): the transport declares and reads it again."""
+    stream = names.control_queue("celery")
+    job_id = new_job_id()
+
+    def consumers() -> int:
+        try:
+            return int((management.queue(stream) or {}).get("consumers") or 0)
+        except ManagementError:  # HTTP 500 while the new stream's leader is starting
+            return 0
+
+    with worker_factory(celery_app):
+        recorder.delay("warm").get(timeout=30)
+        wait_until(lambda: consumers() >= 1, 30, message="the control consumer")
+        assert management.delete_queue(stream)
+        wait_until(lambda: consumers() >= 1, 30, message="the control stream read again")
+        worker_state.revoked.clear()
+        client.cancel(job_id, queue="celery")
+        wait_until(lambda: job_id in worker_state.revoked, 10, message="the revoke")
 
 
 # -- a running task --------------------------------------------------------------------------
