@@ -38,6 +38,11 @@ def _args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def noop_jobs(count: int, queue: str = "bench") -> list[Job]:
+    """``count`` ``bench.noop`` jobs of ``queue``, the workload :func:`bench_worker` drains."""
+    return [Job.create("bench.noop", ["user@example.com", i], queue=queue) for i in range(count)]
+
+
 def load(client: Client, jobs: list[Job]) -> None:
     """Enqueue ``jobs``; exit if any was not confirmed."""
     failed = sum(not r.ok for r in client.enqueue_many(jobs))
@@ -109,7 +114,7 @@ def main() -> None:
     args = _args()
     url = resolve_url(args.url)
     prefix = f"bench{uuid.uuid4().hex[:8]}"
-    jobs = [Job.create("bench.noop", ["user@example.com", i], queue="bench") for i in range(args.count)]
+    jobs = noop_jobs(args.count)
     client = Client(url, prefix=prefix)
     worker = Worker(url, prefix=prefix, queues=["bench"], concurrency=args.concurrency, grace_period=5)
     try:

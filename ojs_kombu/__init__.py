@@ -41,6 +41,7 @@ from ojs_kombu.errors import (
     ValidationError,
     WorkerError,
 )
+from ojs_kombu.model.info import JobInfo, JobState
 from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
@@ -50,6 +51,7 @@ from ojs_kombu.transport import register_aliases
 from ojs_kombu.wire.codec import CONTENT_TYPE, decode, encode
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.events import ActiveJob, EventsOptions, JobEventRecord, WorkerPresence
 from ojs_kombu.wire.headers import Header
 
 register_aliases()
@@ -59,6 +61,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CONTENT_TYPE",
     "AccessRefusedError",
+    "ActiveJob",
     "ArgumentDifference",
     "BrokerConnectionError",
     "BrokerRefusedError",
@@ -70,10 +73,14 @@ __all__ = [
     "DecodeError",
     "Discard",
     "EnqueueResult",
+    "EventsOptions",
     "Header",
     "Job",
     "JobError",
+    "JobEventRecord",
+    "JobInfo",
     "JobOptions",
+    "JobState",
     "Names",
     "NotFoundError",
     "OjsError",
@@ -90,6 +97,7 @@ __all__ = [
     "ValidationError",
     "Worker",
     "WorkerError",
+    "WorkerPresence",
     "current_job",
     "decode",
     "encode",

@@ -8,6 +8,12 @@
     ojs-amqp dlq replay email [--id JOB_ID ...] [--limit N]
     ojs-amqp dlq purge email --yes
     ojs-amqp worker myapp.jobs:worker [--queues email,sms] [--concurrency 20] [--log-level debug]
+    ojs-amqp cancel JOB_ID --queue email
+    ojs-amqp info JOB_ID --queue email [--timeout 2]
+    ojs-amqp pause email
+    ojs-amqp resume email
+    ojs-amqp workers [--stale-after 15]
+    ojs-amqp events [--since 10m] [--queue email] [--limit N]
 
 Every command but ``worker`` takes ``--url`` (default ``$OJS_AMQP_URL``) and
 ``--prefix``; the worker takes them from its :class:`~ojs_kombu.Worker`.
@@ -22,6 +28,10 @@ concurrency.  Exit status: 0 after a graceful shutdown (SIGTERM / SIGINT); 1
 when the worker stopped on its own (:class:`~ojs_kombu.errors.WorkerError`:
 the broker refused it, its connection retries ran out...) so that a supervisor
 restarts it; a handler's ``sys.exit(n)`` ends it with ``n``.
+
+``ojs-amqp info`` prints the job's info as one JSON line (``state``, ``worker_id``,
+``attempt``, times); it exits with status 1, printing nothing on stdout, when no
+live worker of the queue knows the job within ``--timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -30,14 +40,16 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from importlib import import_module
 from typing import Any
 
 from ojs_kombu.client import Client
-from ojs_kombu.errors import OjsError
+from ojs_kombu.errors import OjsError, ValidationError
+from ojs_kombu.model.timefmt import parse_timestamp
 from ojs_kombu.runtime.worker import Worker
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -131,6 +143,60 @@ def cmd_dlq_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Cancel a job (binding §5.6): it never runs, or its running handler is stopped."""
+    with _client(args) as client:
+        client.cancel(args.job_id, queue=args.queue)
+    print(json.dumps({"cancelled": args.job_id.strip().lower(), "queue": args.queue}))
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Ask the workers of a queue what they know about a job (binding §5.8); exit 1 when none does."""
+    with _client(args) as client:
+        info = client.info(args.job_id, queue=args.queue, timeout=args.timeout)
+    if info is None:
+        print(f"ojs-amqp: no live worker of {args.queue} knows job {args.job_id}", file=sys.stderr)
+        return 1
+    print(info.to_json())
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """Pause a queue: its workers stop consuming it (running jobs finish)."""
+    with _client(args) as client:
+        client.pause(args.queue)
+    print(json.dumps({"paused": args.queue}))
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Resume a paused queue."""
+    with _client(args) as client:
+        client.resume(args.queue)
+    print(json.dumps({"resumed": args.queue}))
+    return 0
+
+
+def _add_control_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The control-plane commands: cancel, info, pause, resume."""
+    cancel = sub.add_parser("cancel", parents=[common], help="cancel a job")
+    cancel.add_argument("job_id")
+    cancel.add_argument("--queue", required=True, help="the OJS queue of the job")
+    cancel.set_defaults(func=cmd_cancel)
+    info = sub.add_parser("info", parents=[common], help="what the live workers know about a job (JSON)")
+    info.add_argument("job_id")
+    info.add_argument("--queue", required=True, help="the OJS queue of the job")
+    info.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for answers (default 2)")
+    info.set_defaults(func=cmd_info)
+    pause = sub.add_parser("pause", parents=[common], help="stop the workers of a queue consuming it")
+    pause.add_argument("queue")
+    pause.set_defaults(func=cmd_pause)
+    resume = sub.add_parser("resume", parents=[common], help="resume a paused queue")
+    resume.add_argument("queue")
+    resume.set_defaults(func=cmd_resume)
+
+
 def load_worker(target: str) -> Worker:
     """The :class:`Worker` at ``module:attribute`` (default attribute ``worker``), imported
     with the current directory first on ``sys.path``.
@@ -164,6 +230,43 @@ def cmd_worker(args: argparse.Namespace) -> int:
     queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues is not None else None
     worker.configure(queues=queues, concurrency=args.concurrency)
     worker.run()
+    return 0
+
+
+_SINCE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(s|m|h|d)$")
+_SINCE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def since_arg(text: str) -> datetime | timedelta:
+    """``--since``: how long ago (``90s``, ``10m``, ``1h``, ``2d``) or an RFC 3339 timestamp.
+
+    Raises:
+        argparse.ArgumentTypeError: neither.
+    """
+    match = _SINCE.fullmatch(text.strip())
+    if match:
+        return timedelta(**{_SINCE_UNITS[match[2]]: float(match[1])})
+    try:
+        return parse_timestamp(text.strip())
+    except ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a duration (30s, 10m, 1h, 2d) nor an RFC 3339 timestamp"
+        ) from None
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    """Print the live workers, one JSON object per line (their latest presence)."""
+    with _client(args) as client:
+        for presence in client.workers(stale_after=args.stale_after):
+            print(json.dumps(presence.to_json(), ensure_ascii=False))
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    """Print job lifecycle events from the events stream, one JSON object per line, oldest first."""
+    with _client(args) as client:
+        for record in client.events(args.since, queue=args.queue, limit=args.limit):
+            print(json.dumps(record.to_json(), ensure_ascii=False))
     return 0
 
 
@@ -214,6 +317,18 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, help="handler threads and prefetch (default: the Worker's)")
     worker.add_argument("--log-level", type=str.upper, choices=_LOG_LEVELS, default="INFO")
     worker.set_defaults(func=cmd_worker)
+
+    _add_control_commands(sub, common)
+    workers = sub.add_parser("workers", parents=[common], help="list the live workers (events stream)")
+    workers.add_argument(
+        "--stale-after", type=float, default=15.0, help="seconds after which a silent worker is gone (default 15)"
+    )
+    workers.set_defaults(func=cmd_workers)
+    events = sub.add_parser("events", parents=[common], help="print job lifecycle events (Worker(events=True))")
+    events.add_argument("--since", type=since_arg, default=timedelta(minutes=10), help="10m, 1h, … or a timestamp")
+    events.add_argument("--queue", help="only the events of this OJS queue")
+    events.add_argument("--limit", type=int, help="at most this many events")
+    events.set_defaults(func=cmd_events)
     return parser
 
 

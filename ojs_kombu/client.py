@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from amqp import Channel, Message
@@ -39,21 +39,33 @@ from ojs_kombu.amqp.topology import OnConflict, Topology, _close_quietly
 from ojs_kombu.errors import (
     BrokerConnectionError,
     BrokerRefusedError,
+    DecodeError,
     OjsError,
     PublishError,
     ValidationError,
 )
+from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.model.policies import RetryPolicy
+from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.observability.tracing import with_trace_context
 from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
+from ojs_kombu.runtime.presence import read_events
 from ojs_kombu.wire.codec import OutgoingMessage, encode
-from ojs_kombu.wire.control import ControlOptions, cancel_message, pause_message
+from ojs_kombu.wire.control import (
+    ControlOptions,
+    cancel_message,
+    control_job_id,
+    decode_info_reply,
+    info_message,
+    pause_message,
+)
 from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.events import EventsOptions, JobEventRecord, WorkerPresence
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +74,19 @@ T = TypeVar("T")
 #: Seconds a Client operation keeps reconnecting before BrokerConnectionError (``publish_timeout``).
 DEFAULT_PUBLISH_TIMEOUT = 5.0
 
+#: Seconds :meth:`Client.info` keeps listening after the first answer that is not ``active``
+#: (other workers of the queue may know the job better).
+INFO_SETTLE_WINDOW = 0.2
+
 #: Dead letters a replay holds unacknowledged at most (``replay_dead_letters(window=)``).
 DEFAULT_REPLAY_WINDOW = 100
+
+#: A worker whose latest presence is older than this many seconds is not listed by ``workers()``
+#: (three presence intervals).
+DEFAULT_STALE_AFTER = 15.0
+
+# Timestamp offsets of a stream point at chunks: start reading a little earlier, filter by body times.
+_STREAM_OFFSET_SLACK = timedelta(seconds=1)
 
 
 class JobOptions(TypedDict, total=False):
@@ -136,6 +159,8 @@ class Client:
         ssl, transport_options: passed to :class:`kombu.Connection`.
         window: publishes a connection may have awaiting their confirm.
         control: retention of the control streams ``ojs.queue.control.{q}`` this client declares.
+        events_options: retention of the events stream ``ojs.stream.events`` (declared by
+            :meth:`workers` and :meth:`events`); must match the workers'.
 
     Raises:
         ValidationError: a bad option.
@@ -162,6 +187,7 @@ class Client:
         window: int = 1000,
         connection_name: str | None = None,
         control: ControlOptions | None = None,
+        events_options: EventsOptions | None = None,
     ):
         if publish_timeout is not None and not publish_timeout > 0:
             raise ValidationError(
@@ -173,7 +199,9 @@ class Client:
             )
         self.url = resolve_url(url)
         self.names = Names(prefix)
-        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict, control=control)
+        self.topology = Topology(
+            self.names, queue_options=queue_options, on_conflict=on_conflict, control=control, events=events_options
+        )
         self.cascade = Cascade(self.names)
         self.declare = declare
         self.confirm_timeout = confirm_timeout
@@ -296,6 +324,90 @@ class Client:
         """
         self._publish_control(queue, pause_message(queue, paused=False))
 
+    def info(self, job_id: str, *, queue: str, timeout: float = 2.0) -> JobInfo | None:
+        """INFO (binding §5.8, AMQP-021): what the live workers of ``queue`` know about job ``job_id``.
+
+        An RPC over the control stream: declares an exclusive, auto-delete,
+        server-named reply queue, consumes it, and publishes (confirmed)
+        ``type=ojs.control.info``, body ``{"job_id": …}``, with ``reply_to`` = that
+        queue and a fresh ``correlation_id``, to ``ojs.exchange.direct`` with key
+        ``control.{queue}``.  Every worker that runs the job, or finished it within
+        its recent-history window, answers.  The first ``active`` answer is returned
+        at once; otherwise the latest outcome among the answers received until
+        :data:`INFO_SETTLE_WINDOW` seconds after the first (or ``timeout``).
+
+        Parameters:
+            job_id: the job's id (any case).
+            queue: the OJS queue the job belongs to.
+            timeout: seconds to wait for answers (> 0).
+
+        Returns:
+            The job's :class:`~ojs_kombu.model.info.JobInfo`, or None when no live
+            worker knows it (after ``timeout``).
+
+        Raises:
+            ValidationError: a bad job id, queue name or timeout (nothing is published).
+            PublishNackedError, PublishTimeoutError, UnroutableError: the broker did not take the request.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        validate_queue_name(queue)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValidationError(f"timeout must be a number of seconds > 0, got {timeout!r}", field="timeout")
+        control_job_id(job_id)  # refused before any I/O
+        return self._run(lambda conn: self._ask_info(conn, job_id, queue, float(timeout)))
+
+    def _ask_info(self, conn: Connection, job_id: str, queue: str, timeout: float) -> JobInfo | None:
+        """One INFO round trip on ``conn`` (see :meth:`info`)."""
+        deadline = time.monotonic() + timeout
+        session = self._session(conn)
+        if self.declare:
+            self.topology.ensure_queue(conn.connection, queue)
+        channel = conn.connection.channel()
+        channel.auto_decode = False
+        answers: list[JobInfo] = []
+        correlation_id = str(uuid.uuid4())
+
+        def on_reply(message: Message) -> None:
+            body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
+            try:
+                correlation, answer = decode_info_reply(body, dict(message.properties))
+            except DecodeError as exc:
+                logger.warning("ignoring an unreadable INFO reply: %s", exc)
+                return
+            if correlation == correlation_id:
+                answers.append(answer)
+
+        try:
+            reply_to, _, _ = channel.queue_declare("", durable=False, exclusive=True, auto_delete=True)
+            channel.basic_consume(reply_to, no_ack=True, callback=on_reply)
+            request = info_message(job_id, reply_to=reply_to, correlation_id=correlation_id)
+            ticket = session.publisher.publish(
+                request,
+                exchange=self.names.direct_exchange,
+                routing_key=self.names.control_routing_key(queue),
+                queue=queue,
+                job_id=request.properties["message_id"],
+                confirm_timeout=self.confirm_timeout,
+            )
+            session.publisher.wait([ticket], self.confirm_timeout)
+            session.last_used = time.monotonic()
+            ticket.raise_for_error()
+            settling = False
+            while not any(answer.state == "active" for answer in answers):
+                if answers and not settling:  # other workers may know better: listen a little longer
+                    settling = True
+                    deadline = min(deadline, time.monotonic() + INFO_SETTLE_WINDOW)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    conn.connection.drain_events(timeout=remaining)
+                except TimeoutError:
+                    continue  # the loop ends on the deadline
+        finally:
+            _close_quietly(channel)  # the reply queue goes with it (exclusive, auto-delete)
+        return best_answer(answers)
+
     def _publish_control(self, queue: str, message: OutgoingMessage) -> None:
         """Publish a control ``message`` to the control stream of ``queue`` (confirmed, mandatory)."""
 
@@ -316,6 +428,110 @@ class Client:
             ticket.raise_for_error()
 
         self._run(publish)
+
+    # -- events stream --------------------------------------------------------------------------
+
+    def workers(self, *, stale_after: float = DEFAULT_STALE_AFTER, timeout: float = 10.0) -> list[WorkerPresence]:
+        """The live workers, from their latest presence on the events stream (BEAT, DESIGN §14).
+
+        Reads ``ojs.stream.events`` from ``stale_after`` seconds ago up to now and keeps
+        each worker's latest presence; a worker that stopped gracefully (its last presence
+        is ``offline``) or whose latest presence is older than ``stale_after`` (killed, hung
+        or cut off) is left out.  Workers publish a presence every 5 s by default, so a
+        killed worker drops out within ``stale_after`` seconds.  Presence times are the
+        workers' clocks: keep hosts in sync (NTP).
+
+        Parameters:
+            stale_after: seconds after which a silent worker counts as gone.
+            timeout: seconds to wait for the read to catch up with the stream.
+
+        Returns:
+            One presence per live worker, sorted by worker id.
+
+        Raises:
+            ValidationError: ``stale_after`` is not > 0.
+            TopologyError: ``ojs.stream.events`` exists and is not a stream.
+            OjsError: the read did not catch up within ``timeout``.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        if isinstance(stale_after, bool) or not isinstance(stale_after, int | float) or not stale_after > 0:
+            raise ValidationError(f"stale_after must be > 0 seconds, got {stale_after!r}", field="stale_after")
+        horizon = utcnow() - timedelta(seconds=stale_after)
+        latest: dict[str, WorkerPresence] = {}
+
+        def keep(record: WorkerPresence | JobEventRecord) -> bool:
+            if isinstance(record, WorkerPresence):
+                known = latest.get(record.worker_id)
+                if known is None or record.sent_at >= known.sent_at:
+                    latest[record.worker_id] = record
+            return True
+
+        self._read_events(horizon, keep, latest.clear, timeout)
+        live = [p for p in latest.values() if p.state == "online" and p.sent_at >= horizon]
+        return sorted(live, key=lambda presence: presence.worker_id)
+
+    def events(
+        self,
+        since: datetime | timedelta,
+        *,
+        queue: str | None = None,
+        limit: int | None = None,
+        timeout: float = 10.0,
+    ) -> list[JobEventRecord]:
+        """Job lifecycle events read back from the events stream, oldest first.
+
+        Workers publish them only when opted in (``Worker(events=True)``); the stream
+        keeps them for its retention (default one hour, :class:`~ojs_kombu.wire.events.EventsOptions`).
+
+        Parameters:
+            since: an aware datetime, or how long ago (``timedelta(minutes=10)``).
+            queue: only the events of this OJS queue.
+            limit: at most this many (the oldest ones).
+            timeout: seconds to wait for the read to catch up with the stream.
+
+        Returns:
+            The events at or after ``since``, in the order the stream holds them.
+
+        Raises:
+            ValidationError: a naive datetime, a bad queue name or a ``limit`` below 1.
+            TopologyError: ``ojs.stream.events`` exists and is not a stream.
+            OjsError: the read did not catch up within ``timeout``.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        start = utcnow() - since if isinstance(since, timedelta) else since
+        if not isinstance(start, datetime) or start.tzinfo is None or start.utcoffset() is None:
+            raise ValidationError(f"since must be an aware datetime or a timedelta, got {since!r}", field="since")
+        if queue is not None:
+            validate_queue_name(queue)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValidationError(f"limit must be a positive integer, got {limit!r}", field="limit")
+        found: list[JobEventRecord] = []
+
+        def keep(record: WorkerPresence | JobEventRecord) -> bool:
+            if isinstance(record, JobEventRecord) and record.at >= start and queue in (None, record.queue):
+                found.append(record)
+            return limit is None or len(found) < limit
+
+        self._read_events(start, keep, found.clear, timeout)
+        return found
+
+    def _read_events(
+        self,
+        since: datetime,
+        on_event: Callable[[WorkerPresence | JobEventRecord], bool],
+        reset: Callable[[], None],
+        timeout: float,
+    ) -> None:
+        """Read the events stream from ``since`` (see :func:`~ojs_kombu.runtime.presence.read_events`);
+        ``reset`` forgets what an attempt that failed had collected before the next one."""
+
+        def read(conn: Connection) -> None:
+            reset()
+            read_events(
+                conn.connection, self.names, self.topology, since - _STREAM_OFFSET_SLACK, on_event, timeout=timeout
+            )
+
+        self._run(read)
 
     # -- dead letters ---------------------------------------------------------------------------
 
@@ -803,10 +1019,26 @@ class Client:
         return max(0.05, min(self.publish_timeout - spent, float(self._connection.connect_timeout)))
 
 
+def best_answer(answers: Iterable[JobInfo]) -> JobInfo | None:
+    """The answer :meth:`Client.info` returns among several workers': an ``active`` one, else the
+    latest outcome (by ``finished_at``), else None."""
+    ranked = sorted(
+        answers,
+        key=lambda a: (a.state == "active", (a.finished_at or a.started_at or _EPOCH).timestamp()),
+    )
+    return ranked[-1] if ranked else None
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
 __all__ = [
     "DEFAULT_PUBLISH_TIMEOUT",
     "DEFAULT_REPLAY_WINDOW",
+    "DEFAULT_STALE_AFTER",
+    "INFO_SETTLE_WINDOW",
     "Client",
     "EnqueueResult",
     "JobOptions",
+    "best_answer",
 ]

@@ -4,7 +4,8 @@ The broker is ``$OJS_AMQP_URL`` when set; otherwise a Docker container when a
 Docker engine answers; otherwise a private RabbitMQ node started for this test
 session (see :mod:`ojs_kombu.testing.broker`).  Every test that declares
 entities does so under its own prefix, and everything under that prefix is
-deleted after the test.
+deleted after the test.  Tests that need a node of their own (users, virtual
+hosts, restarts) use the module-scoped ``node`` fixture.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from collections.abc import Iterator
 import pytest
 
 from ojs_kombu import Client, Names
-from ojs_kombu.testing.broker import BrokerHandle, provision_broker
+from ojs_kombu.testing.broker import BrokerError, BrokerHandle, PrivateNode, provision_broker
 from ojs_kombu.testing.management import ManagementClient
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if "broker" in item.fixturenames or any(
-            f in item.fixturenames for f in ("amqp_url", "management", "client", "prefix")
+            f in item.fixturenames for f in ("amqp_url", "management", "client", "prefix", "node")
         ):
             item.add_marker(pytest.mark.broker)
 
@@ -67,3 +68,25 @@ def client(amqp_url: str, prefix: str) -> Iterator[Client]:
     """A Client on the session's broker, under the test's prefix."""
     with Client(amqp_url, prefix=prefix) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateNode]:
+    """A private RabbitMQ node for one test module (its own users, virtual hosts, restarts).
+
+    A node that cannot be started fails the test: RabbitMQ is installed on every
+    machine these tests run on (``make setup``), so it is never a reason to skip.
+    """
+    try:
+        private = PrivateNode(tmp_path_factory.mktemp("rabbitmq"))
+    except BrokerError as exc:  # rabbitmq-server is not installed
+        pytest.fail(f"could not set up a private RabbitMQ node: {exc}")
+    try:
+        private.start()
+    except BrokerError as exc:
+        private.cleanup()  # a half-started VM must not outlive the test session
+        pytest.fail(f"could not start a private RabbitMQ node: {exc}")
+    try:
+        yield private
+    finally:
+        private.cleanup()

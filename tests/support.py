@@ -52,6 +52,26 @@ def get_messages(amqp_url: str, queue: str, count: int, timeout: float = 10.0, *
     return found
 
 
+def read_stream(amqp_url: str, stream: str, count: int, timeout: float = 10.0, until: bytes | None = None) -> list:
+    """Read ``count`` records of a stream from its start (an independent pika consumer),
+    or, with ``until``, every record up to the one whose body is ``until``."""
+    found = []
+    with raw_channel(amqp_url) as channel:
+        channel.basic_qos(prefetch_count=100)
+
+        def on_message(ch, method, properties, body):
+            found.append((method, properties, body))
+            ch.basic_ack(method.delivery_tag)
+
+        channel.basic_consume(stream, on_message, arguments={"x-stream-offset": "first"})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if until is None and len(found) >= count or until is not None and found and found[-1][2] == until:
+                break
+            channel.connection.process_data_events(time_limit=0.1)
+    return found
+
+
 def message_count(amqp_url: str, queue: str) -> int:
     """Ready messages in ``queue`` right now (passive declare, exact and immediate)."""
     with raw_channel(amqp_url) as channel:

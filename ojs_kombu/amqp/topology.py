@@ -39,6 +39,16 @@ it marks the queue's control plane as degraded (:meth:`Topology.control_is_strea
 is False), and workers fall back to per-worker exclusive queues bound with key
 ``control.{q}`` (live control messages only, no replay).
 
+The events stream ``ojs.stream.events`` (DESIGN §14), bound to the topic exchange
+``ojs.exchange.events`` with ``#``, is declared by workers and by the Client's
+readers (:meth:`Topology.ensure_events`).  A 406 on it is recorded and logged and
+never raised either: when the existing queue is a stream with other retention
+arguments it is used as it is; when it is not a stream (or its arguments cannot be
+learnt) the events plane is degraded (:meth:`Topology.events_is_stream` is False):
+it is not bound, presence and job events are published to the exchange for whatever
+else is bound there, and :meth:`Client.workers() <ojs_kombu.client.Client.workers>`
+/ ``events()`` raise :class:`~ojs_kombu.errors.TopologyError`.
+
 Permanent refusals (403 on a declaration, 404 on the passive declare) become
 :class:`~ojs_kombu.errors.BrokerRefusedError` subclasses (:mod:`ojs_kombu.amqp.errors`).
 """
@@ -60,6 +70,7 @@ from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueOptions, QueueSpec, Spec, frozen_arguments
+from ojs_kombu.wire.events import EventsOptions
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +160,7 @@ class Topology:
             when an entity exists with other arguments; dead-letter arguments are never
             accepted when they differ (see the module docstring).
         control: retention of the control streams ``ojs.queue.control.{q}``.
+        events: retention of the events stream ``ojs.stream.events``.
 
     Raises:
         ValidationError: ``on_conflict`` is not one of :data:`OnConflict`.
@@ -162,6 +174,7 @@ class Topology:
         per_queue: dict[str, QueueOptions] | None = None,
         on_conflict: OnConflict = "use-existing",
         control: ControlOptions | None = None,
+        events: EventsOptions | None = None,
     ):
         if on_conflict not in ON_CONFLICT_CHOICES:
             raise ValidationError(
@@ -175,6 +188,8 @@ class Topology:
         self.control = control or ControlOptions()
         self._control_queues: dict[str, str] = {}  # ojs.queue.control.{q} -> q
         self._control_degraded: set[str] = set()  # OJS queues whose control queue is not a stream
+        self.events = events or EventsOptions()
+        self._events_degraded = False  # ojs.stream.events exists and is not a stream
         self._conflicts: dict[str, TopologyConflictError] = {}  # entity -> latest conflict
         self._declared: dict[Spec, None] = {}  # insertion-ordered set
         self._lock = threading.RLock()
@@ -242,6 +257,19 @@ class Topology:
         with self._lock:
             return queue not in self._control_degraded
 
+    def events_specs(self) -> list[Spec]:
+        """The events exchange (topic), the events stream and their binding (key ``#``)."""
+        n = self.names
+        return [
+            ExchangeSpec(n.events_exchange, "topic"),
+            QueueSpec(n.events_stream, frozen_arguments(self.events.arguments())),
+            BindingSpec(n.events_stream, n.events_exchange, "#"),
+        ]
+
+    def events_is_stream(self) -> bool:
+        """Whether ``ojs.stream.events`` is our stream (False: degraded, see the module docstring)."""
+        return not self._events_degraded
+
     def retry_queue_specs(self, queue: str, delay_ms: int) -> list[Spec]:
         """A retry delay queue with exactly the arguments of binding §8.2, and its binding."""
         validate_queue_name(queue)
@@ -276,6 +304,14 @@ class Topology:
         """Lazily declare ``queue``, the scheduling ``cascade`` and the binding that delivers
         scheduled jobs into ``ojs.queue.{queue}``."""
         self.declare(connection, [*self.queue_specs(queue), *cascade.specs(), cascade.queue_binding(queue)])
+
+    def ensure_events(self, connection: Connection, *, force: bool = False) -> None:
+        """Declare the events exchange and stream (lazily, or again with ``force``).
+
+        Raises:
+            AccessRefusedError: the user may not declare them (403).
+        """
+        self.declare(connection, self.events_specs(), force=force)
 
     def is_declared(self, queue: str) -> bool:
         """Whether the job queue ``queue`` has been declared by this topology."""
@@ -363,6 +399,8 @@ class Topology:
                 control_queue = self._control_queues.get(spec.destination)
                 if control_queue is not None and control_queue in self._control_degraded:
                     return channel  # never bind someone else's classic queue: workers bind their own
+                if spec.destination == self.names.events_stream and self._events_degraded:
+                    return channel
 
                 if spec.to_exchange:
                     channel.exchange_bind(
@@ -379,8 +417,14 @@ class Topology:
                 else:
                     _queue_declare(channel, spec.name, spec.argument_dict, {})
                     self._control_degraded.discard(self._control_queues.get(spec.name, ""))
+                    if spec.name == self.names.events_stream:
+                        self._events_degraded = False
                 return channel
             except PreconditionFailed as exc:
+                if isinstance(spec, QueueSpec) and spec.name == self.names.events_stream:
+                    return self._events_conflict(
+                        connection, spec, parse_precondition_failed(spec.name, _reply_text(exc))
+                    )
                 if isinstance(spec, QueueSpec) and spec.name in self._control_queues:
                     return self._control_conflict(
                         connection, spec, parse_precondition_failed(spec.name, _reply_text(exc))
@@ -397,6 +441,26 @@ class Topology:
             "%r (cancels reach live workers only, nothing is replayed to a worker started later)",
             conflict,
             self.names.control_routing_key(self._control_queues[spec.name]),
+        )
+        return connection.channel()  # the 406 closed the channel
+
+    def _events_conflict(self, connection: Connection, spec: QueueSpec, conflict: TopologyConflictError) -> Channel:
+        """The events stream exists with other arguments: record, log, use it or degrade (never raise)."""
+        conflict, channel = _probe_queue(connection, spec, conflict)
+        self._conflicts.pop(spec.name, None)
+        self._conflicts[spec.name] = conflict
+        is_stream = channel is not None and all(d.argument != "x-queue-type" for d in conflict.differences)
+        self._events_degraded = not is_stream
+        if channel is not None and is_stream:
+            logger.warning("%s; using the existing events stream as it is", conflict)
+            return channel
+        if channel is not None:
+            _close_quietly(channel)
+        logger.warning(
+            "%s; it is not the events stream: presence and job events are published to %s only, "
+            "and Client.workers() / Client.events() cannot read them",
+            conflict,
+            self.names.events_exchange,
         )
         return connection.channel()  # the 406 closed the channel
 

@@ -59,6 +59,11 @@ CONTROL_TYPE_INFO = "ojs.control.info"
 CONTROL_TYPE_PAUSE = "ojs.control.pause"
 CONTROL_TYPE_RESUME = "ojs.control.resume"
 
+EVENT_TYPE_WORKER = "ojs.event.worker"
+"""``type`` property of a worker presence on the events stream (DESIGN §14)."""
+EVENT_TYPE_JOB_PREFIX = "ojs.event.job."
+"""``type`` property of a job lifecycle event: this prefix and the event (``ojs.event.job.started``)."""
+
 
 def check_job_type(value: Any) -> str:
     """Return ``value`` if it is a valid OJS job type.
@@ -253,6 +258,26 @@ class Names:
         """
         return f"control.{queue}"
 
+    @property
+    def events_exchange(self) -> str:
+        """The topic exchange of worker presence and job lifecycle events (``ojs.exchange.events``)."""
+        return self._name("ojs.exchange.events")
+
+    @property
+    def events_stream(self) -> str:
+        """The stream holding the events, bound to :attr:`events_exchange` with ``#`` (``ojs.stream.events``)."""
+        return self._name("ojs.stream.events")
+
+    @staticmethod
+    def worker_routing_key(worker_id: str) -> str:
+        """Routing key of a worker's presence on the events exchange: ``worker.{worker_id}``."""
+        return f"worker.{worker_id}"
+
+    @staticmethod
+    def job_event_routing_key(event: str, queue: str) -> str:
+        """Routing key of a job lifecycle event on the events exchange: ``job.{event}.{queue}``."""
+        return f"job.{event}.{queue}"
+
     def queue_from_job_queue(self, amqp_name: str) -> str | None:
         """The OJS queue name of an AMQP job queue name, or None if it is not one."""
         head = self.job_queue("")
@@ -270,6 +295,8 @@ __all__ = [
     "CONTROL_TYPE_INFO",
     "CONTROL_TYPE_PAUSE",
     "CONTROL_TYPE_RESUME",
+    "EVENT_TYPE_JOB_PREFIX",
+    "EVENT_TYPE_WORKER",
     "JOB_TYPE_PATTERN",
     "JOB_TYPE_RE",
     "MAX_JOB_TYPE_LENGTH",

@@ -7,7 +7,7 @@ it knows every cancel still retained, including those published before it starte
 * :class:`CancelledIds` is the bounded set of cancelled job ids.  Memory: about
   180 bytes per id (measured 176: a 36-character ``str`` of 85 bytes plus its
   ordered-dict slot); the default bound of 1,000,000 ids is ~180 MB at most, and the stream's
-  retention (``ControlOptions.max_length_bytes``, 50 MB ≈ 170,000 cancels by
+  retention (``ControlOptions.max_length_bytes``, 50 MB ≈ 135,000 cancels by
   default) bounds it far lower in practice.  Past the bound the oldest id goes.
 * :class:`Cancellations` is what a worker knows: the cancelled ids, and the jobs
   running now.  Cancelling a running job sets its ``cancelled`` event and, in
@@ -27,6 +27,14 @@ it knows every cancel still retained, including those published before it starte
   from.  The replay at start-up (and after a reconnect) applies every pause and
   resume in stream order, so the last one of each queue decides before any job
   queue is consumed: a worker started while its queue is paused never consumes it.
+* INFO (binding §5.8, AMQP-021): a request read live, for a job the worker knows
+  (``info``: its :class:`~ojs_kombu.runtime.activity.Activity`), is answered on the
+  control channel, in the loop thread, through the default exchange with routing
+  key = its ``reply_to`` and its ``correlation_id`` echoed.  Requests read while
+  catching up (replayed at start-up or after a reconnect) or older than
+  ``info_max_age`` seconds by their ``timestamp`` are ignored, as are requests for
+  unknown jobs (no answer: the client's timeout says "nobody knows") and malformed
+  ones (no ``reply_to`` or ``job_id``: logged).
 * :class:`ControlReader` consumes the control streams on the
   :class:`~ojs_kombu.runtime.consumer.Consumer`'s connection, on a channel of
   its own, in the consumer's loop thread (the connection's one owner).
@@ -65,11 +73,19 @@ from amqp.exceptions import RecoverableConnectionError
 from ojs_kombu.amqp.properties import WireMessage
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import Cancelled, DecodeError, ValidationError
+from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
-from ojs_kombu.model.naming import CONTROL_TYPE_CANCEL, CONTROL_TYPE_PAUSE, CONTROL_TYPE_RESUME, Names
+from ojs_kombu.model.naming import (
+    CONTROL_TYPE_CANCEL,
+    CONTROL_TYPE_INFO,
+    CONTROL_TYPE_PAUSE,
+    CONTROL_TYPE_RESUME,
+    Names,
+)
+from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.observability.metrics import METRICS
-from ojs_kombu.wire.control import CONTROL_TYPE_MARKER, control_message, decode_control
+from ojs_kombu.wire.control import CONTROL_TYPE_MARKER, ControlMessage, control_message, decode_control, info_reply
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +93,9 @@ CancelRunning = Literal["interrupt", "cooperative"]
 """What cancelling a running job does besides setting ``current_job().cancelled``."""
 
 CANCEL_RUNNING_CHOICES: tuple[str, ...] = get_args(CancelRunning)
+
+#: Seconds after which an INFO request is stale (its asker has given up): not answered.
+DEFAULT_INFO_MAX_AGE = 5.0
 
 #: Default bound of :class:`CancelledIds` (see the module docstring for the memory it means).
 DEFAULT_MAX_CANCELLED_IDS = 1_000_000
@@ -252,6 +271,8 @@ class ControlReader:
         paused: where pauses and resumes go (a new, empty state by default).
         prefetch: ``Basic.Qos`` of the control channel (streams need one).
         replay_timeout: seconds :meth:`attach` waits for its markers before it gives up.
+        info: what the worker knows about a job id (for INFO requests); ``None``: INFO is not answered.
+        info_max_age: seconds after its ``timestamp`` an INFO request is no longer answered.
     """
 
     def __init__(
@@ -264,6 +285,8 @@ class ControlReader:
         paused: PausedQueues | None = None,
         prefetch: int = 1000,
         replay_timeout: float = 60.0,
+        info: Callable[[str], JobInfo | None] | None = None,
+        info_max_age: float = DEFAULT_INFO_MAX_AGE,
     ):
         self.names = names
         self.topology = topology
@@ -272,6 +295,8 @@ class ControlReader:
         self.paused = paused if paused is not None else PausedQueues()
         self.prefetch = prefetch
         self.replay_timeout = replay_timeout
+        self.info = info
+        self.info_max_age = info_max_age
         self._markers: dict[str, str] = {}  # marker message_id -> queue, until read back
         self._channel: Channel | None = None
         self._cancelled: dict[str, float] = {}  # queue -> when to consume its control queue again
@@ -407,7 +432,35 @@ class ControlReader:
         elif control.type == CONTROL_TYPE_MARKER:
             if control.message_id is not None:
                 self._markers.pop(control.message_id, None)
-        # Other types (info ...) are not implemented yet: ignored.
+        elif control.type == CONTROL_TYPE_INFO:
+            self._answer_info(queue, control)
+        # Other types are ignored.
+
+    def _answer_info(self, queue: str, request: ControlMessage) -> None:
+        """Answer an INFO request read live, for a job this worker knows (see the module docstring)."""
+        if self.info is None or self._channel is None:
+            return
+        if queue in self._markers.values():
+            return  # replayed while catching up: its asker has long given up
+        if request.reply_to is None or request.job_id is None:
+            logger.warning(
+                "ignoring an INFO request on %s without %s (message %s)",
+                queue,
+                "reply_to" if request.reply_to is None else "job_id",
+                request.message_id,
+            )
+            return
+        if request.timestamp is not None and (utcnow() - request.timestamp).total_seconds() > self.info_max_age:
+            logger.debug("ignoring a stale INFO request for job %s on %s", request.job_id, queue)
+            return
+        known = self.info(request.job_id)
+        if known is None:
+            return
+        reply = info_reply(known, correlation_id=request.correlation_id)
+        self._channel.basic_publish(
+            WireMessage(reply.body, **reply.properties), exchange="", routing_key=request.reply_to
+        )
+        logger.debug("answered INFO for job %s (%s) to %s", request.job_id, known.state, request.reply_to)
 
 
 def record_cancelled(job: Job, state: Literal["pending", "running"], attempt: int) -> None:
@@ -431,6 +484,7 @@ def record_cancelled(job: Job, state: Literal["pending", "running"], attempt: in
 __all__ = [
     "CANCEL_RUNNING_CHOICES",
     "CancelRunning",
+    "DEFAULT_INFO_MAX_AGE",
     "CancelledIds",
     "Cancellations",
     "ControlReader",

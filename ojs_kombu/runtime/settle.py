@@ -15,6 +15,13 @@ adapter's consumer) do with a delivery besides ``Basic.Ack``:
 * :meth:`Settler.hand_back` returns an unstarted job at shutdown without
   spending an attempt.
 
+With a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` the Settler emits the
+lifecycle events of what it settles: ``cancelled`` (dropped on delivery),
+``expired``, ``failed`` (a redelivery counted as a lost attempt), and, for every
+failure it carries out, ``retried`` or ``dead-lettered`` (a discard adds nothing:
+the caller's ``failed`` alone means discarded).  The caller emits ``started``,
+``succeeded``, ``failed`` of its handlers and ``cancelled`` of running jobs.
+
 The Settler never touches a channel itself: it settles through a
 :class:`Settlement` (``ack``, ``nack``, ``republish``).  The Worker and the
 Dramatiq adapter pass their :class:`~ojs_kombu.runtime.consumer.Consumer`;
@@ -39,6 +46,7 @@ from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, record_fa
 from ojs_kombu.policy.schedule import Cascade, delay_ms_until
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
+from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
 from ojs_kombu.wire.codec import OutgoingMessage, decode, encode
 from ojs_kombu.wire.headers import error_headers
 
@@ -62,6 +70,11 @@ def failed_message(original: OutgoingMessage, job: Job, failure: Failure) -> Out
     }
     headers = {**original.headers, **encoded.headers, **error_headers(failure.code, failure.message)}
     return OutgoingMessage(encoded.body, properties, headers)
+
+
+def failure_error(failure: Failure) -> dict[str, Any]:
+    """The ``error`` of a ``failed`` lifecycle event: ``{"code", "type", "message"}`` of ``failure``."""
+    return {"code": failure.code, "type": failure.type, "message": failure.message}
 
 
 def worker_lost(attempt: int) -> Failure:
@@ -126,6 +139,7 @@ class Settler:
         cancelled: tells whether a job id was cancelled (``Client.cancel``):
             :meth:`triage` acks such a job without running it, whatever else
             holds (redelivered, scheduled ...).  ``None``: no cancels known.
+        lifecycle: where the events of what it settles go (see the module docstring); ``None``: nowhere.
     """
 
     def __init__(
@@ -139,6 +153,7 @@ class Settler:
         early_tolerance_ms: int = 0,
         discard_expired: bool = True,
         cancelled: Callable[[str], bool] | None = None,
+        lifecycle: Lifecycle | None = None,
     ):
         self.consumer = consumer
         self.names = names
@@ -148,6 +163,11 @@ class Settler:
         self.early_tolerance_ms = early_tolerance_ms
         self.discard_expired = discard_expired
         self.cancelled = cancelled
+        self.lifecycle = lifecycle
+
+    def _emit(self, event: JobEventName, job: Job, attempt: int, failure: Failure | None = None) -> None:
+        if self.lifecycle is not None:
+            self.lifecycle.emit(event, job, attempt, error=failure_error(failure) if failure else None)
 
     def triage(self, delivery: Delivery) -> Job | None:
         """Decode ``delivery``; return the job if it is to run now, else settle it and return None.
@@ -163,6 +183,7 @@ class Settler:
         if self.cancelled is not None and self.cancelled(job.id):
             record_cancelled(job, "pending", attempt)
             self.consumer.ack(delivery)
+            self._emit("cancelled", job, attempt)
             return None
         if delivery.redelivered:
             logger.warning(
@@ -171,7 +192,9 @@ class Settler:
                 attempt,
                 extra=job_log_extra(job, attempt),
             )
-            self.fail(delivery, job, attempt, worker_lost(attempt), decide(job, attempt, error_type="worker_lost"))
+            failure = worker_lost(attempt)
+            self._emit("failed", job, attempt, failure)
+            self.fail(delivery, job, attempt, failure, decide(job, attempt, error_type="worker_lost"))
             return None
         now = utcnow()
         expires = job.expires_datetime
@@ -183,6 +206,7 @@ class Settler:
                 extra=job_log_extra(job, attempt),
             )
             self.consumer.ack(delivery)
+            self._emit("expired", job, attempt)
             return None
         scheduled = job.scheduled_datetime
         if scheduled is not None and scheduled > now:
@@ -193,18 +217,25 @@ class Settler:
         return job
 
     def fail(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, decision: Decision) -> None:
-        """Carry out ``decision`` for attempt ``attempt`` of ``job`` that failed with ``failure``."""
+        """Carry out ``decision`` for attempt ``attempt`` of ``job`` that failed with ``failure``.
+
+        Emits ``retried`` or ``dead-lettered`` (nothing for a discard); the caller emits ``failed``.
+        """
         if decision.outcome is Outcome.RETRY:
             self.retry(delivery, job, attempt, failure, decision.delay_ms or 1)
-        elif decision.outcome is Outcome.DISCARD:
+            self._emit("retried", job, attempt, failure)
+            return
+        if decision.outcome is Outcome.DISCARD:
             logger.info("job %s discarded: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
             self.consumer.ack(delivery)
-        elif self.dead_letter_mode == "republish":
+            return
+        if self.dead_letter_mode == "republish":
             message = failed_message(delivery.outgoing(), record_failure(job, attempt, failure), failure)
             self.consumer.republish(delivery, message, self.names.dead_letter_exchange, job.queue, job.queue)
         else:
             logger.info("job %s dead-lettered: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
             self.consumer.nack(delivery)
+        self._emit("dead-lettered", job, attempt, failure)
 
     def retry(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, delay_ms: int) -> None:
         """Publish ``job`` (attempt+1, error recorded) to ``ojs.queue.retry.{q}.{delay_ms}``, then ack.
@@ -271,4 +302,4 @@ class Settler:
         )
 
 
-__all__ = ["DeadLetterMode", "Settlement", "Settler", "failed_message", "worker_lost"]
+__all__ = ["DeadLetterMode", "Settlement", "Settler", "failed_message", "failure_error", "worker_lost"]

@@ -44,6 +44,12 @@ Threads: one thread runs the :class:`~ojs_kombu.runtime.consumer.Consumer` loop 
 only user of the connection); ``concurrency`` handler threads run jobs and hand
 their outcomes back to it.  ``Basic.Qos(prefetch=concurrency, global=False)``.
 
+What a worker knows about its jobs: :attr:`Worker.lifecycle` emits the lifecycle
+events of every job it handles (started, succeeded, failed, retried,
+dead-lettered, cancelled, expired) under :attr:`Worker.worker_id`, and
+:attr:`Worker.activity` keeps the jobs running now and a window of recent
+outcomes, with which the worker answers INFO requests (``Client.info``).
+
 How a worker ends:
 
 * :meth:`Worker.run` returns after a graceful shutdown on SIGTERM / SIGINT or
@@ -84,11 +90,15 @@ from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.runtime.activity import Activity
 from ojs_kombu.runtime.consumer import Consumer, Delivery
 from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
-from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.runtime.lifecycle import JobEvent, Lifecycle
+from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
+from ojs_kombu.runtime.settle import Settler, failure_error
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.events import ActiveJob, EventsOptions
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +181,12 @@ class Worker:
             ``current_job().cancelled``: ``"interrupt"`` raises :class:`~ojs_kombu.errors.Cancelled`
             in the handler's thread; ``"cooperative"`` leaves it to the handler.
         control: retention of the control streams this worker declares.
+        events: also publish this worker's job lifecycle events (started, succeeded, failed,
+            retried, dead-lettered, cancelled, expired) to the events stream; default off.
+            Its presence is published every ``presence_interval`` seconds either way
+            (see :mod:`ojs_kombu.runtime.presence`).
+        presence_interval: seconds between two presences on the events stream.
+        events_options: retention of the events stream this worker declares.
 
     Raises:
         ValidationError: a queue name, the concurrency or ``dead_letter_mode`` is invalid.
@@ -194,6 +210,9 @@ class Worker:
         connect_retries: int | None = None,
         cancel_running: CancelRunning = "interrupt",
         control: ControlOptions | None = None,
+        events: bool = False,
+        presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
+        events_options: EventsOptions | None = None,
     ):
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
@@ -204,7 +223,15 @@ class Worker:
         self.dead_letter_mode = dead_letter_mode
         self.connect_retries = connect_retries
         self.names = Names(prefix)
-        self.topology = Topology(self.names, queue_options=queue_options, on_conflict=on_conflict, control=control)
+        self.topology = Topology(
+            self.names, queue_options=queue_options, on_conflict=on_conflict, control=control, events=events_options
+        )
+        self.events = events
+        self.presence_interval = check_presence_interval(presence_interval)
+        self._init_activity()
+        if events:
+            self.lifecycle.subscribe(self._offer_event)
+        self._beacon: Beacon | None = None
         self.cancellations = Cancellations(cancel_running)
         self._paused = PausedQueues()  # outlives configure(), like the cancels
         self.cascade = Cascade(self.names)
@@ -230,6 +257,13 @@ class Worker:
         self._handler_exit: BaseException | None = None
         self._build_consumer()
 
+    def _init_activity(self) -> None:
+        """The worker's lifecycle hub and the activity it feeds (both outlive configure())."""
+        self.lifecycle = Lifecycle()
+        self.worker_id = self.lifecycle.worker_id
+        self.activity = Activity()
+        self.lifecycle.subscribe(self.activity.record)
+
     def _build_consumer(self) -> None:
         self.consumer = Consumer(
             self.url,
@@ -238,10 +272,17 @@ class Worker:
             self._receive,
             topology=self.topology,
             declare=self._declare,
-            control=ControlReader(self.names, self.topology, self.queues, self.cancellations, paused=self._paused),
+            control=ControlReader(
+                self.names,
+                self.topology,
+                self.queues,
+                self.cancellations,
+                paused=self._paused,
+                info=self.activity.lookup,
+            ),
             heartbeat=self._heartbeat,
             connect_retries=self.connect_retries,
-            connection_name=self._connection_name or f"ojs_kombu worker {','.join(self.queues)}",
+            connection_name=self._consumer_name(),
             ssl=self._ssl,
             transport_options=self._transport_options,
         )
@@ -252,7 +293,11 @@ class Worker:
             self.cascade,
             dead_letter_mode=self.dead_letter_mode,
             cancelled=self.cancellations.is_cancelled,
+            lifecycle=self.lifecycle,
         )
+
+    def _consumer_name(self) -> str:
+        return self._connection_name or f"ojs_kombu worker {','.join(self.queues)}"
 
     def configure(self, *, queues: Iterable[str] | None = None, concurrency: int | None = None) -> None:
         """Replace the queues and/or the concurrency, before :meth:`start`
@@ -340,6 +385,21 @@ class Worker:
                 self._threads.append(thread)
             self._consumer_thread = threading.Thread(target=self._run_consumer, name="ojs-consumer", daemon=True)
             self._consumer_thread.start()
+            self._beacon = Beacon(
+                self.url,
+                self.names,
+                self.topology,
+                worker_id=self.worker_id,
+                queues=self.queues,
+                concurrency=self.concurrency,
+                active=self._active_jobs,
+                interval=self.presence_interval,
+                heartbeat=self._heartbeat,
+                ssl=self._ssl,
+                transport_options=self._transport_options,
+                connection_name=f"{self._consumer_name()} events",
+            )
+            self._beacon.start()
         logger.info(
             "worker consuming %s on %s (concurrency %d)", ", ".join(self.queues), safe_url(self.url), self.concurrency
         )
@@ -403,6 +463,8 @@ class Worker:
         for thread in self._threads:
             thread.join(timeout=0.5)
         self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
+        if self._beacon is not None:
+            self._beacon.stop()  # after the last settle: its job events, then the offline presence
         self._stopped.set()
 
     def teardown(self) -> int:
@@ -547,6 +609,7 @@ class Worker:
             self.settler.reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
             return
         token = None
+        self.lifecycle.emit("started", job, attempt)
         try:
             with self.cancellations.running(job.id, job.queue) as entry:
                 token = _current_job.set(RunningJob.of(job, attempt, entry.cancelled))
@@ -561,7 +624,9 @@ class Worker:
                 return
             extra = job_log_extra(job, attempt)
             logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc, extra=extra)
-            self.settler.fail(delivery, job, attempt, Failure.from_exception(exc), decide(job, attempt, exc))
+            failure = Failure.from_exception(exc)
+            self._failed(job, attempt, failure)
+            self.settler.fail(delivery, job, attempt, failure, decide(job, attempt, exc))
             if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the program wants to end
                 logger.error(
                     "the handler of job %s raised %s: attempt %d failed; the worker shuts down",
@@ -576,14 +641,34 @@ class Worker:
                 self._cancelled(delivery, job, attempt)
             else:
                 self.consumer.ack(delivery)
+                self.lifecycle.emit("succeeded", job, attempt)
         finally:
             if token is not None:
                 _current_job.reset(token)
+
+    def _failed(self, job: Job, attempt: int, failure: Failure) -> None:
+        """Emit ``failed`` for a handler's failure (the Settler then emits ``retried`` / ``dead-lettered``)."""
+        self.lifecycle.emit("failed", job, attempt, error=failure_error(failure))
 
     def _cancelled(self, delivery: Delivery, job: Job, attempt: int) -> None:
         """A job cancelled while it ran: acked, never retried, counted."""
         record_cancelled(job, "running", attempt)
         self.consumer.ack(delivery)
+        self.lifecycle.emit("cancelled", job, attempt)
+
+    def _active_jobs(self) -> list[ActiveJob]:
+        """The presence's running jobs: what the worker's :class:`Activity` knows is active."""
+        return [
+            ActiveJob(info.job_id, info.queue, info.type, info.attempt, info.started_at)
+            for info in self.activity.active()
+            if info.started_at is not None
+        ]
+
+    def _offer_event(self, event: JobEvent) -> None:
+        """The lifecycle subscriber of ``events=True``: hand the event to the beacon's thread."""
+        beacon = self._beacon
+        if beacon is not None:
+            beacon.offer(event)
 
     def _exit_requested(self, exc: BaseException) -> None:
         """A handler raised SystemExit / KeyboardInterrupt: shut down; run() re-raises it."""

@@ -7,8 +7,18 @@ unique ``message_id`` and ``timestamp``; body ``{"job_id": …}`` for a cancel,
 ``{"queue": …}`` for a pause or a resume (``ojs.control.pause`` /
 ``ojs.control.resume``, an extension of the binding).
 
-Pure functions: :mod:`ojs_kombu.client` publishes what :func:`cancel_message`
-and :func:`pause_message` build, :mod:`ojs_kombu.runtime.control` reads what :func:`decode_control` returns.
+INFO (binding §5.8, AMQP-021) is an RPC over the same stream: the request
+(:func:`info_message`) has ``type=ojs.control.info``, body ``{"job_id": …}``
+and the properties ``reply_to`` (the asking client's exclusive, auto-delete,
+server-named queue) and ``correlation_id``.  Each worker that knows the job
+replies (:func:`info_reply`) through the default exchange with routing key =
+``reply_to``: ``type=ojs.control.info.reply``, the request's ``correlation_id``
+echoed, body the :class:`~ojs_kombu.model.info.JobInfo` JSON; read back with
+:func:`decode_info_reply`.
+
+Pure functions: :mod:`ojs_kombu.client` publishes what :func:`cancel_message`,
+:func:`pause_message` and :func:`info_message` build, :mod:`ojs_kombu.runtime.control`
+reads what :func:`decode_control` returns.
 """
 
 from __future__ import annotations
@@ -17,10 +27,18 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ojs_kombu.errors import DecodeError, ValidationError
-from ojs_kombu.model.naming import CONTROL_TYPE_CANCEL, CONTROL_TYPE_PAUSE, CONTROL_TYPE_RESUME, validate_queue_name
+from ojs_kombu.model.info import JobInfo
+from ojs_kombu.model.naming import (
+    CONTROL_TYPE_CANCEL,
+    CONTROL_TYPE_INFO,
+    CONTROL_TYPE_PAUSE,
+    CONTROL_TYPE_RESUME,
+    validate_queue_name,
+)
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.wire.codec import OutgoingMessage
 
@@ -28,6 +46,8 @@ CONTROL_CONTENT_TYPE = "application/json"
 #: A worker's own catch-up marker (DESIGN §14): published to the control stream at start,
 #: it tells the worker that everything before it has been replayed.  Other readers ignore it.
 CONTROL_TYPE_MARKER = "ojs.control.marker"
+#: The ``type`` property of a worker's answer to an INFO request (its body: a JobInfo).
+CONTROL_TYPE_INFO_REPLY = "ojs.control.info.reply"
 #: A control body larger than this is not a control message (a cancel body is ~60 bytes).
 MAX_CONTROL_BYTES = 64 * 1024
 
@@ -39,7 +59,7 @@ class ControlOptions:
     """Retention of the control streams ``ojs.queue.control.{q}`` (DESIGN §14).
 
     RabbitMQ trims a stream by whole segments, so a small segment size makes the
-    age and size limits bite; a cancel record is ~300 bytes on disk.
+    age and size limits bite; a cancel record is ~370 bytes on disk (measured: 100,000 cancels, 37.2 MB).
 
     Parameters:
         max_age: ``x-max-age`` (RabbitMQ units ``Y M D h m s``); the default outlives
@@ -78,11 +98,18 @@ class ControlOptions:
 
 @dataclass(frozen=True)
 class ControlMessage:
-    """A decoded control message: its ``type`` property and JSON body."""
+    """A decoded control message: its ``type`` property, JSON body and the RPC properties.
+
+    ``reply_to`` and ``correlation_id`` are those of an INFO request; ``timestamp``
+    is when it was published (aware UTC, whole seconds), if it says.
+    """
 
     type: str
     message_id: str | None
     body: dict[str, Any]
+    reply_to: str | None = None
+    correlation_id: str | None = None
+    timestamp: datetime | None = None
 
     @property
     def job_id(self) -> str | None:
@@ -91,8 +118,14 @@ class ControlMessage:
         return value.lower() if isinstance(value, str) and value else None
 
 
-def control_message(type: str, body: dict[str, Any]) -> OutgoingMessage:
-    """A control message with the properties of DESIGN §14 (unique ``message_id``, ``timestamp``)."""
+def control_message(type: str, body: dict[str, Any], **properties: Any) -> OutgoingMessage:
+    """A control message with the properties of DESIGN §14 (unique ``message_id``, ``timestamp``).
+
+    Parameters:
+        type: the ``type`` property.
+        body: the JSON body.
+        properties: further AMQP properties (``reply_to``, ``correlation_id``, ``delivery_mode`` …).
+    """
     return OutgoingMessage(
         json.dumps(body, separators=(",", ":")).encode("utf-8"),
         {
@@ -103,8 +136,20 @@ def control_message(type: str, body: dict[str, Any]) -> OutgoingMessage:
             "timestamp": int(utcnow().timestamp()),
             "delivery_mode": 2,
             "app_id": "ojs",
+            **properties,
         },
     )
+
+
+def control_job_id(job_id: str) -> str:
+    """The ``job_id`` of a cancel or INFO body: stripped, lowercase.
+
+    Raises:
+        ValidationError: ``job_id`` is not a non-empty string.
+    """
+    if not isinstance(job_id, str) or not job_id.strip():
+        raise ValidationError(f"job_id must be a non-empty string, got {job_id!r}", field="job_id")
+    return job_id.strip().lower()
 
 
 def cancel_message(job_id: str) -> OutgoingMessage:
@@ -113,9 +158,65 @@ def cancel_message(job_id: str) -> OutgoingMessage:
     Raises:
         ValidationError: ``job_id`` is not a non-empty string.
     """
-    if not isinstance(job_id, str) or not job_id.strip():
-        raise ValidationError(f"job_id must be a non-empty string, got {job_id!r}", field="job_id")
-    return control_message(CONTROL_TYPE_CANCEL, {"job_id": job_id.strip().lower()})
+    return control_message(CONTROL_TYPE_CANCEL, {"job_id": control_job_id(job_id)})
+
+
+def info_message(job_id: str, *, reply_to: str, correlation_id: str) -> OutgoingMessage:
+    """INFO request (binding §5.8, AMQP-021): ``type=ojs.control.info``, body ``{"job_id": …}``,
+    with ``reply_to`` and ``correlation_id``.
+
+    It is published persistent like every control message (the stream keeps it;
+    workers ignore requests older than a few seconds, so a replayed one goes unanswered).
+
+    Parameters:
+        job_id: the job asked about.
+        reply_to: the queue the answers go to (through the default exchange).
+        correlation_id: echoed in every answer.
+
+    Raises:
+        ValidationError: an argument is not a non-empty string.
+    """
+    for name, value in (("reply_to", reply_to), ("correlation_id", correlation_id)):
+        if not isinstance(value, str) or not value:
+            raise ValidationError(f"{name} must be a non-empty string, got {value!r}", field=name)
+    return control_message(
+        CONTROL_TYPE_INFO, {"job_id": control_job_id(job_id)}, reply_to=reply_to, correlation_id=correlation_id
+    )
+
+
+def info_reply(info: JobInfo, *, correlation_id: str | None) -> OutgoingMessage:
+    """A worker's answer to an INFO request: ``type=ojs.control.info.reply``, the request's
+    ``correlation_id``, body ``info`` as JSON; transient (it goes to an exclusive queue).
+
+    Parameters:
+        info: what the worker knows about the job.
+        correlation_id: the request's (None: the request had none, the reply has none).
+    """
+    properties: dict[str, Any] = {"delivery_mode": 1}
+    if correlation_id is not None:
+        properties["correlation_id"] = correlation_id
+    return control_message(CONTROL_TYPE_INFO_REPLY, info.to_dict(), **properties)
+
+
+def decode_info_reply(body: bytes, properties: dict[str, Any]) -> tuple[str | None, JobInfo]:
+    """Read an INFO reply.
+
+    Returns:
+        Its ``correlation_id`` (None if it has none) and the :class:`JobInfo`.
+
+    Raises:
+        DecodeError: not an INFO reply, or its body is not a valid job info.
+    """
+    message = decode_control(body, properties)
+    if message.type != CONTROL_TYPE_INFO_REPLY:
+        raise DecodeError(
+            f"expected an {CONTROL_TYPE_INFO_REPLY} message, got {message.type!r}", code="invalid_payload"
+        )
+    try:
+        info = JobInfo.from_dict(message.body)
+    except ValidationError as exc:
+        raise DecodeError(f"an INFO reply is not a job info: {exc}", code="invalid_payload") from None
+    return message.correlation_id, info
 
 
 def pause_message(queue: str, *, paused: bool = True) -> OutgoingMessage:
@@ -150,17 +251,46 @@ def decode_control(body: bytes, properties: dict[str, Any]) -> ControlMessage:
         raise DecodeError(f"a control message body is not JSON: {exc}", code="invalid_payload") from None
     if not isinstance(data, dict):
         raise DecodeError("a control message body must be a JSON object", code="invalid_payload")
-    message_id = properties.get("message_id")
-    return ControlMessage(kind, message_id if isinstance(message_id, str) else None, data)
+    return ControlMessage(
+        kind,
+        _text(properties.get("message_id")),
+        data,
+        reply_to=_text(properties.get("reply_to")),
+        correlation_id=_text(properties.get("correlation_id")),
+        timestamp=_published_at(properties.get("timestamp")),
+    )
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value if isinstance(value, str) and value else None
+
+
+def _published_at(value: Any) -> datetime | None:
+    """The ``timestamp`` property: py-amqp reads it as a naive UTC datetime, others may pass seconds."""
+    if isinstance(value, datetime):
+        return value if value.utcoffset() is not None else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError):
+            return None
+    return None
 
 
 __all__ = [
     "CONTROL_CONTENT_TYPE",
+    "CONTROL_TYPE_INFO_REPLY",
     "CONTROL_TYPE_MARKER",
     "ControlMessage",
     "ControlOptions",
     "cancel_message",
+    "control_job_id",
     "control_message",
     "decode_control",
+    "decode_info_reply",
+    "info_message",
+    "info_reply",
     "pause_message",
 ]

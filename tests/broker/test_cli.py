@@ -174,3 +174,34 @@ def test_worker_command_reports_an_unimportable_app(project):
     process = start("worker", "missing_app:worker")
     _, err = process.communicate(timeout=60)
     assert process.returncode == 1 and "cannot import 'missing_app'" in err
+
+
+def test_control_commands_cancel_info_pause_resume(capsys, client, worker_factory, amqp_url, prefix, names):
+    common = ["--url", amqp_url, "--prefix", prefix]
+    worker = worker_factory()
+    worker.handler("cli.job", lambda *args: None)
+    worker.start()
+    assert worker.wait_until_ready()
+    job = client.enqueue("cli.job", ["x"])
+    wait_until(lambda: worker.activity.lookup(job.id) is not None, message="the job to run")
+
+    code, out, _ = run(capsys, "info", job.id, "--queue", "default", "--timeout", "2", *common)
+    assert code == 0
+    info = json.loads(out)
+    assert (info["job_id"], info["state"], info["worker_id"]) == (job.id, "completed", worker.worker_id)
+
+    unknown = Job.create("cli.job", []).id
+    code, out, err = run(capsys, "info", unknown, "--queue", "default", "--timeout", "0.5", *common)
+    assert (code, out) == (1, "")
+    assert unknown in err
+
+    code, out, _ = run(capsys, "cancel", unknown.upper(), "--queue", "default", *common)
+    assert code == 0 and json.loads(out) == {"cancelled": unknown, "queue": "default"}
+    wait_until(lambda: worker.cancellations.is_cancelled(unknown), message="the cancel to reach the worker")
+
+    code, out, _ = run(capsys, "pause", "default", *common)
+    assert code == 0 and json.loads(out) == {"paused": "default"}
+    wait_until(lambda: worker.paused_queues == {"default"}, message="the pause")
+    code, out, _ = run(capsys, "resume", "default", *common)
+    assert code == 0 and json.loads(out) == {"resumed": "default"}
+    wait_until(lambda: worker.paused_queues == frozenset(), message="the resume")

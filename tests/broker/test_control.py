@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pika
 import pytest
-from support import message_count, raw_channel, wait_until
+from support import message_count, raw_channel, read_stream, wait_until
 
 from ojs_kombu import Cancelled, Client, ControlOptions, RetryPolicy, Worker, current_job
 from ojs_kombu.model.timefmt import utcnow
@@ -35,26 +35,6 @@ class Runs:
 
 def cancelled_count(queue: str, state: str) -> float:
     return METRICS.jobs_cancelled.labels(queue, state)._value.get()
-
-
-def read_stream(amqp_url: str, stream: str, count: int, timeout: float = 10.0, until: bytes | None = None) -> list:
-    """Read ``count`` records of a stream from its start (an independent pika consumer),
-    or, with ``until``, every record up to the one whose body is ``until``."""
-    found = []
-    with raw_channel(amqp_url) as channel:
-        channel.basic_qos(prefetch_count=100)
-
-        def on_message(ch, method, properties, body):
-            found.append((method, properties, body))
-            ch.basic_ack(method.delivery_tag)
-
-        channel.basic_consume(stream, on_message, arguments={"x-stream-offset": "first"})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if until is None and len(found) >= count or until is not None and found and found[-1][2] == until:
-                break
-            channel.connection.process_data_events(time_limit=0.1)
-    return found
 
 
 def blocked_worker(worker_factory, release: threading.Event, runs: Runs, **options) -> Worker:

@@ -21,7 +21,7 @@ import pytest
 from ojs_kombu import AccessRefusedError, Client, Names, NotFoundError
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.runtime.consumer import Consumer
-from ojs_kombu.testing import BrokerError, PrivateNode
+from ojs_kombu.testing import PrivateNode
 
 SECRET = "not-the-password-4711"
 
@@ -115,17 +115,7 @@ def test_missing_dead_letter_queue_is_not_found(client):
     assert client.enqueue("a.b", [1], queue="still-works").queue == "still-works"
 
 
-# -- a private node: users and virtual hosts of our own ---------------------------------------
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateNode]:
-    try:
-        private = PrivateNode(tmp_path_factory.mktemp("rabbitmq"))
-    except BrokerError as exc:
-        pytest.skip(str(exc))
-    with private:
-        yield private
+# -- a private node: users and virtual hosts of our own (the ``node`` fixture of tests/conftest.py)
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ import threading
 import time
 
 import pytest
-from support import raw_channel, wait_until
-from test_control import read_stream
+from support import raw_channel, read_stream, wait_until
 
 from ojs_kombu import Client, Worker, current_job
 from ojs_kombu.observability.metrics import METRICS

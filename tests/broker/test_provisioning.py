@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import amqp
@@ -19,7 +18,7 @@ import kombu
 import pytest
 
 import ojs_kombu.testing
-from ojs_kombu.testing import BrokerError, ManagementError, PrivateNode, mask_url, provision_broker
+from ojs_kombu.testing import ManagementError, PrivateNode, mask_url, provision_broker
 
 
 def _name(kind: str) -> str:
@@ -39,16 +38,6 @@ def _answers(node: PrivateNode) -> bool:
             return bool(conn.connected)
     except Exception:  # noqa: BLE001 - any failure means not reachable
         return False
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateNode]:
-    try:
-        private = PrivateNode(tmp_path_factory.mktemp("rabbitmq"))
-    except BrokerError as exc:
-        pytest.skip(str(exc))
-    with private:
-        yield private
 
 
 # -- no broker needed ----------------------------------------------------------

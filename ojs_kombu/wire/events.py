@@ -1,0 +1,369 @@
+"""The events stream's messages: worker presence and job lifecycle events (DESIGN §14).
+
+Both go to the topic exchange ``ojs.exchange.events`` and land in the stream
+``ojs.stream.events`` (bound with ``#``):
+
+=========================  ==========================  =========================================
+message                    ``type`` property           routing key
+=========================  ==========================  =========================================
+worker presence            ``ojs.event.worker``        ``worker.{worker_id}``
+job lifecycle event        ``ojs.event.job.{event}``   ``job.{event}.{queue}``
+a reader's catch-up mark   ``ojs.event.marker``        ``marker``
+=========================  ==========================  =========================================
+
+Properties: ``content_type=application/json``, a unique ``message_id``,
+``timestamp`` (epoch seconds), ``app_id=ojs``.  Times in the bodies are RFC 3339
+UTC strings.  A presence body::
+
+    {"worker_id": "host.4242.a1b2c3", "host": "host", "pid": 4242, "queues": ["email"],
+     "concurrency": 10, "state": "online", "version": "0.1.0",
+     "started_at": "…Z", "sent_at": "…Z",
+     "active": [{"job_id": "…", "queue": "email", "type": "email.send", "attempt": 1,
+                 "started_at": "…Z"}]}
+
+``state`` is ``offline`` in the last presence of a worker that stopped
+gracefully.  A job event body::
+
+    {"event": "failed", "job_id": "…", "type": "email.send", "queue": "email",
+     "attempt": 2, "worker_id": "…", "at": "…Z", "error": {"code": …, "type": …, "message": …}}
+
+(``error`` only on ``failed``).  Decoders ignore unknown fields and unknown
+``ojs.event.*`` types (a newer producer), and raise
+:class:`~ojs_kombu.errors.DecodeError` on anything else unreadable.
+
+Pure: :mod:`ojs_kombu.runtime.presence` publishes these messages,
+:meth:`ojs_kombu.client.Client.workers` and :meth:`ojs_kombu.client.Client.events` read them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Literal
+
+from ojs_kombu.errors import DecodeError, ValidationError
+from ojs_kombu.model.naming import EVENT_TYPE_JOB_PREFIX, EVENT_TYPE_WORKER
+from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp, utcnow
+from ojs_kombu.wire.codec import OutgoingMessage
+from ojs_kombu.wire.control import ControlOptions
+
+EVENTS_CONTENT_TYPE = "application/json"
+#: A reader's own catch-up marker: published by a reader, it tells it that everything
+#: before it has been read.  Every reader ignores other readers' markers.
+EVENT_TYPE_MARKER = "ojs.event.marker"
+MARKER_ROUTING_KEY = "marker"
+#: A body larger than this is not an event (a presence with 100 active jobs is ~15 KB).
+MAX_EVENT_BYTES = 1024 * 1024
+
+PresenceState = Literal["online", "offline"]
+
+
+def library_version() -> str:
+    """The installed version of the ``ojs-amqp`` distribution (``"unknown"`` when not installed)."""
+    try:
+        return version("ojs-amqp")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class EventsOptions(ControlOptions):
+    """Retention of the events stream ``ojs.stream.events`` (DESIGN §14).
+
+    The same three arguments as :class:`~ojs_kombu.wire.control.ControlOptions`,
+    with a short age: presence and job events are for the live view (CLI, dashboard),
+    not a history.  RabbitMQ trims whole segments, so the small segment size is
+    what lets the age and size limits bite; a presence record is ~400 bytes.
+
+    Parameters:
+        max_age: ``x-max-age`` (RabbitMQ units ``Y M D h m s``), default one hour.
+        max_length_bytes: ``x-max-length-bytes``: the stream's size cap.
+        max_segment_size_bytes: ``x-stream-max-segment-size-bytes``.
+
+    Raises:
+        ValidationError: an option is malformed.
+    """
+
+    max_age: str = "1h"
+    max_length_bytes: int = 100_000_000
+    max_segment_size_bytes: int = 1_000_000
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    """A job a worker is running, as its presence lists it.
+
+    Parameters:
+        job_id, queue, job_type: the job.
+        attempt: the 1-based execution running.
+        started_at: when the handler started it (UTC).
+    """
+
+    job_id: str
+    queue: str
+    job_type: str
+    attempt: int
+    started_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this job in a presence body."""
+        return {
+            "job_id": self.job_id,
+            "queue": self.queue,
+            "type": self.job_type,
+            "attempt": self.attempt,
+            "started_at": format_timestamp(self.started_at),
+        }
+
+
+@dataclass(frozen=True)
+class WorkerPresence:
+    """One worker's presence on the events stream (BEAT, DESIGN §14).
+
+    Parameters:
+        worker_id: the worker's id (``{host}.{pid}.{6 hex}``).
+        host, pid: where it runs.
+        queues: the OJS queues it consumes.
+        concurrency: its handler threads.
+        active: the jobs it runs now, with their start times.
+        started_at: when the worker started (UTC).
+        sent_at: when this presence was sent (UTC).
+        state: ``online``, or ``offline`` for the last presence of a graceful stop.
+        version: the library version of the worker.
+    """
+
+    worker_id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    active: tuple[ActiveJob, ...]
+    started_at: datetime
+    sent_at: datetime
+    state: PresenceState = "online"
+    version: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON body of this presence."""
+        return {
+            "worker_id": self.worker_id,
+            "host": self.host,
+            "pid": self.pid,
+            "queues": list(self.queues),
+            "concurrency": self.concurrency,
+            "state": self.state,
+            "version": self.version,
+            "started_at": format_timestamp(self.started_at),
+            "sent_at": format_timestamp(self.sent_at),
+            "active": [job.to_json() for job in self.active],
+        }
+
+
+@dataclass(frozen=True)
+class JobEventRecord:
+    """A job lifecycle event as the events stream carries it (see :mod:`ojs_kombu.runtime.lifecycle`).
+
+    Parameters:
+        event: ``started``, ``succeeded``, ``failed``, ``retried``, ``dead-lettered``,
+            ``cancelled`` or ``expired`` (or a newer event name).
+        job_id, job_type, queue: the job.
+        attempt: the 1-based execution the event is about.
+        worker_id: the worker that emitted it.
+        at: when (UTC).
+        error: for ``failed``: ``{"code", "type", "message"}``.
+    """
+
+    event: str
+    job_id: str
+    job_type: str
+    queue: str
+    attempt: int
+    worker_id: str
+    at: datetime
+    error: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON body of this event (``error`` only when set)."""
+        body: dict[str, Any] = {
+            "event": self.event,
+            "job_id": self.job_id,
+            "type": self.job_type,
+            "queue": self.queue,
+            "attempt": self.attempt,
+            "worker_id": self.worker_id,
+            "at": format_timestamp(self.at),
+        }
+        if self.error is not None:
+            body["error"] = self.error
+        return body
+
+
+def _event_message(type: str, body: dict[str, Any], sent_at: datetime) -> OutgoingMessage:
+    return OutgoingMessage(
+        json.dumps(body, separators=(",", ":")).encode("utf-8"),
+        {
+            "type": type,
+            "content_type": EVENTS_CONTENT_TYPE,
+            "content_encoding": "utf-8",
+            "message_id": str(uuid.uuid4()),
+            "timestamp": int(sent_at.timestamp()),
+            "app_id": "ojs",
+        },
+    )
+
+
+def presence_message(presence: WorkerPresence) -> OutgoingMessage:
+    """The message of a worker presence: ``type=ojs.event.worker``, body :meth:`WorkerPresence.to_json`."""
+    return _event_message(EVENT_TYPE_WORKER, presence.to_json(), presence.sent_at)
+
+
+def job_event_message(record: JobEventRecord) -> OutgoingMessage:
+    """The message of a job event: ``type=ojs.event.job.{event}``, body :meth:`JobEventRecord.to_json`."""
+    return _event_message(EVENT_TYPE_JOB_PREFIX + record.event, record.to_json(), record.at)
+
+
+def marker_message() -> OutgoingMessage:
+    """A reader's catch-up marker (``type=ojs.event.marker``, body ``{}``); its ``message_id`` identifies it."""
+    return _event_message(EVENT_TYPE_MARKER, {}, utcnow())
+
+
+# -- decoding --------------------------------------------------------------------------------------
+
+
+def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    value = data.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise DecodeError(f"{what}: {name!r} is missing or not a {_kind_name(kind)}", code="invalid_payload")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+
+
+def _time(data: dict[str, Any], name: str, what: str) -> datetime:
+    try:
+        return parse_timestamp(_field(data, name, str, what))
+    except ValidationError as exc:
+        if isinstance(exc, DecodeError):
+            raise
+        raise DecodeError(f"{what}: {name!r} is not an RFC 3339 timestamp", code="invalid_payload") from None
+
+
+def _active_job(data: Any) -> ActiveJob:
+    what = "an active job of a worker presence"
+    if not isinstance(data, dict):
+        raise DecodeError(f"{what} must be a JSON object", code="invalid_payload")
+    return ActiveJob(
+        _field(data, "job_id", str, what),
+        _field(data, "queue", str, what),
+        _field(data, "type", str, what),
+        _field(data, "attempt", int, what),
+        _time(data, "started_at", what),
+    )
+
+
+def decode_presence(data: dict[str, Any]) -> WorkerPresence:
+    """A :class:`WorkerPresence` from a presence body (unknown fields ignored).
+
+    Raises:
+        DecodeError: a required field is missing or of the wrong type.
+    """
+    what = "a worker presence"
+    queues = _field(data, "queues", list, what)
+    active = data.get("active", [])
+    state = data.get("state", "online")
+    if not all(isinstance(q, str) for q in queues) or not isinstance(active, list):
+        raise DecodeError(f"{what}: 'queues' must be strings and 'active' a list", code="invalid_payload")
+    if state not in ("online", "offline"):
+        raise DecodeError(f"{what}: unknown state {state!r}", code="invalid_payload")
+    version = data.get("version", "")
+    return WorkerPresence(
+        worker_id=_field(data, "worker_id", str, what),
+        host=_field(data, "host", str, what),
+        pid=_field(data, "pid", int, what),
+        queues=tuple(queues),
+        concurrency=_field(data, "concurrency", int, what),
+        active=tuple(_active_job(job) for job in active),
+        started_at=_time(data, "started_at", what),
+        sent_at=_time(data, "sent_at", what),
+        state=state,
+        version=version if isinstance(version, str) else "",
+    )
+
+
+def decode_job_event(data: dict[str, Any]) -> JobEventRecord:
+    """A :class:`JobEventRecord` from a job event body (unknown fields ignored).
+
+    Raises:
+        DecodeError: a required field is missing or of the wrong type.
+    """
+    what = "a job event"
+    error = data.get("error")
+    return JobEventRecord(
+        event=_field(data, "event", str, what),
+        job_id=_field(data, "job_id", str, what),
+        job_type=_field(data, "type", str, what),
+        queue=_field(data, "queue", str, what),
+        attempt=_field(data, "attempt", int, what),
+        worker_id=_field(data, "worker_id", str, what),
+        at=_time(data, "at", what),
+        error=error if isinstance(error, dict) else None,
+    )
+
+
+def decode_event(body: bytes, properties: dict[str, Any]) -> WorkerPresence | JobEventRecord | None:
+    """Read one message of the events stream.
+
+    Parameters:
+        body: the message body.
+        properties: its AMQP properties (``type`` decides).
+
+    Returns:
+        The presence or the job event; ``None`` for a marker or an ``ojs.event.*`` type
+        this version does not know.
+
+    Raises:
+        DecodeError: no ``type`` property, a body that is not a JSON object, or a
+            presence / job event missing a required field.
+    """
+    kind = properties.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise DecodeError("an event needs a type property", code="invalid_payload")
+    if kind == EVENT_TYPE_MARKER:
+        return None
+    if len(body) > MAX_EVENT_BYTES:
+        raise DecodeError(f"an event body is {len(body)} bytes", code="invalid_payload")
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DecodeError(f"an event body is not JSON: {exc}", code="invalid_payload") from None
+    if not isinstance(data, dict):
+        raise DecodeError("an event body must be a JSON object", code="invalid_payload")
+    if kind == EVENT_TYPE_WORKER:
+        return decode_presence(data)
+    if kind.startswith(EVENT_TYPE_JOB_PREFIX):
+        return decode_job_event(data)
+    return None
+
+
+__all__ = [
+    "EVENTS_CONTENT_TYPE",
+    "EVENT_TYPE_MARKER",
+    "MARKER_ROUTING_KEY",
+    "ActiveJob",
+    "EventsOptions",
+    "JobEventRecord",
+    "PresenceState",
+    "WorkerPresence",
+    "decode_event",
+    "decode_job_event",
+    "decode_presence",
+    "job_event_message",
+    "library_version",
+    "marker_message",
+    "presence_message",
+]
