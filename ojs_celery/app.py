@@ -43,6 +43,7 @@ from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.transport import register_aliases
 
 from .control import ON_CANCEL_HOOK, CancelStep
+from .lifecycle import LIFECYCLE_HOOK
 from .request import REQUEST, STOCK_REQUEST
 
 #: The settings ``ojs_celery.Celery`` uses unless the configuration sets them.
@@ -96,8 +97,9 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
                 conf[key] = value
         _refuse_pickle(conf)
         options = conf.get("broker_transport_options") or {}
-        if "on_cancel" not in options:
-            conf["broker_transport_options"] = {**options, "on_cancel": ON_CANCEL_HOOK}
+        hooks = {"on_cancel": ON_CANCEL_HOOK, "lifecycle": LIFECYCLE_HOOK}
+        if any(key not in options for key in hooks):
+            conf["broker_transport_options"] = {**hooks, **options}
         return conf
 
     def send_task(

@@ -19,6 +19,11 @@ event              when
 ``expired``        a task past its ``expires`` was discarded
 =================  ==================================================================
 
+The ``ojs://`` transport emits to the same hub what it settles without Celery
+(the transport option ``lifecycle``): ``cancelled`` for a cancelled job dropped on
+delivery, ``failed`` then ``retried``/``dead-lettered`` for a redelivered job
+(its worker died), ``dead-lettered`` for an invalid envelope.
+
 Subscribe with ``worker_lifecycle().subscribe(callback)`` from the worker process,
 e.g. in a worker bootstep or a ``celery.signals.worker_init`` handler.
 """
@@ -34,10 +39,14 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for, ojs_queue_for
 from ojs_kombu.policy.retry import Failure
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
+from ojs_kombu.runtime.settle import failure_error
 
 from .protocol import ENVELOPE_HEADER
 
 logger = logging.getLogger(__name__)
+
+#: The transport option :class:`ojs_celery.Celery` sets: the transport's own settling emits here too.
+LIFECYCLE_HOOK = "ojs_celery.lifecycle:worker_lifecycle"
 
 _lifecycle: Lifecycle | None = None
 _pid = 0
@@ -91,13 +100,10 @@ def emit(request: Any, event: JobEventName, exc: BaseException | None = None) ->
     """
     try:
         job = job_of(request)
-        error = None
-        if exc is not None:
-            failure = Failure.from_exception(exc)
-            error = {"code": failure.code, "type": failure.type, "message": failure.message}
+        error = failure_error(Failure.from_exception(exc)) if exc is not None else None
         worker_lifecycle().emit(event, job, job.attempt + 1, error=error)
     except Exception:  # events are observability: never in the way of settling the task
         logger.exception("could not emit the %s event of task %s", event, getattr(request, "id", "?"))
 
 
-__all__ = ["emit", "job_of", "worker_lifecycle"]
+__all__ = ["LIFECYCLE_HOOK", "emit", "job_of", "worker_lifecycle"]

@@ -91,6 +91,13 @@ removed before the py-amqp connection sees them:
     (replays included): a callable or ``"module:function"``.  ``ojs_celery``
     sets it to revoke the task (:mod:`ojs_celery.control`).
 
+``lifecycle``
+    where the transport's Settler emits the lifecycle events of what it settles
+    itself (``cancelled`` on delivery, ``failed``/``retried`` of a redelivered
+    job ...): a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle`, a function
+    returning one, or ``"module:function"``.  ``ojs_celery`` sets it to the
+    worker process's (:func:`ojs_celery.lifecycle.worker_lifecycle`).
+
 ``confirm_publish`` keeps its py-amqp meaning for pass-through traffic; job
 messages are always confirmed.
 

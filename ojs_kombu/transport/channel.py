@@ -92,6 +92,7 @@ class Channel(pyamqp.Channel):
             early_tolerance_ms=EARLY_TOLERANCE_MS,
             discard_expired=False,  # Celery checks ``expires`` itself and records the task as revoked
             cancelled=state.is_cancelled,
+            lifecycle=state.settings.load_lifecycle(),
         )
 
     # -- helpers -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from kombu.utils.imports import symbol_by_name
 
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
+from ojs_kombu.runtime.lifecycle import Lifecycle
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.entities import QueueOptions
 
@@ -17,7 +18,7 @@ DEFAULT_CODEC = "ojs_celery.protocol:CeleryCodec"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 
 #: The transport options that are the binding's (removed before py-amqp sees the options).
-OJS_OPTIONS = ("prefix", "queue_options", "passthrough_queues", "codec", "confirm_timeout", "on_cancel")
+OJS_OPTIONS = ("prefix", "queue_options", "passthrough_queues", "codec", "confirm_timeout", "on_cancel", "lifecycle")
 
 #: ``x-*`` queue arguments of a framework queue that become fields of its OJS queue's options.
 QUEUE_ARGUMENT_OPTIONS = {
@@ -57,6 +58,7 @@ class Settings:
     codec: TaskCodec | type | str
     confirm_timeout: float
     on_cancel: Callable[[str], None] | str | None = None
+    lifecycle: Lifecycle | Callable[[], Lifecycle] | str | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> Settings:
@@ -81,6 +83,7 @@ class Settings:
             codec=options.get("codec") or DEFAULT_CODEC,
             confirm_timeout=float(options.get("confirm_timeout") or DEFAULT_CONFIRM_TIMEOUT),
             on_cancel=options.get("on_cancel"),
+            lifecycle=options.get("lifecycle"),
         )
 
     def load_codec(self) -> TaskCodec:
@@ -102,6 +105,24 @@ class Settings:
         if self.on_cancel is not None and not callable(self.on_cancel):
             raise TypeError(f"the transport option on_cancel must be callable, got {self.on_cancel!r}")
         return self.on_cancel
+
+    def load_lifecycle(self) -> Lifecycle | None:
+        """The :class:`Lifecycle` the transport's Settler emits to (``cancelled`` on delivery, ``retried``, ...).
+
+        The option is a :class:`Lifecycle`, or a function returning one (called per
+        channel, e.g. a per-process hub), or the ``"module:function"`` path of one.
+
+        Raises:
+            TypeError: the option gives no :class:`Lifecycle`.
+        """
+        if isinstance(self.lifecycle, str):
+            self.lifecycle = symbol_by_name(self.lifecycle)
+        found = self.lifecycle
+        if found is not None and not isinstance(found, Lifecycle) and callable(found):
+            found = found()
+        if found is not None and not isinstance(found, Lifecycle):
+            raise TypeError(f"the transport option lifecycle must give a Lifecycle, got {found!r}")
+        return found
 
     def options_with(self, arguments: dict[str, Any]) -> QueueOptions:
         """The queue options with the fields of the ``x-*`` queue ``arguments`` a framework declared.

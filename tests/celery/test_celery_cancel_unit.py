@@ -9,6 +9,7 @@ from kombu import Exchange, Queue
 
 from ojs_celery import Celery
 from ojs_celery.control import ON_CANCEL_HOOK, cancel_queues
+from ojs_celery.lifecycle import LIFECYCLE_HOOK, worker_lifecycle
 from ojs_kombu.transport.control import HookedCancellations
 from ojs_kombu.transport.settings import Settings
 
@@ -40,10 +41,21 @@ def test_on_cancel_option_is_imported_from_a_path_or_refused():
         Settings.from_options({"on_cancel": 42}).load_on_cancel()
 
 
+def test_lifecycle_option_gives_a_lifecycle_or_is_refused():
+    assert Settings.from_options({"lifecycle": LIFECYCLE_HOOK}).load_lifecycle() is worker_lifecycle()
+    assert Settings.from_options({}).load_lifecycle() is None
+    with pytest.raises(TypeError, match="must give a Lifecycle"):
+        Settings.from_options({"lifecycle": "os.path:sep"}).load_lifecycle()
+
+
 def test_the_app_installs_the_hook_and_keeps_the_users_transport_options():
     app = Celery("unit", broker="amqp://localhost//", broker_backend="ojs", broker_transport_options={"prefix": "p"})
     try:
-        assert app.conf.broker_transport_options == {"prefix": "p", "on_cancel": ON_CANCEL_HOOK}
+        assert app.conf.broker_transport_options == {
+            "prefix": "p",
+            "on_cancel": ON_CANCEL_HOOK,
+            "lifecycle": LIFECYCLE_HOOK,
+        }
     finally:
         app.close()
 
