@@ -25,7 +25,9 @@ delivery, ``failed`` then ``retried``/``dead-lettered`` for a redelivered job
 (its worker died), ``dead-lettered`` for an invalid envelope.
 
 Subscribe with ``worker_lifecycle().subscribe(callback)`` from the worker process,
-e.g. in a worker bootstep or a ``celery.signals.worker_init`` handler.
+e.g. in a worker bootstep or a ``celery.signals.worker_init`` handler.  The
+process's :func:`worker_activity` is subscribed already: it answers INFO
+requests (``ojs_kombu.Client.info``) through the transport option ``info``.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ import os
 import threading
 from typing import Any
 
+from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for, ojs_queue_for
 from ojs_kombu.policy.retry import Failure
+from ojs_kombu.runtime.activity import Activity
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
 from ojs_kombu.runtime.settle import failure_error
 
@@ -48,7 +52,11 @@ logger = logging.getLogger(__name__)
 #: The transport option :class:`ojs_celery.Celery` sets: the transport's own settling emits here too.
 LIFECYCLE_HOOK = "ojs_celery.lifecycle:worker_lifecycle"
 
+#: The transport option :class:`ojs_celery.Celery` sets: INFO requests are answered from :func:`worker_activity`.
+INFO_HOOK = "ojs_celery.lifecycle:job_info"
+
 _lifecycle: Lifecycle | None = None
+_activity: Activity | None = None
 _pid = 0
 _lock = threading.Lock()
 
@@ -59,11 +67,38 @@ def worker_lifecycle() -> Lifecycle:
     Returns:
         The process's lifecycle hub.
     """
-    global _lifecycle, _pid
+    return _process_hub()[0]
+
+
+def worker_activity() -> Activity:
+    """The :class:`~ojs_kombu.runtime.activity.Activity` of this process: running and recent jobs, fed by
+    :func:`worker_lifecycle` (what INFO answers).
+
+    Returns:
+        The process's activity.
+    """
+    return _process_hub()[1]
+
+
+def job_info(job_id: str) -> JobInfo | None:
+    """The transport's ``info`` hook: what this worker process knows about ``job_id``.
+
+    Parameters:
+        job_id: the job id of an INFO request.
+
+    Returns:
+        Its :class:`~ojs_kombu.model.info.JobInfo`, or None when this worker never ran it.
+    """
+    return worker_activity().lookup(job_id)
+
+
+def _process_hub() -> tuple[Lifecycle, Activity]:
+    global _lifecycle, _activity, _pid
     with _lock:
-        if _lifecycle is None or _pid != os.getpid():
-            _lifecycle, _pid = Lifecycle(), os.getpid()
-        return _lifecycle
+        if _lifecycle is None or _activity is None or _pid != os.getpid():
+            _lifecycle, _activity, _pid = Lifecycle(), Activity(), os.getpid()
+            _lifecycle.subscribe(_activity.record)
+        return _lifecycle, _activity
 
 
 def job_of(request: Any) -> Job:
@@ -106,4 +141,4 @@ def emit(request: Any, event: JobEventName, exc: BaseException | None = None) ->
         logger.exception("could not emit the %s event of task %s", event, getattr(request, "id", "?"))
 
 
-__all__ = ["LIFECYCLE_HOOK", "emit", "job_of", "worker_lifecycle"]
+__all__ = ["INFO_HOOK", "LIFECYCLE_HOOK", "emit", "job_info", "job_of", "worker_activity", "worker_lifecycle"]

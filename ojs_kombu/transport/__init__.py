@@ -98,6 +98,11 @@ removed before the py-amqp connection sees them:
     returning one, or ``"module:function"``.  ``ojs_celery`` sets it to the
     worker process's (:func:`ojs_celery.lifecycle.worker_lifecycle`).
 
+``info``
+    answers INFO requests read from the control streams: a function
+    ``info(job_id) -> JobInfo | None`` or ``"module:function"``; ``ojs_celery``
+    sets it to the worker process's :class:`~ojs_kombu.runtime.activity.Activity`.
+
 ``confirm_publish`` keeps its py-amqp meaning for pass-through traffic; job
 messages are always confirmed.
 

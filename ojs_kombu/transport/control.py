@@ -19,6 +19,8 @@ thread that owns the connection (kombu's consumer, Celery's event loop).
   that is how a framework learns about jobs it already holds
   (:mod:`ojs_celery.control` revokes them).  The transport itself does not know
   the framework.
+* INFO requests are answered with the transport option ``info`` (a function
+  ``info(job_id) -> JobInfo | None``, or ``"module:function"``) when it is set.
 * Pauses and resumes are recorded (:attr:`ConnectionControl.paused`) and
   applied by the channel (see :meth:`Channel.apply_pauses
   <ojs_kombu.transport.channel.Channel.apply_pauses>`).
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.naming import Names
 from ojs_kombu.runtime.control import Cancellations, ControlReader, PausedQueues
 
@@ -70,12 +73,22 @@ class ConnectionControl:
         names: the entity names.
         topology: the connection's topology (declares the control streams, knows degraded ones).
         on_cancel: the transport option ``on_cancel``.
+        info: the transport option ``info``: answers INFO requests (``None``: they are not answered).
         replay_timeout: seconds a replay may take before the consume fails (recoverable).
     """
 
-    def __init__(self, names: Names, topology: Topology, on_cancel: OnCancel | None, *, replay_timeout: float = 60.0):
+    def __init__(
+        self,
+        names: Names,
+        topology: Topology,
+        on_cancel: OnCancel | None,
+        *,
+        info: Callable[[str], JobInfo | None] | None = None,
+        replay_timeout: float = 60.0,
+    ):
         self.names = names
         self.topology = topology
+        self.info = info
         self.cancellations = HookedCancellations(on_cancel)
         self.paused = PausedQueues()
         self.replay_timeout = replay_timeout
@@ -109,6 +122,7 @@ class ConnectionControl:
             self.cancellations,
             paused=self.paused,
             replay_timeout=self.replay_timeout,
+            info=self.info,
         )
         reader.attach(connection)
         self._readers[queue] = reader

@@ -8,6 +8,7 @@ from typing import Any, Protocol, cast
 
 from kombu.utils.imports import symbol_by_name
 
+from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.runtime.lifecycle import Lifecycle
@@ -18,7 +19,16 @@ DEFAULT_CODEC = "ojs_celery.protocol:CeleryCodec"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 
 #: The transport options that are the binding's (removed before py-amqp sees the options).
-OJS_OPTIONS = ("prefix", "queue_options", "passthrough_queues", "codec", "confirm_timeout", "on_cancel", "lifecycle")
+OJS_OPTIONS = (
+    "prefix",
+    "queue_options",
+    "passthrough_queues",
+    "codec",
+    "confirm_timeout",
+    "on_cancel",
+    "lifecycle",
+    "info",
+)
 
 #: ``x-*`` queue arguments of a framework queue that become fields of its OJS queue's options.
 QUEUE_ARGUMENT_OPTIONS = {
@@ -59,6 +69,7 @@ class Settings:
     confirm_timeout: float
     on_cancel: Callable[[str], None] | str | None = None
     lifecycle: Lifecycle | Callable[[], Lifecycle] | str | None = None
+    info: Callable[[str], JobInfo | None] | str | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> Settings:
@@ -84,6 +95,7 @@ class Settings:
             confirm_timeout=float(options.get("confirm_timeout") or DEFAULT_CONFIRM_TIMEOUT),
             on_cancel=options.get("on_cancel"),
             lifecycle=options.get("lifecycle"),
+            info=options.get("info"),
         )
 
     def load_codec(self) -> TaskCodec:
@@ -105,6 +117,18 @@ class Settings:
         if self.on_cancel is not None and not callable(self.on_cancel):
             raise TypeError(f"the transport option on_cancel must be callable, got {self.on_cancel!r}")
         return self.on_cancel
+
+    def load_info(self) -> Callable[[str], JobInfo | None] | None:
+        """The ``info`` function answering INFO requests (imported on first use when given as a path).
+
+        Raises:
+            TypeError: ``info`` is neither callable nor the path of a callable.
+        """
+        if isinstance(self.info, str):
+            self.info = symbol_by_name(self.info)
+        if self.info is not None and not callable(self.info):
+            raise TypeError(f"the transport option info must be callable, got {self.info!r}")
+        return self.info
 
     def load_lifecycle(self) -> Lifecycle | None:
         """The :class:`Lifecycle` the transport's Settler emits to (``cancelled`` on delivery, ``retried``, ...).

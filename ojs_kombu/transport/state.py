@@ -60,7 +60,9 @@ class ConnectionState:
     def control(self) -> ConnectionControl:
         """The control streams read on this connection (created on first use: producers never read any)."""
         if self._control is None:
-            self._control = ConnectionControl(self.names, self.topology, self.settings.load_on_cancel())
+            self._control = ConnectionControl(
+                self.names, self.topology, self.settings.load_on_cancel(), info=self.settings.load_info()
+            )
         return self._control
 
     @property

@@ -9,7 +9,7 @@ from kombu import Exchange, Queue
 
 from ojs_celery import Celery
 from ojs_celery.control import ON_CANCEL_HOOK, cancel_queues
-from ojs_celery.lifecycle import LIFECYCLE_HOOK, worker_lifecycle
+from ojs_celery.lifecycle import INFO_HOOK, LIFECYCLE_HOOK, worker_lifecycle
 from ojs_kombu.transport.control import HookedCancellations
 from ojs_kombu.transport.settings import Settings
 
@@ -55,6 +55,7 @@ def test_the_app_installs_the_hook_and_keeps_the_users_transport_options():
             "prefix": "p",
             "on_cancel": ON_CANCEL_HOOK,
             "lifecycle": LIFECYCLE_HOOK,
+            "info": INFO_HOOK,
         }
     finally:
         app.close()

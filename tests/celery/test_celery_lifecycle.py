@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from ojs_celery.lifecycle import worker_lifecycle
+from ojs_kombu.model.ids import new_job_id
 
 pytestmark = pytest.mark.broker
 
@@ -63,3 +64,20 @@ def test_lifecycle_events_of_celery_tasks(celery_app, worker_factory, client, ev
         ("succeeded", 2, None),
     ]
     assert events[cancelled.id] == [("cancelled", 1, None)]  # by the transport, on delivery
+
+
+def test_info_of_celery_tasks(celery_app, worker_factory, client):
+    """INFO (``Client.info``) is answered by the Celery worker from its recent activity."""
+
+    @celery_app.task(name="lifecycle.info_ok")
+    def ok():
+        return 1
+
+    with worker_factory(celery_app):
+        done = ok.delay()
+        assert done.get(timeout=30) == 1
+        info = client.info(done.id, queue="celery", timeout=5)
+        assert info is not None
+        assert (info.job_id, info.state, info.attempt, info.type) == (done.id, "completed", 1, "lifecycle.info_ok")
+        assert info.worker_id == worker_lifecycle().worker_id
+        assert client.info(new_job_id(), queue="celery", timeout=1) is None  # never seen
