@@ -114,12 +114,16 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
             task_ready(self)
             if self._retry_counted(exc):
                 return None
-        if not (isinstance(exc, (Retry, Terminated, Ignore)) or self._ojs_outcome or self._already_revoked) and not (
-            isinstance(exc, (SystemExit, KeyboardInterrupt)) and self._already_cancelled
-        ):
+        if self._is_failed_attempt(exc):
             self._ojs_outcome = True
             emit(self, "failed", exc)
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def _is_failed_attempt(self, exc: BaseException) -> bool:
+        """Whether ``exc`` ends the attempt as ``failed`` (not a retry, a revoke or a cancel; reported once)."""
+        if self._ojs_outcome or self._already_revoked or self._already_cancelled:
+            return False
+        return not isinstance(exc, (Retry, Terminated, Ignore))
 
     def reject(self, requeue: bool = False) -> Any:
         """Reject the message; a requeue left after the above (an exhausted task) becomes a Nack."""
