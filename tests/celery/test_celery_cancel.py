@@ -145,6 +145,35 @@ def test_the_worker_reads_a_deleted_control_stream_again(
         wait_until(lambda: job_id in worker_state.revoked, 10, message="the revoke")
 
 
+def test_the_control_plane_after_a_reconnect(celery_app, recorder, worker_factory, client, management, amqp_url, names):
+    """The broker drops the worker's connection: the new connection replays and reads the control stream."""
+    stream = names.control_queue("celery")
+
+    def control_connections() -> set[str]:
+        try:
+            details = (management.queue(stream) or {}).get("consumer_details") or []
+        except ManagementError:  # HTTP 500 while the stream's leader moves
+            return set()
+        # channel_details is [] until the management stats have caught up with a new consumer
+        return {c["channel_details"]["connection_name"] for c in details if c.get("channel_details")}
+
+    with worker_factory(celery_app):
+        recorder.delay("warm").get(timeout=30)
+        [before] = wait_until(control_connections, 30, message="the control consumer")
+        assert management.close_connection(before)
+        wait_until(lambda: control_connections() - {before}, 60, message="the control stream read on a new connection")
+        doomed_id = new_job_id()
+        client.cancel(doomed_id, queue="celery")
+        # A stream delivers a little later than a job queue: the task goes once the cancel is known.
+        wait_until(lambda: doomed_id in worker_state.revoked, 10, message="the cancel read on the new connection")
+        dropped = _dropped_pending()
+        recorder.apply_async(("doomed",), task_id=doomed_id)
+        assert recorder.delay("after").get(timeout=30) == "after"
+        assert _dropped_pending() == dropped + 1  # dropped by the new connection's Settler
+    assert recorder.ran == ["warm", "after"]
+    _assert_settled(amqp_url, names)
+
+
 # -- a running task --------------------------------------------------------------------------
 
 
