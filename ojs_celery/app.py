@@ -24,6 +24,12 @@ failed job is Nacked into its dead letter queue instead of acked and lost), JSON
 configured) and ``worker_prefetch_multiplier=1``.  Every task gets
 :class:`ojs_celery.request.Request` (time limits and lost workers are counted
 attempts), and task ids are UUIDv7.
+
+Cancels (:mod:`ojs_celery.control`): an OJS cancel (``ojs_kombu.Client.cancel``)
+revokes the task in every worker of its queue, and ``app.control.revoke`` /
+``AsyncResult.revoke()`` also publish OJS cancels; the transport option
+``on_cancel`` and the worker bootstep :class:`~ojs_celery.control.CancelStep`
+are set up here.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from celery.exceptions import ImproperlyConfigured
 from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.transport import register_aliases
 
+from .control import ON_CANCEL_HOOK, CancelStep
+from .lifecycle import INFO_HOOK, LIFECYCLE_HOOK
 from .request import REQUEST, STOCK_REQUEST
 
 #: The settings ``ojs_celery.Celery`` uses unless the configuration sets them.
@@ -69,6 +77,7 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
     """
 
     task_cls = "ojs_celery.task:Task"
+    control_cls = "ojs_celery.control:Control"
 
     def __init__(self, main: str | None = None, *args: Any, broker_backend: str | None = None, **kwargs: Any) -> None:
         if broker_backend is not None and broker_backend not in _BACKENDS:
@@ -79,6 +88,7 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
         if broker_backend is not None:
             self.conf.broker_transport = _BACKENDS[broker_backend]
         self.on_after_finalize.connect(self._install_request, weak=False)
+        self.steps["worker"].add(CancelStep)
 
     def _load_config(self) -> Any:
         conf = super()._load_config()
@@ -86,6 +96,10 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
             if not any(_user_set(conf, name) for name in (key, *_ALIASES.get(key, ()))):
                 conf[key] = value
         _refuse_pickle(conf)
+        options = conf.get("broker_transport_options") or {}
+        hooks = {"on_cancel": ON_CANCEL_HOOK, "lifecycle": LIFECYCLE_HOOK, "info": INFO_HOOK}
+        if any(key not in options for key in hooks):
+            conf["broker_transport_options"] = {**hooks, **options}
         return conf
 
     def send_task(

@@ -24,9 +24,12 @@ import logging
 from typing import Any
 
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback  # type: ignore[import-untyped]
-from celery.exceptions import Retry, TimeLimitExceeded, WorkerLostError
+from billiard.exceptions import Terminated  # type: ignore[import-untyped]
+from celery.exceptions import Ignore, Retry, TimeLimitExceeded, WorkerLostError
 from celery.worker import request as celery_request
 from celery.worker.request import task_ready
+
+from .lifecycle import emit
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +44,42 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
     # the job's error callback, in either order): the first one settles it.
     _ojs_counted = False
     _ojs_exhausted = False
+    # Set once the attempt has an outcome other than success (its lifecycle events are emitted).
+    _ojs_outcome = False
+
+    def on_accepted(self, pid: int, time_accepted: float) -> Any:
+        """The pool started the task: lifecycle ``started``."""
+        result = super().on_accepted(pid, time_accepted)
+        emit(self, "started")
+        return result
+
+    def acknowledge(self) -> Any:
+        """Ack the message; an ack after the task ran with no other outcome is a success (``succeeded``).
+
+        Celery's worker replaces ``on_success`` with its own per task, so success is seen here.
+        """
+        succeeded = not self.acknowledged and not self._ojs_outcome and self.time_start and self.task.acks_late
+        result = super().acknowledge()
+        if succeeded:
+            emit(self, "succeeded")
+        return result
+
+    def on_retry(self, exc_info: Any) -> Any:
+        """``Task.retry`` published the next attempt: ``failed``, then ``retried``."""
+        self._ojs_outcome = True
+        result = super().on_retry(exc_info)
+        exc = exc_info.exception
+        exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
+        emit(self, "failed", getattr(exc, "exc", None) or exc)  # Retry carries the task's exception
+        emit(self, "retried")
+        return result
+
+    def _announce_revoked(self, reason: str, terminated: bool, signum: Any, expired: bool) -> Any:
+        """A revoked (or OJS-cancelled) task discarded or terminated: ``cancelled`` (``expired``)."""
+        self._ojs_outcome = True
+        result = super()._announce_revoked(reason, terminated, signum, expired)
+        emit(self, "expired" if expired else "cancelled")
+        return result
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:
         """Hard time limit: retry through the retry queue while attempts remain, else dead-letter."""
@@ -75,13 +114,27 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
             task_ready(self)
             if self._retry_counted(exc):
                 return None
+        if self._is_failed_attempt(exc):
+            self._ojs_outcome = True
+            emit(self, "failed", exc)
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def _is_failed_attempt(self, exc: BaseException) -> bool:
+        """Whether ``exc`` ends the attempt as ``failed`` (not a retry, a revoke or a cancel; reported once)."""
+        if self._ojs_outcome or self._already_revoked or self._already_cancelled:
+            return False
+        return not isinstance(exc, (Retry, Terminated, Ignore))
 
     def reject(self, requeue: bool = False) -> Any:
         """Reject the message; a requeue left after the above (an exhausted task) becomes a Nack."""
         if requeue and self._ojs_exhausted:
             requeue = False
-        return super().reject(requeue=requeue)
+        rejecting = not self.acknowledged
+        result = super().reject(requeue=requeue)
+        if rejecting and not requeue:
+            self._ojs_outcome = True
+            emit(self, "dead-lettered")
+        return result
 
     def _attempts_left(self) -> bool:
         max_retries = self.task.max_retries
@@ -104,6 +157,9 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
             self._ojs_exhausted = True
             return False
         self._ojs_counted = True
+        self._ojs_outcome = True
+        emit(self, "failed", exc)
+        emit(self, "retried")
         if self.store_errors:
             task.backend.mark_as_retry(self.id, exc, einfo.traceback, request=request)
         self.acknowledge()

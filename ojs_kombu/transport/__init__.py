@@ -59,6 +59,13 @@ The transport is py-amqp's, with a :class:`Channel` that rewrites task traffic
   Worker's.  ``basic_qos`` is always ``global=False``.  A broker-initiated
   consumer cancel is logged and counted, then raised as kombu's recoverable
   ``ConsumerCancelled`` so the consumer re-declares and re-consumes.
+* **Control plane.**  Before the first ``Basic.Consume`` of a job queue on a
+  connection, its control stream ``ojs.queue.control.{q}`` is replayed on a
+  channel of its own, and then read live (:mod:`~ojs_kombu.transport.control`):
+  a cancelled job is acked and dropped on delivery (never reaching the
+  framework), every cancel is handed to the ``on_cancel`` hook, and a paused
+  queue's consumer is cancelled (``Basic.Cancel``) until the queue is resumed
+  (``Basic.Consume`` with the same consumer tag).  A reconnection replays again.
 * **Event loop.**  Under kombu's event loop (Celery's worker) the socket is read
   through :class:`~ojs_kombu.amqp.framing.FrameReader`, every complete frame
   per ``recv``; frames left in its buffer by any other read are dispatched
@@ -79,13 +86,30 @@ removed before the py-amqp connection sees them:
 ``confirm_timeout``
     seconds to wait for the confirm of a job publish (default 30).
 
+``on_cancel``
+    called with the id of every cancelled job read from a control stream
+    (replays included): a callable or ``"module:function"``.  ``ojs_celery``
+    sets it to revoke the task (:mod:`ojs_celery.control`).
+
+``lifecycle``
+    where the transport's Settler emits the lifecycle events of what it settles
+    itself (``cancelled`` on delivery, ``failed``/``retried`` of a redelivered
+    job ...): a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle`, a function
+    returning one, or ``"module:function"``.  ``ojs_celery`` sets it to the
+    worker process's (:func:`ojs_celery.lifecycle.worker_lifecycle`).
+
+``info``
+    answers INFO requests read from the control streams: a function
+    ``info(job_id) -> JobInfo | None`` or ``"module:function"``; ``ojs_celery``
+    sets it to the worker process's :class:`~ojs_kombu.runtime.activity.Activity`.
+
 ``confirm_publish`` keeps its py-amqp meaning for pass-through traffic; job
 messages are always confirmed.
 
 Modules: :mod:`~ojs_kombu.transport.settings` (options, the codec protocol),
 :mod:`~ojs_kombu.transport.queues` (what is learnt about queues, per prefix),
 :mod:`~ojs_kombu.transport.state` (per-connection routing, declarations, task
-publishing), :mod:`~ojs_kombu.transport.settlement` (the Settler over a
+publishing), :mod:`~ojs_kombu.transport.control` (the control streams read), :mod:`~ojs_kombu.transport.settlement` (the Settler over a
 channel), :mod:`~ojs_kombu.transport.channel` (:class:`Channel`) and
 :mod:`~ojs_kombu.transport.transport` (:class:`Transport`, :class:`SSLTransport`).
 """

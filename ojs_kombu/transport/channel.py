@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,19 @@ class _Unsettled:
     job: Job | None = None
 
 
+@dataclass
+class _JobConsumer:
+    """A consumer of a job queue: what it takes to consume it again after a pause."""
+
+    ojs_queue: str
+    amqp_queue: str
+    deliver: Callable[[amqp.Message], Any]
+    on_cancel: Callable[[str], Any]
+    no_ack: bool
+    arguments: dict[str, Any] | None
+    paused: bool = False
+
+
 class Channel(pyamqp.Channel):
     """A py-amqp channel speaking the OJS binding for job queues (see :mod:`ojs_kombu.transport`)."""
 
@@ -63,7 +77,7 @@ class Channel(pyamqp.Channel):
         # py-amqp swaps in its one-at-a-time confirm wrapper per instance; our
         # basic_publish decides per message instead.
         self.__dict__.pop("basic_publish", None)
-        self._consumer_queues: dict[str, str] = {}  # consumer tag -> framework queue name
+        self._job_consumers: dict[str, _JobConsumer] = {}  # consumer tag -> its job queue consumer
         self._unsettled: dict[int, _Unsettled] = {}
         # The type of an exchange declared since the last queue declaration or binding: kombu's
         # Queue.declare() declares its exchange right before its queue (see queue_declare).
@@ -77,6 +91,8 @@ class Channel(pyamqp.Channel):
             state.cascade,
             early_tolerance_ms=EARLY_TOLERANCE_MS,
             discard_expired=False,  # Celery checks ``expires`` itself and records the task as revoked
+            cancelled=state.is_cancelled,
+            lifecycle=state.settings.load_lifecycle(),
         )
 
     # -- helpers -------------------------------------------------------------------------------
@@ -319,7 +335,11 @@ class Channel(pyamqp.Channel):
             return super().basic_consume(
                 queue, consumer_tag, no_local, no_ack, exclusive, nowait, callback, arguments, on_cancel, argsig
             )
-        amqp_name = self.ojs.names.job_queue(ojs_queue)
+        state = self.ojs
+        amqp_name = state.names.job_queue(ojs_queue)
+        # Every cancel and pause still retained is known before the first job of the queue arrives.
+        state.control.ensure_reading(self.connection, ojs_queue)
+        state.job_channels.add(self)
 
         def deliver(raw: amqp.Message, q: str = queue, cb: Callable[[Any], Any] = callback) -> Any:
             return self._deliver(raw, q, cb)
@@ -327,20 +347,63 @@ class Channel(pyamqp.Channel):
         def cancelled(tag: str, q: str = amqp_name) -> None:
             self._on_broker_cancel(q, tag)
 
-        tag: str = super().basic_consume(
-            amqp_name,
-            consumer_tag,
-            no_local,
-            no_ack,
-            exclusive,
-            nowait,
-            callback=deliver,
-            arguments=arguments,
-            on_cancel=on_cancel or cancelled,
-            argsig=argsig,
-        )
-        self._consumer_queues[tag] = queue
+        consumer = _JobConsumer(ojs_queue, amqp_name, deliver, on_cancel or cancelled, no_ack, arguments)
+        if ojs_queue in state.control.paused:
+            # Paused: remembered, consumed on resume (see apply_pauses).
+            tag = consumer_tag or f"ojs-paused-{uuid.uuid4().hex}"
+            consumer.paused = True
+            logger.info("queue %s is paused: not consuming it until it is resumed", ojs_queue)
+        else:
+            tag = super().basic_consume(
+                amqp_name,
+                consumer_tag,
+                no_local,
+                no_ack,
+                exclusive,
+                nowait,
+                callback=deliver,
+                arguments=arguments,
+                on_cancel=consumer.on_cancel,
+                argsig=argsig,
+            )
+        self._job_consumers[tag] = consumer
         return tag
+
+    def basic_cancel(self, consumer_tag: str, nowait: bool = False, argsig: str = "sb") -> Any:
+        """``Basic.Cancel``; a job queue consumer that is paused has nothing to cancel at the broker."""
+        consumer = self._job_consumers.pop(consumer_tag, None)
+        if consumer is not None and consumer.paused:
+            return None
+        return super().basic_cancel(consumer_tag, nowait, argsig)
+
+    def apply_pauses(self, paused: frozenset[str]) -> None:
+        """Stop consuming the paused job queues (``Basic.Cancel``), consume resumed ones again (``Basic.Consume``).
+
+        The framework's consumer tags stay valid: a resumed queue is consumed with the
+        same tag, callback and arguments.  Deliveries received before the cancel are
+        settled as usual on this channel.  Called by the connection's loop (see
+        :meth:`ConnectionState.maintain <ojs_kombu.transport.state.ConnectionState.maintain>`).
+
+        Parameters:
+            paused: the OJS queues paused now.
+        """
+        for tag, consumer in list(self._job_consumers.items()):
+            pause = consumer.ojs_queue in paused
+            if pause == consumer.paused or not self.is_open:
+                continue
+            if pause:
+                super().basic_cancel(tag)
+            else:
+                super().basic_consume(
+                    consumer.amqp_queue,
+                    tag,
+                    no_ack=consumer.no_ack,
+                    callback=consumer.deliver,
+                    arguments=consumer.arguments,
+                    on_cancel=consumer.on_cancel,
+                )
+            consumer.paused = pause
+            logger.info("queue %s %s by a control message", consumer.ojs_queue, "paused" if pause else "resumed")
 
     def basic_get(self, queue: str = "", no_ack: bool = False, argsig: str = "Bsb") -> Any:
         """``Basic.Get`` from ``ojs.queue.{q}`` for a job queue, converted like a delivery."""
@@ -366,7 +429,7 @@ class Channel(pyamqp.Channel):
         logger.warning(
             "the broker cancelled the consumer of %s (Basic.Cancel); the consumer restarts and re-consumes", amqp_queue
         )
-        self._consumer_queues.pop(consumer_tag, None)
+        self._job_consumers.pop(consumer_tag, None)
         raise ConsumerCancelled(consumer_tag, spec.Basic.Cancel)
 
     def _deliver(self, raw: amqp.Message, queue: str, callback: Callable[[Any], Any]) -> Any:
@@ -443,7 +506,7 @@ class Channel(pyamqp.Channel):
     def collect(self) -> None:
         """Tear down this channel (py-amqp), dropping the per-delivery state."""
         self._unsettled.clear()
-        self._consumer_queues.clear()
+        self._job_consumers.clear()
         super().collect()
 
 

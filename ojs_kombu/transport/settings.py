@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from kombu.utils.imports import symbol_by_name
 
+from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
+from ojs_kombu.runtime.lifecycle import Lifecycle
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.entities import QueueOptions
 
@@ -16,7 +19,16 @@ DEFAULT_CODEC = "ojs_celery.protocol:CeleryCodec"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 
 #: The transport options that are the binding's (removed before py-amqp sees the options).
-OJS_OPTIONS = ("prefix", "queue_options", "passthrough_queues", "codec", "confirm_timeout")
+OJS_OPTIONS = (
+    "prefix",
+    "queue_options",
+    "passthrough_queues",
+    "codec",
+    "confirm_timeout",
+    "on_cancel",
+    "lifecycle",
+    "info",
+)
 
 #: ``x-*`` queue arguments of a framework queue that become fields of its OJS queue's options.
 QUEUE_ARGUMENT_OPTIONS = {
@@ -55,6 +67,9 @@ class Settings:
     passthrough_queues: frozenset[str]
     codec: TaskCodec | type | str
     confirm_timeout: float
+    on_cancel: Callable[[str], None] | str | None = None
+    lifecycle: Lifecycle | Callable[[], Lifecycle] | str | None = None
+    info: Callable[[str], JobInfo | None] | str | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> Settings:
@@ -78,6 +93,9 @@ class Settings:
             passthrough_queues=frozenset(options.get("passthrough_queues") or ()),
             codec=options.get("codec") or DEFAULT_CODEC,
             confirm_timeout=float(options.get("confirm_timeout") or DEFAULT_CONFIRM_TIMEOUT),
+            on_cancel=options.get("on_cancel"),
+            lifecycle=options.get("lifecycle"),
+            info=options.get("info"),
         )
 
     def load_codec(self) -> TaskCodec:
@@ -87,6 +105,48 @@ class Settings:
         elif isinstance(self.codec, type):
             self.codec = self.codec()
         return cast(TaskCodec, self.codec)
+
+    def load_on_cancel(self) -> Callable[[str], None] | None:
+        """The ``on_cancel`` hook (imported on first use when given as ``"module:function"``).
+
+        Raises:
+            TypeError: ``on_cancel`` is neither callable nor the path of a callable.
+        """
+        if isinstance(self.on_cancel, str):
+            self.on_cancel = symbol_by_name(self.on_cancel)
+        if self.on_cancel is not None and not callable(self.on_cancel):
+            raise TypeError(f"the transport option on_cancel must be callable, got {self.on_cancel!r}")
+        return self.on_cancel
+
+    def load_info(self) -> Callable[[str], JobInfo | None] | None:
+        """The ``info`` function answering INFO requests (imported on first use when given as a path).
+
+        Raises:
+            TypeError: ``info`` is neither callable nor the path of a callable.
+        """
+        if isinstance(self.info, str):
+            self.info = symbol_by_name(self.info)
+        if self.info is not None and not callable(self.info):
+            raise TypeError(f"the transport option info must be callable, got {self.info!r}")
+        return self.info
+
+    def load_lifecycle(self) -> Lifecycle | None:
+        """The :class:`Lifecycle` the transport's Settler emits to (``cancelled`` on delivery, ``retried``, ...).
+
+        The option is a :class:`Lifecycle`, or a function returning one (called per
+        channel, e.g. a per-process hub), or the ``"module:function"`` path of one.
+
+        Raises:
+            TypeError: the option gives no :class:`Lifecycle`.
+        """
+        if isinstance(self.lifecycle, str):
+            self.lifecycle = symbol_by_name(self.lifecycle)
+        found = self.lifecycle
+        if found is not None and not isinstance(found, Lifecycle) and callable(found):
+            found = found()
+        if found is not None and not isinstance(found, Lifecycle):
+            raise TypeError(f"the transport option lifecycle must give a Lifecycle, got {found!r}")
+        return found
 
     def options_with(self, arguments: dict[str, Any]) -> QueueOptions:
         """The queue options with the fields of the ``x-*`` queue ``arguments`` a framework declared.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -14,9 +15,11 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import QUEUE_NAME_RE, ojs_queue_for
 from ojs_kombu.policy.retry import ladder_ms
 from ojs_kombu.policy.schedule import Cascade, delay_ms_until
+from ojs_kombu.transport.control import ConnectionControl
 from ojs_kombu.transport.queues import QueueMap
 from ojs_kombu.transport.settings import QUEUE_ARGUMENT_OPTIONS, Settings, TaskCodec
 from ojs_kombu.wire.codec import OutgoingMessage
+from ojs_kombu.wire.control import cancel_message
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,19 @@ class ConnectionState:
         )
         self._publisher: ConfirmedPublisher | None = None
         self._ensured: set[Hashable] = set()
+        self._control: ConnectionControl | None = None
+        self._paused_version = 0
+        #: The channels consuming job queues (each has ``apply_pauses``).
+        self.job_channels: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    @property
+    def control(self) -> ConnectionControl:
+        """The control streams read on this connection (created on first use: producers never read any)."""
+        if self._control is None:
+            self._control = ConnectionControl(
+                self.names, self.topology, self.settings.load_on_cancel(), info=self.settings.load_info()
+            )
+        return self._control
 
     @property
     def codec(self) -> TaskCodec:
@@ -60,6 +76,22 @@ class ConnectionState:
         if self._publisher is None or not self._publisher.channel.is_open:
             self._publisher = ConfirmedPublisher(self.connection)
         return self._publisher
+
+    def maintain(self) -> None:
+        """Called from the connection's loop: re-read cancelled control streams, apply pauses and resumes."""
+        control = self._control
+        if control is None:
+            return
+        control.maintain(self.connection)
+        if control.paused.version != self._paused_version:
+            self._paused_version = control.paused.version
+            for channel in list(self.job_channels):
+                if channel.is_open:
+                    channel.apply_pauses(control.paused.queues)
+
+    def is_cancelled(self, job_id: str) -> bool:
+        """Whether a control stream read on this connection cancelled ``job_id`` (the Settler's ``cancelled``)."""
+        return self._control is not None and self._control.is_cancelled(job_id)
 
     # -- queues --------------------------------------------------------------------------------
 
@@ -142,6 +174,35 @@ class ConnectionState:
         job, message = self.codec.to_job(body, properties, headers, queue)
         message, exchange, key = self._destination(message, job, queue)
         ticket = self.publisher.publish(message, exchange=exchange, routing_key=key, queue=queue, job_id=job.id)
+        self.publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
+        ticket.raise_for_error()
+
+    def publish_cancel(self, job_id: str, queue: str, confirm_timeout: float | None = None) -> None:
+        """CANCEL job ``job_id`` of OJS queue ``queue``: a confirmed publish to its control stream.
+
+        The control stream is declared first (once per connection), so the cancel
+        is retained even when no worker of ``queue`` has started yet.
+
+        Parameters:
+            job_id: the job's id.
+            queue: the OJS queue.
+            confirm_timeout: seconds to wait for the confirm (None: the settings' ``confirm_timeout``).
+
+        Raises:
+            ValidationError: ``job_id`` is empty.
+            PublishError: the broker returned or nacked it, or did not confirm it in time.
+        """
+        message = cancel_message(job_id)
+        self._once(
+            ("control", queue), lambda: self.topology.declare(self.connection, self.topology.control_specs(queue))
+        )
+        ticket = self.publisher.publish(
+            message,
+            exchange=self.names.direct_exchange,
+            routing_key=self.names.control_routing_key(queue),
+            queue=queue,
+            job_id=message.properties["message_id"],
+        )
         self.publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
         ticket.raise_for_error()
 

@@ -95,6 +95,18 @@ class Transport(pyamqp.Transport):
         buffer is dispatched on every tick of the loop, right before it polls.
         """
         super().register_with_event_loop(connection, loop)  # type: ignore[no-untyped-call]
+
+        def maintain() -> None:
+            if not connection.connected:
+                loop.on_tick.discard(maintain)  # this connection is gone
+                timer.cancel()
+                return
+            connection.ojs.maintain()
+
+        # On every tick (a pause applies right after the frame that carried it), and at least
+        # every second: an idle loop may sleep for seconds, and re-reading a control stream is due later.
+        loop.on_tick.add(maintain)
+        timer = loop.call_repeatedly(1.0, maintain)
         reader = connection.frame_reader
         if reader is None:
             return
@@ -125,6 +137,14 @@ class Transport(pyamqp.Transport):
         if not reader.has_frame():
             reader.fill()
         reader.dispatch()
+
+    def drain_events(self, connection: _OjsConnection, **kwargs: Any) -> Any:
+        """py-amqp's ``drain_events``, then the connection's control-plane upkeep (pauses and resumes)."""
+        try:
+            return connection.drain_events(**kwargs)
+        finally:
+            if connection.connected:
+                connection.ojs.maintain()
 
     def qos_semantics_matches_spec(self, connection: _OjsConnection) -> bool:
         """Per-consumer prefetch: Celery then sends ``global=False`` itself."""

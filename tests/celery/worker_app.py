@@ -40,3 +40,22 @@ def dies_once(self):
     if self.request.retries == 0:
         os._exit(1)
     return self.request.retries
+
+
+# tests/celery/test_celery_cancel.py: terminate a running task that is cancelled.
+app.conf.ojs_cancel_terminate = os.environ.get("OJS_CANCEL_TERMINATE") == "1"
+
+
+@app.task(bind=True, max_retries=3, default_retry_delay=0.2)
+def wait_for_cancel(self, path):
+    """Appends a line to ``path`` when it starts, then sleeps a minute (until it is terminated)."""
+    with open(path, "a") as started:
+        started.write(f"{self.request.retries}\n")
+    time.sleep(60)
+    return "finished"
+
+
+@app.task
+def echo(value):
+    """Returns ``value``."""
+    return value

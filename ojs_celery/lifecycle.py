@@ -1,0 +1,144 @@
+"""The job lifecycle events of a Celery worker (DESIGN §14): one :class:`Lifecycle` per worker process.
+
+:class:`ojs_celery.request.Request` emits them in the worker's main process (the
+one that reads the broker and the control streams; with ``prefork`` the pool
+processes only run task code):
+
+=================  ==================================================================
+event              when
+=================  ==================================================================
+``started``        the pool accepted the task (``Request.on_accepted``)
+``succeeded``      the task returned and its message is acked (``acks_late``, the
+                   ``ojs_celery`` default; without it Celery acks before the task runs
+                   and success is not reported)
+``failed``         the task raised (not a ``Retry``), timed out or lost its process
+``retried``        ``Task.retry`` or a counted attempt (time limit, lost process) was
+                   published to the retry path
+``dead-lettered``  the message was rejected into the dead letter queue
+``cancelled``      a revoked (or OJS-cancelled) task was discarded or terminated
+``expired``        a task past its ``expires`` was discarded
+=================  ==================================================================
+
+The ``ojs://`` transport emits to the same hub what it settles without Celery
+(the transport option ``lifecycle``): ``cancelled`` for a cancelled job dropped on
+delivery, ``failed`` then ``retried``/``dead-lettered`` for a redelivered job
+(its worker died), ``dead-lettered`` for an invalid envelope.
+
+Subscribe with ``worker_lifecycle().subscribe(callback)`` from the worker process,
+e.g. in a worker bootstep or a ``celery.signals.worker_init`` handler.  The
+process's :func:`worker_activity` is subscribed already: it answers INFO
+requests (``ojs_kombu.Client.info``) through the transport option ``info``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from ojs_kombu.model.info import JobInfo
+from ojs_kombu.model.job import Job
+from ojs_kombu.model.naming import job_type_for, ojs_queue_for
+from ojs_kombu.policy.retry import Failure
+from ojs_kombu.runtime.activity import Activity
+from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
+from ojs_kombu.runtime.settle import failure_error
+
+from .protocol import ENVELOPE_HEADER
+
+logger = logging.getLogger(__name__)
+
+#: The transport option :class:`ojs_celery.Celery` sets: the transport's own settling emits here too.
+LIFECYCLE_HOOK = "ojs_celery.lifecycle:worker_lifecycle"
+
+#: The transport option :class:`ojs_celery.Celery` sets: INFO requests are answered from :func:`worker_activity`.
+INFO_HOOK = "ojs_celery.lifecycle:job_info"
+
+_lifecycle: Lifecycle | None = None
+_activity: Activity | None = None
+_pid = 0
+_lock = threading.Lock()
+
+
+def worker_lifecycle() -> Lifecycle:
+    """The :class:`Lifecycle` of this process (a forked process gets a new one, with its own worker id).
+
+    Returns:
+        The process's lifecycle hub.
+    """
+    return _process_hub()[0]
+
+
+def worker_activity() -> Activity:
+    """The :class:`~ojs_kombu.runtime.activity.Activity` of this process: running and recent jobs, fed by
+    :func:`worker_lifecycle` (what INFO answers).
+
+    Returns:
+        The process's activity.
+    """
+    return _process_hub()[1]
+
+
+def job_info(job_id: str) -> JobInfo | None:
+    """The transport's ``info`` hook: what this worker process knows about ``job_id``.
+
+    Parameters:
+        job_id: the job id of an INFO request.
+
+    Returns:
+        Its :class:`~ojs_kombu.model.info.JobInfo`, or None when this worker never ran it.
+    """
+    return worker_activity().lookup(job_id)
+
+
+def _process_hub() -> tuple[Lifecycle, Activity]:
+    global _lifecycle, _activity, _pid
+    with _lock:
+        if _lifecycle is None or _activity is None or _pid != os.getpid():
+            _lifecycle, _activity, _pid = Lifecycle(), Activity(), os.getpid()
+            _lifecycle.subscribe(_activity.record)
+        return _lifecycle, _activity
+
+
+def job_of(request: Any) -> Job:
+    """The OJS job of a Celery worker ``Request`` (id, type, queue and attempt; not validated).
+
+    Parameters:
+        request: a ``celery.worker.request.Request``.
+
+    Returns:
+        The job, enough for a :class:`~ojs_kombu.runtime.lifecycle.JobEvent`.
+    """
+    headers = request.request_dict
+    envelope = headers.get(ENVELOPE_HEADER)
+    job_id = envelope.get("id") if isinstance(envelope, dict) else None
+    queue = (request.delivery_info or {}).get("routing_key") or "default"
+    job: Job = Job.model_construct(
+        specversion="1.0",
+        id=str(job_id or request.id),
+        type=job_type_for(str(request.name)),
+        queue=ojs_queue_for(str(queue)),
+        args=[],
+        attempt=int(headers.get("retries") or 0),
+    )
+    return job
+
+
+def emit(request: Any, event: JobEventName, exc: BaseException | None = None) -> None:
+    """Emit ``event`` for ``request`` on :func:`worker_lifecycle` (the 1-based attempt is ``retries + 1``).
+
+    Parameters:
+        request: a ``celery.worker.request.Request``.
+        event: what happened.
+        exc: the exception of a ``failed`` event.
+    """
+    try:
+        job = job_of(request)
+        error = failure_error(Failure.from_exception(exc)) if exc is not None else None
+        worker_lifecycle().emit(event, job, job.attempt + 1, error=error)
+    except Exception:  # events are observability: never in the way of settling the task
+        logger.exception("could not emit the %s event of task %s", event, getattr(request, "id", "?"))
+
+
+__all__ = ["INFO_HOOK", "LIFECYCLE_HOOK", "emit", "job_info", "job_of", "worker_activity", "worker_lifecycle"]
