@@ -44,6 +44,7 @@ from ojs_kombu.transport import register_aliases
 
 from .control import ON_CANCEL_HOOK, CancelStep
 from .lifecycle import INFO_HOOK, LIFECYCLE_HOOK
+from .presence import PresenceStep
 from .request import REQUEST, STOCK_REQUEST
 
 #: The settings ``ojs_celery.Celery`` uses unless the configuration sets them.
@@ -89,6 +90,7 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
             self.conf.broker_transport = _BACKENDS[broker_backend]
         self.on_after_finalize.connect(self._install_request, weak=False)
         self.steps["worker"].add(CancelStep)
+        self.steps["worker"].add(PresenceStep)
 
     def _load_config(self) -> Any:
         conf = super()._load_config()

@@ -42,6 +42,7 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for, ojs_queue_for
 from ojs_kombu.policy.retry import Failure
 from ojs_kombu.runtime.activity import Activity
+from ojs_kombu.runtime.activity import worker_lifecycle as new_worker_lifecycle
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
 from ojs_kombu.runtime.settle import failure_error
 
@@ -96,8 +97,7 @@ def _process_hub() -> tuple[Lifecycle, Activity]:
     global _lifecycle, _activity, _pid
     with _lock:
         if _lifecycle is None or _activity is None or _pid != os.getpid():
-            _lifecycle, _activity, _pid = Lifecycle(), Activity(), os.getpid()
-            _lifecycle.subscribe(_activity.record)
+            (_lifecycle, _activity), _pid = new_worker_lifecycle(), os.getpid()
         return _lifecycle, _activity
 
 

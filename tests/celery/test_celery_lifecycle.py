@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from support import wait_until
 
 from ojs_celery.lifecycle import worker_lifecycle
 from ojs_kombu.model.ids import new_job_id
@@ -81,3 +82,32 @@ def test_info_of_celery_tasks(celery_app, worker_factory, client):
         assert (info.job_id, info.state, info.attempt, info.type) == (done.id, "completed", 1, "lifecycle.info_ok")
         assert info.worker_id == worker_lifecycle().worker_id
         assert client.info(new_job_id(), queue="celery", timeout=1) is None  # never seen
+
+
+def test_a_celery_worker_is_listed_by_client_workers_with_its_running_task(celery_app, worker_factory, client):
+    """The worker bootstep ``PresenceStep`` publishes the Celery worker's presence (``Client.workers``)."""
+    release, started = threading.Event(), threading.Event()
+
+    @celery_app.task(name="lifecycle.hold")
+    def hold():
+        started.set()
+        release.wait(30)
+        return 1
+
+    worker_id = worker_lifecycle().worker_id
+    with worker_factory(celery_app):
+        try:
+            result = hold.delay()
+            assert started.wait(30)
+
+            def listed():
+                mine = [w for w in client.workers() if w.worker_id == worker_id]
+                return mine[0] if mine and mine[0].active else None
+
+            presence = wait_until(listed, 15, message="the Celery worker's presence with its running task")
+            assert presence.queues == ("celery",)
+            assert [job.job_id for job in presence.active] == [result.id]
+        finally:
+            release.set()
+        assert result.get(timeout=30) == 1
+    assert all(w.worker_id != worker_id for w in client.workers())  # its last presence said offline
