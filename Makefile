@@ -36,7 +36,7 @@ test: lint docs
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict fails on any warning (broken link, bad reference).
 docs: setup
-	$(VENV)/bin/mkdocs build --strict -q
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 unit: setup
 	$(PY) -m pytest -q tests/unit
