@@ -8,14 +8,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup demo lint test unit bench clean
+.PHONY: setup demo lint test unit docs bench clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,celery,dramatiq,spark]'
+	$(PY) -m pip install -q -e '.[test,celery,dramatiq,spark,docs]'
 	$(PY) -m ojs_kombu.testing.broker install
 	$(PY) -m ojs_kombu.testing.redis install
 	$(PY) -m ojs_kombu.testing.java install
@@ -31,8 +31,12 @@ lint: setup
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
-test: lint
+test: lint docs
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails on any warning (broken link, bad reference).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 unit: setup
 	$(PY) -m pytest -q tests/unit
@@ -41,4 +45,4 @@ bench: setup
 	$(PY) -m ojs_kombu.testing.broker run -- sh -c '$(PY) benchmarks/publish.py && $(PY) benchmarks/control.py'
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) .cache .pytest_cache site
