@@ -108,12 +108,22 @@ def job_of(request: Any) -> Job:
         request: a ``celery.worker.request.Request``.
 
     Returns:
-        The job, enough for a :class:`~ojs_kombu.runtime.lifecycle.JobEvent`.
+        The job, enough for a :class:`~ojs_kombu.runtime.lifecycle.JobEvent` (with its
+        ``enqueued_at`` and ``scheduled_at``).
     """
     headers = request.request_dict
     envelope = headers.get(ENVELOPE_HEADER)
     job_id = envelope.get("id") if isinstance(envelope, dict) else None
     queue = (request.delivery_info or {}).get("routing_key") or "default"
+    # The job metrics' queue wait and lateness: the envelope carries the job's created_at (the
+    # transport does not carry enqueued_at, which is the same moment for a producer's job), the
+    # Celery eta header is its scheduled_at.  A malformed one is ignored by the events.
+    created_at = envelope.get("created_at") if isinstance(envelope, dict) else None
+    moments = {
+        name: value
+        for name, value in (("enqueued_at", created_at), ("scheduled_at", headers.get("eta")))
+        if isinstance(value, str)
+    }
     job: Job = Job.model_construct(
         specversion="1.0",
         id=str(job_id or request.id),
@@ -121,6 +131,7 @@ def job_of(request: Any) -> Job:
         queue=ojs_queue_for(str(queue)),
         args=[],
         attempt=int(headers.get("retries") or 0),
+        **moments,
     )
     return job
 

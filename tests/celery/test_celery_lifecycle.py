@@ -111,3 +111,22 @@ def test_a_celery_worker_is_listed_by_client_workers_with_its_running_task(celer
             release.set()
         assert result.get(timeout=30) == 1
     assert all(w.worker_id != worker_id for w in client.workers())  # its last presence said offline
+
+
+def test_celery_events_carry_the_jobs_enqueued_and_scheduled_times(celery_app, worker_factory):
+    """The job metrics' queue wait and lateness need them (``ojs_job_queue_wait_seconds`` for Celery tasks)."""
+    seen = []
+    worker_lifecycle().subscribe(lambda event: seen.append(event) if event.event == "started" else None)
+
+    @celery_app.task(name="lifecycle.times")
+    def ok():
+        return 1
+
+    with worker_factory(celery_app):
+        now = ok.delay()
+        later = ok.apply_async(countdown=1)
+        assert now.get(timeout=30) == 1 and later.get(timeout=30) == 1
+    started = {event.job_id: event for event in seen if event.job_id in (now.id, later.id)}
+    assert started[now.id].enqueued_at is not None and started[now.id].enqueued_at <= started[now.id].at
+    assert started[now.id].scheduled_at is None
+    assert started[later.id].scheduled_at is not None and started[later.id].scheduled_at <= started[later.id].at
