@@ -119,11 +119,7 @@ def job_of(request: Any) -> Job:
     # transport does not carry enqueued_at, which is the same moment for a producer's job), the
     # Celery eta header is its scheduled_at.  A malformed one is ignored by the events.
     created_at = envelope.get("created_at") if isinstance(envelope, dict) else None
-    moments = {
-        name: value
-        for name, value in (("enqueued_at", created_at), ("scheduled_at", headers.get("eta")))
-        if isinstance(value, str)
-    }
+    eta = headers.get("eta")
     job: Job = Job.model_construct(
         specversion="1.0",
         id=str(job_id or request.id),
@@ -131,7 +127,8 @@ def job_of(request: Any) -> Job:
         queue=ojs_queue_for(str(queue)),
         args=[],
         attempt=int(headers.get("retries") or 0),
-        **moments,
+        enqueued_at=created_at if isinstance(created_at, str) else None,
+        scheduled_at=eta if isinstance(eta, str) else None,
     )
     return job
 
