@@ -24,7 +24,7 @@ from starlette.templating import Jinja2Templates
 from ojs_kombu.client import Client
 from ojs_kombu.dashboard.history import DepthHistory
 from ojs_kombu.dashboard.overview import Snapshot, snapshot
-from ojs_kombu.dashboard.security import CSRF_FIELD, Guard, csrf_token
+from ojs_kombu.dashboard.security import CSRF_FIELD, CsrfError, Guard, csrf_token, posted_form
 from ojs_kombu.dashboard.svg import sparkline
 from ojs_kombu.errors import OjsError
 from ojs_kombu.runtime.deadletter import DeadLetterFilter
@@ -155,7 +155,7 @@ class Dashboard:
 
     async def confirm(self, request: Request) -> Response:
         """POST /queues/{queue}/dead/confirm: the confirmation step of a replay or purge."""
-        form = await request.form()
+        form = await posted_form(request)
         action = form.get("action")
         if action not in ("replay", "purge"):
             return Response("action must be replay or purge", status_code=400)
@@ -167,7 +167,7 @@ class Dashboard:
 
     async def act_on_dead(self, request: Request) -> Response:
         """POST /queues/{queue}/dead/{action}: replay or purge the confirmed letters."""
-        form = await request.form()
+        form = await posted_form(request)
         name, action = request.path_params["queue"], request.path_params["action"]
         if action not in ("replay", "purge"):
             return Response("action must be replay or purge", status_code=404)
@@ -189,6 +189,7 @@ class Dashboard:
 
     async def pause(self, request: Request) -> Response:
         """POST /queues/{queue}/pause and /resume."""
+        await posted_form(request)
         name, action = request.path_params["queue"], request.path_params["action"]
         if action not in ("pause", "resume"):
             return Response("action must be pause or resume", status_code=404)
@@ -203,7 +204,7 @@ class Dashboard:
 
     async def cancel(self, request: Request) -> Response:
         """POST /jobs/cancel: cancel the job ``id`` of ``queue``."""
-        form = await request.form()
+        form = await posted_form(request)
         job_id, queue = str(form.get("id", "")), str(form.get("queue", ""))
         self.client.cancel(job_id, queue=queue)
         return RedirectResponse(f"/jobs?id={quote(job_id)}&queue={quote(queue)}&cancelled=1", status_code=303)
@@ -214,6 +215,8 @@ def _async_guarded(dash: Dashboard, endpoint: Callable[[Request], Any]) -> Calla
         try:
             response: Response = await endpoint(request)
             return response
+        except CsrfError as exc:
+            return Response(str(exc), status_code=403, media_type="text/plain")
         except OjsError as exc:
             return dash.page(request, "error.html", 400, error=type(exc).__name__, message=dash.redact(str(exc)))
 

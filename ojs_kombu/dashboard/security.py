@@ -5,7 +5,7 @@
   SameSite=Strict) and redirects to the same URL without it.  Otherwise 401.
 * ``--read-only``: every POST is refused with 403 (the pages show no action).
 * CSRF: every response sets an ``ojs_csrf`` cookie when the request had none; every POST
-  must carry the same value in its ``csrf`` form field (403 otherwise).
+  must carry the same value in its ``csrf`` form field (:func:`posted_form`; 403 otherwise).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import secrets
 from urllib.parse import urlencode
 
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp
@@ -33,8 +34,34 @@ def csrf_token(request: Request) -> str:
     return request.cookies.get(CSRF_COOKIE) or str(request.state.new_csrf)
 
 
+class CsrfError(Exception):
+    """A POST without the CSRF token of its cookie (answered 403)."""
+
+
+async def posted_form(request: Request) -> FormData:
+    """The form of a POST, once its ``csrf`` field matches the ``ojs_csrf`` cookie.
+
+    (Checked by each action rather than by :class:`Guard`: a middleware that reads the body
+    leaves the endpoint an empty form.)
+
+    Parameters:
+        request: the POST.
+
+    Returns:
+        Its form fields.
+
+    Raises:
+        CsrfError: no cookie, no field, or they differ.
+    """
+    form = await request.form()
+    field, cookie = form.get(CSRF_FIELD), request.cookies.get(CSRF_COOKIE)
+    if cookie is None or not isinstance(field, str) or not _same(field, cookie):
+        raise CsrfError("bad or missing CSRF token")
+    return form
+
+
 class Guard(BaseHTTPMiddleware):
-    """Checks the token, read-only mode and the CSRF token of every request (see the module docstring).
+    """Checks the token and read-only mode of every request, and sets the CSRF cookie (see the module docstring).
 
     Parameters:
         app: the application guarded.
@@ -65,11 +92,6 @@ class Guard(BaseHTTPMiddleware):
         if request.method not in ("GET", "HEAD"):
             if self._read_only:
                 return PlainTextResponse("read-only dashboard", status_code=403)
-            form = await request.form()
-            field = form.get(CSRF_FIELD)
-            cookie = request.cookies.get(CSRF_COOKIE)
-            if cookie is None or not isinstance(field, str) or not _same(field, cookie):
-                return PlainTextResponse("bad or missing CSRF token", status_code=403)
         request.state.new_csrf = secrets.token_urlsafe(32)
         response = await call_next(request)
         if CSRF_COOKIE not in request.cookies:
