@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -200,7 +201,8 @@ class Dashboard:
         """GET /jobs?id=&queue=: the job's INFO from the workers."""
         job_id, queue = request.query_params.get("id", ""), request.query_params.get("queue", "")
         info = self.client.info(job_id, queue=queue) if job_id and queue else None
-        return self.page(request, "job.html", job_id=job_id, queue=queue, info=info, looked=bool(job_id and queue))
+        fields = asdict(info) if info is not None else None
+        return self.page(request, "job.html", job_id=job_id, queue=queue, info=fields, looked=bool(job_id and queue))
 
     async def cancel(self, request: Request) -> Response:
         """POST /jobs/cancel: cancel the job ``id`` of ``queue``."""

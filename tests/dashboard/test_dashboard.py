@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import pytest
@@ -12,7 +13,7 @@ from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from support import raw_channel, wait_until
 
-from ojs_kombu import Worker
+from ojs_kombu import Worker, current_job
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,8 +52,20 @@ def worker(amqp_url, prefix):
             if len(runs) <= 2:
                 raise RuntimeError(f"flaky-run-{len(runs)}-failed")
 
+    def block():
+        job = current_job()
+        w.blocking.set()
+        try:
+            while not job.cancelled.is_set():  # polled: a cancel may arrive while the handler sleeps
+                time.sleep(0.05)
+        finally:  # the worker may also raise Cancelled into the handler
+            if job.cancelled.is_set():
+                w.cancelled.set()
+
     w = Worker(amqp_url, queues=("dash",), prefix=prefix, grace_period=2, concurrency=1)
+    w.blocking, w.cancelled = threading.Event(), threading.Event()
     w.handler("flaky", flaky)
+    w.handler("block", block)
     w.start()
     assert w.wait_until_ready()
     w.runs = runs
@@ -110,6 +123,18 @@ def test_pause_from_the_workers_page_stops_deliveries(browser, serve, worker, am
     shown(browser, 'tr[data-queue="dash"] button.resume')
     assert browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="dash"] .paused').text == "paused"
     browser.save_screenshot(str(tmp_path / "workers-paused.png"))
+
+
+def test_job_lookup_shows_info_and_cancels_the_running_job(browser, serve, worker, client, tmp_path):
+    job = client.enqueue("block", [], queue="dash")
+    assert worker.blocking.wait(10)
+    served = serve()
+    visit(browser, served, f"/jobs?id={job.id}&queue=dash", tmp_path, "job")
+    assert browser.find_element(By.CSS_SELECTOR, '#info tr[data-field="state"] td').text == "active"
+    assert browser.find_element(By.CSS_SELECTOR, '#info tr[data-field="type"] td').text == "block"
+    browser.find_element(By.ID, "cancel").click()
+    shown(browser, "#cancelled")
+    assert worker.cancelled.wait(10)
 
 
 def test_read_only_has_no_actions_and_refuses_a_forged_post(browser, serve, worker, client, tmp_path):
