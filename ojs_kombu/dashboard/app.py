@@ -27,7 +27,7 @@ from ojs_kombu.dashboard.history import DepthHistory
 from ojs_kombu.dashboard.overview import Snapshot, snapshot
 from ojs_kombu.dashboard.security import CSRF_FIELD, CsrfError, Guard, csrf_token, posted_form
 from ojs_kombu.dashboard.svg import sparkline
-from ojs_kombu.errors import OjsError
+from ojs_kombu.errors import NotFoundError, OjsError, ValidationError
 from ojs_kombu.runtime.deadletter import DeadLetterFilter
 from ojs_kombu.testing.management import ManagementClient
 
@@ -105,9 +105,7 @@ class Dashboard:
             try:
                 return endpoint(request)
             except OjsError as exc:
-                code = (
-                    404 if type(exc).__name__ == "NotFoundError" else 400 if "Validation" in type(exc).__name__ else 502
-                )
+                code = 404 if isinstance(exc, NotFoundError) else 400 if isinstance(exc, ValidationError) else 502
                 return self.page(request, "error.html", code, error=type(exc).__name__, message=self.redact(str(exc)))
 
         return run
@@ -147,7 +145,10 @@ class Dashboard:
         """GET /queues/{queue}/dead: the decoded dead letters, filtered by ``type`` and ``error``."""
         name = request.path_params["queue"]
         select = self._filter(request.query_params)
-        limit = int(request.query_params.get("limit") or 100)
+        text = request.query_params.get("limit") or "100"
+        if not text.isdigit():
+            raise ValidationError(f"limit must be a whole number, got {text!r}", field="limit")
+        limit = int(text)
         letters = self.client.dead_letters(name, limit=limit, select=select)
         return self.page(
             request, "dead.html", queue=name, letters=letters, type=request.query_params.get("type", ""),

@@ -184,3 +184,5 @@ def test_the_broker_password_appears_in_no_page(browser, serve, worker, secret, 
     for path in ("/", "/queues/dash", "/queues/dash/dead", "/workers", "/jobs?id=nope&queue=dash", "/queues/nope"):
         visit(browser, served, path, tmp_path, "pw-" + path.strip("/").replace("/", "-").split("?")[0])
         assert password not in browser.page_source
+    assert requests.get(served.base + "/queues/nope/dead").status_code == 404  # an error page, not a crash
+    assert requests.get(served.base + "/queues/dash/dead?limit=x").status_code == 400
