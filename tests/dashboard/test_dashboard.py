@@ -107,6 +107,25 @@ def test_overview_dead_letters_and_replay_from_the_page(browser, serve, worker, 
                == 0, message="the dead letter queue empty")  # fmt: skip
 
 
+def test_filter_select_and_purge_dead_letters_from_the_page(browser, serve, worker, client, names, tmp_path):
+    dlq = names.dead_letter_queue("dash")
+    kept = client.enqueue("no.handler.kept", [], queue="dash")  # no handler: republished to the DLQ with an error
+    gone = [client.enqueue("no.handler.gone", [i], queue="dash") for i in range(2)]
+    wait_until(lambda: (c := client.queue_counts([dlq])[dlq]) and c.ready == 3, message="three dead letters")
+    served = serve()
+    visit(browser, served, "/queues/dash/dead?type=no.handler.gone", tmp_path, "dead-filtered")
+    shown_ids = {e.get_attribute("data-id") for e in browser.find_elements(By.CSS_SELECTOR, "#letters tr[data-id]")}
+    assert shown_ids == {j.id for j in gone}
+    browser.find_element(By.CSS_SELECTOR, f'input[name="id"][value="{gone[0].id}"]').click()
+    browser.find_element(By.ID, "purge").click()
+    assert gone[0].id in shown(browser, "p", "1 selected letter").text
+    browser.save_screenshot(str(tmp_path / "confirm-purge.png"))
+    browser.find_element(By.ID, "confirm").click()
+    assert shown(browser, "#done").text == "Done: purge:1"
+    left = {e.letter_id for e in client.dead_letters("dash", limit=None)}
+    assert left == {kept.id, gone[1].id}
+
+
 def test_pause_from_the_workers_page_stops_deliveries(browser, serve, worker, amqp_url, names, tmp_path):
     served = serve()
     assert consumers(amqp_url, names.job_queue("dash")) == 1
