@@ -69,9 +69,7 @@ def test_events_true_publishes_the_job_events_of_dramatiq_actors(amqp_url, prefi
         job_id = job_id_for(message.message_id, message.message_timestamp)
 
         def seen():
-            events = [
-                e for e in client.events(timedelta(minutes=5), queue=broker.ojs_queue("events_q")) if e.job_id == job_id
-            ]
+            events = [e for e in client.events(timedelta(minutes=5), queue=broker.ojs_queue("events_q")) if e.job_id == job_id]
             return [e.event for e in events] if len(events) >= 2 else None
 
         assert wait_until(seen, 15, message="the started and succeeded events") == ["started", "succeeded"]
