@@ -15,10 +15,11 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,celery,dramatiq,spark,docs]'
+	$(PY) -m pip install -q -e '.[test,celery,dramatiq,spark,docs,dashboard]'
 	$(PY) -m ojs_kombu.testing.broker install
 	$(PY) -m ojs_kombu.testing.redis install
 	$(PY) -m ojs_kombu.testing.java install
+	$(PY) -m ojs_kombu.testing.browser install
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: setup

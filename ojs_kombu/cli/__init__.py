@@ -17,6 +17,7 @@
     ojs-amqp resume email
     ojs-amqp enqueue email.send '["ada@example.com", "welcome"]' --queue email --delay 30
     ojs-amqp declare email --max-priority 10
+    ojs-amqp dashboard [--port 8787] [--host 127.0.0.1] [--read-only] [--auth-token T]
     ojs-amqp worker myapp.jobs:worker [--queues email,sms] [--concurrency 20] [--log-level debug]
 
 Every command but ``worker`` takes ``--url`` (default ``$OJS_AMQP_URL``) and
@@ -61,6 +62,7 @@ import click
 
 from ojs_kombu.cli.common import error_line, since_arg
 from ojs_kombu.cli.control import cancel, events, info, pause, resume, workers
+from ojs_kombu.cli.dashboard import dashboard
 from ojs_kombu.cli.dlq import dlq
 from ojs_kombu.cli.jobs import declare, enqueue, load_worker, worker
 from ojs_kombu.cli.status import status, top
@@ -72,7 +74,7 @@ def cli() -> None:
     """Operate OJS jobs on RabbitMQ (the ojs-amqp command)."""
 
 
-for _command in (status, top, dlq, workers, events, info, cancel, pause, resume, enqueue, declare, worker):
+for _command in (status, top, dlq, workers, events, info, cancel, pause, resume, enqueue, declare, worker, dashboard):
     cli.add_command(_command)
 
 

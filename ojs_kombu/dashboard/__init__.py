@@ -1,0 +1,9 @@
+"""``ojs-amqp dashboard``: a small web dashboard over the control plane (needs the ``dashboard`` extra).
+
+Pages: the overview (queues, depth sparklines, rates, totals), a queue, its dead letters (filter,
+select, replay or purge after a confirmation), the workers (pause / resume a queue) and a job
+lookup (INFO, cancel).  :mod:`ojs_kombu.dashboard.app` builds the Starlette application;
+:mod:`ojs_kombu.dashboard.security` holds its token, CSRF and read-only checks;
+:mod:`ojs_kombu.dashboard.overview` the queue rows it shares with ``ojs-amqp status``.
+This package's ``__init__`` imports nothing, so ``overview`` works without Starlette.
+"""

@@ -1,0 +1,272 @@
+"""The dashboard's Starlette application: its pages and actions over one :class:`~ojs_kombu.client.Client`.
+
+Every endpoint is synchronous (Starlette runs it in its thread pool), since the client is.
+Errors of the control plane (:class:`~ojs_kombu.errors.OjsError`) become a page with the
+error's type and message, with the broker password removed; the broker URL itself is never shown.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+from starlette.templating import Jinja2Templates
+
+from ojs_kombu.client import Client
+from ojs_kombu.dashboard.history import DepthHistory
+from ojs_kombu.dashboard.overview import Snapshot, snapshot
+from ojs_kombu.dashboard.security import CSRF_FIELD, CsrfError, Guard, csrf_token, posted_form
+from ojs_kombu.dashboard.svg import sparkline
+from ojs_kombu.errors import NotFoundError, OjsError, ValidationError
+from ojs_kombu.runtime.deadletter import DeadLetterFilter
+from ojs_kombu.testing.management import ManagementClient
+
+_TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+_TEMPLATES.env.globals["sparkline"] = sparkline
+_TEMPLATES.env.globals["quote"] = lambda s: quote(str(s), safe="")
+
+
+class Dashboard:
+    """The state behind the pages: the client, the management API, the depth history, the mode.
+
+    Parameters:
+        client: the control plane client (its prefix is the dashboard's).
+        management: the management API for queue discovery and rates, or None.
+        read_only: hide the actions (the :class:`~ojs_kombu.dashboard.security.Guard` refuses POSTs).
+        sample_every: seconds between the background depth samples (0: only on page views).
+    """
+
+    def __init__(
+        self, client: Client, management: ManagementClient | None, *, read_only: bool = False, sample_every: float = 5.0
+    ) -> None:
+        self.client = client
+        self.management = management
+        self.read_only = read_only
+        self.history = DepthHistory()
+        self._sample_every = sample_every
+        self._stop = threading.Event()
+        password = urlsplit(client.url.split(";")[0].strip()).password
+        self._secrets = [s for s in {password, unquote(password) if password else None} if s]
+
+    def redact(self, text: str) -> str:
+        """``text`` without the broker password (a broker error may quote the URL)."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def snapshot(self, only: tuple[str, ...] = ()) -> Snapshot:
+        """A :func:`~ojs_kombu.dashboard.overview.snapshot`, recorded in the depth history."""
+        shot = snapshot(self.client, self.management, only)
+        self.history.record(shot)
+        return shot
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self._sample_every):
+            try:
+                self.snapshot()
+            except OjsError:
+                pass  # the next page view shows the error; the sampler keeps going
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """Run the depth sampler thread while the application serves."""
+        sampler = None
+        if self._sample_every > 0 and self.management is not None:
+            sampler = threading.Thread(target=self._sample, name="ojs-dashboard-sampler", daemon=True)
+            sampler.start()
+        try:
+            yield
+        finally:
+            self._stop.set()
+            if sampler is not None:
+                sampler.join(timeout=5)
+
+    # -- rendering -------------------------------------------------------------------------
+
+    def page(self, request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
+        """Render ``template`` with the mode and the CSRF token."""
+        context.update(request=request, actions=not self.read_only, csrf=csrf_token(request), csrf_field=CSRF_FIELD)
+        return _TEMPLATES.TemplateResponse(request, template, context, status_code=status_code)
+
+    def guarded(self, endpoint: Callable[[Request], Response]) -> Callable[[Request], Response]:
+        """``endpoint``, with an :class:`OjsError` rendered as an error page (400 / 404 / 502)."""
+
+        def run(request: Request) -> Response:
+            try:
+                return endpoint(request)
+            except OjsError as exc:
+                code = 404 if isinstance(exc, NotFoundError) else 400 if isinstance(exc, ValidationError) else 502
+                return self.page(request, "error.html", code, error=type(exc).__name__, message=self.redact(str(exc)))
+
+        return run
+
+    # -- pages -----------------------------------------------------------------------------
+
+    def overview(self, request: Request) -> Response:
+        """GET /: every OJS queue with its depth, sparkline, rates; the totals."""
+        only = tuple(request.query_params.getlist("queue"))
+        shot = self.snapshot(only)
+        return self.page(
+            request, "overview.html", shot=shot, totals=shot.totals()["totals"], history=self.history,
+            note=self.redact(shot.note),
+        )  # fmt: skip
+
+    def queue(self, request: Request) -> Response:
+        """GET /queues/{queue}: its counts, retry queues and first dead letters."""
+        name = request.path_params["queue"]
+        shot = self.snapshot((name,))
+        retry = []
+        if self.management is not None:
+            head = self.client.names.job_queue(f"retry.{name}.")
+            retry = sorted(q["name"] for q in self.management.queues(head))
+        counts = self.client.queue_counts(retry)
+        letters = self.client.dead_letters(name, limit=10) if shot.queues[0].exists else []
+        return self.page(
+            request, "queue.html", queue=name, row=shot.queues[0], history=self.history.of(name),
+            retry=[(q, counts[q]) for q in retry], letters=letters,
+        )  # fmt: skip
+
+    def _filter(self, params: Any) -> DeadLetterFilter:
+        types = [t for t in params.getlist("type") if t]
+        ids = [i for i in params.getlist("id") if i]
+        return DeadLetterFilter.of(types=types or None, error=params.get("error") or None, ids=ids or None)
+
+    def dead_letters(self, request: Request) -> Response:
+        """GET /queues/{queue}/dead: the decoded dead letters, filtered by ``type`` and ``error``."""
+        name = request.path_params["queue"]
+        select = self._filter(request.query_params)
+        text = request.query_params.get("limit") or "100"
+        if not text.isdigit():
+            raise ValidationError(f"limit must be a whole number, got {text!r}", field="limit")
+        limit = int(text)
+        letters = self.client.dead_letters(name, limit=limit, select=select)
+        return self.page(
+            request, "dead.html", queue=name, letters=letters, type=request.query_params.get("type", ""),
+            error=request.query_params.get("error", ""),
+        )  # fmt: skip
+
+    async def confirm(self, request: Request) -> Response:
+        """POST /queues/{queue}/dead/confirm: the confirmation step of a replay or purge."""
+        form = await posted_form(request)
+        action = form.get("action")
+        if action not in ("replay", "purge"):
+            return Response("action must be replay or purge", status_code=400)
+        ids = [str(i) for i in form.getlist("id")]
+        return self.page(
+            request, "confirm.html", queue=request.path_params["queue"], action=action, ids=ids,
+            type=form.get("type", ""), error=form.get("error", ""),
+        )  # fmt: skip
+
+    async def act_on_dead(self, request: Request) -> Response:
+        """POST /queues/{queue}/dead/{action}: replay or purge the confirmed letters."""
+        form = await posted_form(request)
+        name, action = request.path_params["queue"], request.path_params["action"]
+        if action not in ("replay", "purge"):
+            return Response("action must be replay or purge", status_code=404)
+        if form.get("confirmed") != "yes":
+            return Response("not confirmed", status_code=400)
+        select = self._filter(form)
+        if action == "replay":
+            done = len(self.client.replay_dead_letters(name, select=select))
+        else:
+            done = self.client.purge_dead_letters(name, select=select)
+        return RedirectResponse(f"/queues/{quote(name, safe='')}/dead?done={action}:{done}", status_code=303)
+
+    def workers(self, request: Request) -> Response:
+        """GET /workers: each worker, the jobs it runs and since when; pause / resume per queue."""
+        workers = self.client.workers()
+        queues = sorted({q for w in workers for q in w.queues})
+        paused = self.client.paused_queues(queues) if queues else {}
+        return self.page(request, "workers.html", workers=workers, paused=paused)
+
+    async def pause(self, request: Request) -> Response:
+        """POST /queues/{queue}/pause and /resume."""
+        await posted_form(request)
+        name, action = request.path_params["queue"], request.path_params["action"]
+        if action not in ("pause", "resume"):
+            return Response("action must be pause or resume", status_code=404)
+        (self.client.pause if action == "pause" else self.client.resume)(name)
+        return RedirectResponse("/workers", status_code=303)
+
+    def job(self, request: Request) -> Response:
+        """GET /jobs?id=&queue=: the job's INFO from the workers."""
+        job_id, queue = request.query_params.get("id", ""), request.query_params.get("queue", "")
+        info = self.client.info(job_id, queue=queue) if job_id and queue else None
+        fields = asdict(info) if info is not None else None
+        return self.page(request, "job.html", job_id=job_id, queue=queue, info=fields, looked=bool(job_id and queue))
+
+    async def cancel(self, request: Request) -> Response:
+        """POST /jobs/cancel: cancel the job ``id`` of ``queue``."""
+        form = await posted_form(request)
+        job_id, queue = str(form.get("id", "")), str(form.get("queue", ""))
+        self.client.cancel(job_id, queue=queue)
+        return RedirectResponse(f"/jobs?id={quote(job_id)}&queue={quote(queue)}&cancelled=1", status_code=303)
+
+
+def _async_guarded(dash: Dashboard, endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    async def run(request: Request) -> Response:
+        try:
+            response: Response = await endpoint(request)
+            return response
+        except CsrfError as exc:
+            return Response(str(exc), status_code=403, media_type="text/plain")
+        except OjsError as exc:
+            return dash.page(request, "error.html", 400, error=type(exc).__name__, message=dash.redact(str(exc)))
+
+    return run
+
+
+def create_app(
+    client: Client,
+    management: ManagementClient | None = None,
+    *,
+    read_only: bool = False,
+    token: str | None = None,
+    sample_every: float = 5.0,
+) -> Starlette:
+    """The dashboard application.
+
+    Parameters:
+        client: the control plane client; the caller closes it.
+        management: the management API (queue discovery, retry queues, rates), or None.
+        read_only: no actions: buttons hidden, every POST refused with 403.
+        token: required on every request (Bearer header, or ``?token=`` setting a cookie), or None.
+        sample_every: seconds between depth samples for the sparklines (0: page views only).
+
+    Returns:
+        The Starlette application, to serve with uvicorn.
+    """
+    dash = Dashboard(client, management, read_only=read_only, sample_every=sample_every)
+    g = dash.guarded
+
+    def ag(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        return _async_guarded(dash, endpoint)
+
+    routes = [
+        Route("/", g(dash.overview)),
+        Route("/queues/{queue}", g(dash.queue)),
+        Route("/queues/{queue}/dead", g(dash.dead_letters)),
+        Route("/queues/{queue}/dead/confirm", ag(dash.confirm), methods=["POST"]),
+        Route("/queues/{queue}/dead/{action:str}", ag(dash.act_on_dead), methods=["POST"]),
+        Route("/queues/{queue}/{action:str}", ag(dash.pause), methods=["POST"]),
+        Route("/workers", g(dash.workers)),
+        Route("/jobs", g(dash.job)),
+        Route("/jobs/cancel", ag(dash.cancel), methods=["POST"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(Guard, token=token, read_only=read_only)],
+        lifespan=dash.lifespan,
+    )
+    app.state.dashboard = dash
+    return app
