@@ -17,6 +17,7 @@ import pytest
 
 from ojs_kombu import Client, Names
 from ojs_kombu.testing.broker import BrokerError, BrokerHandle, PrivateNode, provision_broker
+from ojs_kombu.testing.cluster import Cluster
 from ojs_kombu.testing.management import ManagementClient
 
 
@@ -90,3 +91,25 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateNode]:
         yield private
     finally:
         private.cleanup()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A local 3-node RabbitMQ cluster of private nodes for the session (failover tests).
+
+    Tests that :meth:`~Cluster.kill` a node must :meth:`~Cluster.restart` it before they end.
+    A cluster that cannot be started fails the test, like the ``node`` fixture.
+    """
+    try:
+        formed = Cluster(3, tmp_path_factory.mktemp("cluster"))
+    except BrokerError as exc:
+        pytest.fail(f"could not set up a private RabbitMQ cluster: {exc}")
+    try:
+        formed.start()
+    except BrokerError as exc:
+        formed.cleanup()
+        pytest.fail(f"could not start a private RabbitMQ cluster: {exc}")
+    try:
+        yield formed
+    finally:
+        formed.cleanup()

@@ -196,12 +196,28 @@ class PrivateNode:
     Use it as a context manager (start, then :meth:`cleanup`) or call
     :meth:`start` / :meth:`stop` / :meth:`restart` / :meth:`cleanup`.
     The user is ``guest``/``guest`` on vhost ``/``.
+
+    Parameters:
+        base_dir: parent of the node's directory.
+        node_name: the node name (default ``ojs-<random>@localhost``).
+        epmd_port: the epmd port; nodes of one cluster (:mod:`.cluster`) share one.
+        cookie: the Erlang cookie of the node and of ``rabbitmqctl``; nodes of one cluster
+            share one.  Default: the running user's ``~/.erlang.cookie``.
     """
 
-    def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, node_name: str | None = None):
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str] | None = None,
+        *,
+        node_name: str | None = None,
+        epmd_port: int | None = None,
+        cookie: str | None = None,
+    ):
         self._tools = _tools()
         self.node_name = node_name or f"ojs-{secrets.token_hex(4)}@localhost"
-        self.amqp_port, self.dist_port, self.management_port, self.epmd_port = free_ports(4)
+        self.amqp_port, self.dist_port, self.management_port, own_epmd_port = free_ports(4)
+        self.epmd_port = epmd_port or own_epmd_port
+        self.cookie = cookie
         self.dir = self._usable_base_dir(Path(base_dir) if base_dir else _default_base_dir()) / self.short_name
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -259,6 +275,7 @@ class PrivateNode:
             "dist_port": self.dist_port,
             "management_port": self.management_port,
             "epmd_port": self.epmd_port,
+            "cookie": self.cookie,
             "dir": str(self.dir),
             "url": self.url,
             "management_url": self.management_url,
@@ -275,6 +292,7 @@ class PrivateNode:
         node.dist_port = state["dist_port"]
         node.management_port = state["management_port"]
         node.epmd_port = state["epmd_port"]
+        node.cookie = state.get("cookie")
         node.dir = Path(state["dir"])
         node._proc = None
         return node
@@ -361,6 +379,26 @@ class PrivateNode:
             self._proc = None
         self._stop_epmd()
 
+    def kill(self, timeout: float = 30) -> None:
+        """SIGKILL the node's Erlang VM (a crash: no clean shutdown) and wait until it is gone.
+
+        Data stays on disk; :meth:`start` brings the node back.  No-op when it is not running.
+
+        Parameters:
+            timeout: seconds to wait for the VM (and what launched it) to exit.
+
+        Raises:
+            BrokerError: the VM is still alive after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        pid = self._pid()
+        if pid is not None and not self._signal(pid, signal.SIGKILL, deadline):
+            raise BrokerError(f"RabbitMQ node {self.node_name} (pid {pid}) survived SIGKILL for {timeout}s")
+        if self._proc is not None:
+            self._kill_session(signal.SIGKILL)  # the start script (and su) around the VM
+            self._proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            self._proc = None
+
     def restart(self, timeout: float = 90) -> None:
         """Stop then start the node with the same name, ports and data (durable state survives)."""
         self.stop()
@@ -414,6 +452,9 @@ class PrivateNode:
     def _env(self) -> dict[str, str]:
         # Inherited RABBITMQ_* / ERL_EPMD_* settings would point at some other node.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_EPMD_"))}
+        cookie_args = f" -setcookie {self.cookie}" if self.cookie else ""
+        if self.cookie:
+            env["RABBITMQ_CTL_ERL_ARGS"] = cookie_args.strip()  # rabbitmqctl must present the same cookie
         env.update(
             RABBITMQ_NODENAME=self.node_name,
             RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
@@ -426,7 +467,7 @@ class PrivateNode:
             RABBITMQ_CONFIG_FILE=str(self.dir / "rabbitmq"),  # without ".conf"
             RABBITMQ_ADVANCED_CONFIG_FILE=str(self.dir / "advanced.config"),  # absent on purpose
             RABBITMQ_CONF_ENV_FILE=str(self.dir / "rabbitmq-env.conf"),
-            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" + cookie_args,
             # A private epmd: the node is registered nowhere else, and stopping it leaves nothing behind.
             ERL_EPMD_PORT=str(self.epmd_port),
             ERL_EPMD_ADDRESS="127.0.0.1",
