@@ -399,6 +399,18 @@ class PrivateNode:
             self._proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             self._proc = None
 
+    def ctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str] | None:
+        """Run ``rabbitmqctl -n <this node> args...`` with this node's environment (epmd, cookie).
+
+        Parameters:
+            args: the rabbitmqctl command and its arguments, e.g. ``("cluster_status",)``.
+            timeout: seconds before giving up.
+
+        Returns:
+            The finished process (text output captured), or ``None`` if it timed out.
+        """
+        return self._ctl(*args, timeout=timeout)
+
     def restart(self, timeout: float = 90) -> None:
         """Stop then start the node with the same name, ports and data (durable state survives)."""
         self.stop()

@@ -242,7 +242,7 @@ class Cluster:
 
     def _join(self, node: PrivateNode, first: PrivateNode, deadline: float) -> None:
         for args in (("stop_app",), ("join_cluster", first.name), ("start_app",)):
-            done = node._ctl(*args, timeout=max(10.0, deadline - time.monotonic()))
+            done = node.ctl(*args, timeout=max(10.0, deadline - time.monotonic()))
             if done is None or done.returncode != 0:
                 output = "timed out" if done is None else (done.stdout + done.stderr).strip()
                 raise BrokerError(f"`rabbitmqctl -n {node.name} {' '.join(args)}` failed: {output}")

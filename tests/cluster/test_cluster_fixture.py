@@ -110,6 +110,17 @@ def test_the_nodes_form_one_cluster_of_three_running_nodes(cluster: Cluster) -> 
     assert cluster.management_url == cluster.nodes[0].management_url
 
 
+def test_rabbitmqctl_cluster_status_of_every_node_lists_the_three_running_nodes(cluster: Cluster) -> None:
+    # rabbitmqctl reaches the nodes only with the cluster's own cookie (not ~/.erlang.cookie).
+    names = sorted(node.name for node in cluster.nodes)
+    for node in cluster.nodes:
+        done = node.ctl("cluster_status", "--formatter", "json")
+        assert done is not None and done.returncode == 0, done and done.stderr
+        status = json.loads(done.stdout)
+        assert sorted(status["running_nodes"]) == names
+        assert sorted(status["disk_nodes"]) == names
+
+
 def test_a_quorum_queue_declared_on_node_1_has_members_on_all_three_nodes(cluster: Cluster, quorum_queue: str) -> None:
     names = sorted(node.name for node in cluster.nodes)
     info = wait_until(
