@@ -8,6 +8,8 @@
   backend, and stops what it started.
 * :class:`ManagementClient` inspects and cleans up queues, exchanges, bindings and
   connections through the management HTTP API (standard library only).
+* :class:`Cluster` starts N private nodes joined into one RabbitMQ cluster (one epmd, one
+  cookie) for failover tests; ``python -m ojs_kombu.testing.cluster {start,urls,url,stop}``.
 * ``python -m ojs_kombu.testing.broker {start,stop,url,run}`` and
   ``python -m ojs_kombu.testing.redis {install,start,stop,url}`` do the same from a shell.
 """
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
         mask_url,
         provision_broker,
     )
+    from .cluster import Cluster
     from .management import ManagementClient, ManagementError
     from .redis import PrivateRedis, RedisServerError, ensure_redis_installed, provision_redis
 
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
 # module twice (runpy warns when a package has already imported the module it runs).
 _EXPORTS = {
     "BrokerError": ".broker",
+    "Cluster": ".cluster",
     "BrokerHandle": ".broker",
     "PrivateNode": ".broker",
     "ensure_rabbitmq_installed": ".broker",
