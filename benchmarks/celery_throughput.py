@@ -255,7 +255,8 @@ def cleanup(management, mode, prefix, queue) -> None:
         management.delete_by_prefix(prefix + ".")
     else:
         management.delete_queue(queue)
-        management.delete_exchange(queue)
+    # Celery declares its default exchange, named after the queue, over ojs:// too.
+    management.delete_exchange(queue)
 
 
 def main() -> None:

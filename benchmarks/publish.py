@@ -25,6 +25,8 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import kombu
 from amqp import spec
@@ -55,12 +57,12 @@ def noop_job(i: int) -> Job:
 
 def bench_enqueue_many(url: str, prefix: str, count: int) -> float:
     """Build ``count`` jobs and ``enqueue_many`` them; jobs/s, both timed."""
-    with Client(url, prefix=prefix) as client:
-        client.declare_queue("bench")
-        started = time.perf_counter()
-        jobs = [noop_job(i) for i in range(count)]
-        results = client.enqueue_many(jobs)
-        elapsed = time.perf_counter() - started
+    with declared(url, prefix):
+        with Client(url, prefix=prefix) as client:
+            started = time.perf_counter()
+            jobs = [noop_job(i) for i in range(count)]
+            results = client.enqueue_many(jobs)
+            elapsed = time.perf_counter() - started
     failed = sum(not r.ok for r in results)
     if failed:
         sys.exit(f"{failed} jobs failed")
@@ -69,11 +71,8 @@ def bench_enqueue_many(url: str, prefix: str, count: int) -> float:
 
 def bench_raw(url: str, prefix: str, count: int) -> float:
     """The ceiling: pre-encoded jobs, pipelined py-amqp publishes with confirms; jobs/s."""
-    with Client(url, prefix=prefix) as client:
-        client.declare_queue("bench")
-        exchange = client.names.direct_exchange
     messages: list[OutgoingMessage] = [encode(noop_job(i)) for i in range(count)]
-    with kombu.Connection(url) as conn:
+    with declared(url, prefix) as exchange, kombu.Connection(url) as conn:
         raw = conn.connection  # the py-amqp Connection under kombu's pyamqp transport
         channel = raw.channel()
         channel.confirm_select()
@@ -99,8 +98,7 @@ def bench_raw(url: str, prefix: str, count: int) -> float:
 
 def bench_enqueue_one_by_one(url: str, prefix: str, count: int) -> float:
     """``Client.enqueue`` one job at a time (a confirm each); jobs/s."""
-    with Client(url, prefix=prefix) as client:
-        client.declare_queue("bench")
+    with declared(url, prefix), Client(url, prefix=prefix) as client:
         started = time.perf_counter()
         for i in range(count):
             client.enqueue("bench.noop", ["user@example.com", i], queue="bench")
@@ -127,26 +125,20 @@ def bench_kombu(url: str, prefix: str, count: int) -> float:
     return rate
 
 
-def _cleanup(url: str, prefix: str) -> None:
-    with kombu.Connection(url) as conn:
-        channel = conn.channel()
-        for name in (f"{prefix}.ojs.queue.bench", f"{prefix}.ojs.queue.dlx.bench"):
-            channel.queue_delete(name)
-        for name in ("direct", "dlx", "retry"):
-            channel.exchange_delete(f"{prefix}.ojs.exchange.{name}")
+@contextmanager
+def declared(url: str, prefix: str) -> Iterator[str]:
+    """Declare the ``bench`` queue's topology under ``prefix``; yield the direct exchange; delete it all after."""
+    with Client(url, prefix=prefix) as client:
+        client.declare_queue("bench")
+        try:
+            yield client.names.direct_exchange
+        finally:
+            client.teardown()
 
 
 def isolated(bench, url: str, count: int):
-    """``bench`` as a no-argument run under a fresh prefix, cleaned up afterwards."""
-
-    def run() -> float:
-        prefix = f"bench{uuid.uuid4().hex[:8]}"
-        try:
-            return bench(url, prefix, count)
-        finally:
-            _cleanup(url, prefix)
-
-    return run
+    """``bench`` as a no-argument run under a fresh prefix."""
+    return lambda: bench(url, f"bench{uuid.uuid4().hex[:8]}", count)
 
 
 def main() -> None:
