@@ -1,10 +1,13 @@
 """Celery over stock ``pyamqp://`` vs over ``ojs://``: drain rate, and ETA tasks in the worker.
 
-1. **Throughput.**  ``--tasks`` (10,000) no-op tasks are published, then one
-   ``celery worker`` (a subprocess, ``threads`` pool) drains them with identical
-   settings for both transports: concurrency, prefetch multiplier, ``acks_late``,
-   ``ignore_result``.  Prints both drain rates, the worker's CPU time per task
-   (steadier than the rate on a shared machine) and the ratio (target: OJS >= 1.0x).
+1. **Throughput.**  ``--tasks`` (5,000) no-op tasks are published, then one
+   ``celery worker`` (a subprocess) drains them with identical settings for both
+   transports: prefetch multiplier (4), ``acks_late``, ``ignore_result``; for each
+   pool of ``--pools``: ``prefork`` with ``-c 2`` and ``threads`` with ``-c 4``.
+   The two transports alternate over ``--rounds`` (3) pairs per pool (``pairs.py``).
+   Prints each drain rate, the worker's CPU time per task (the worker process and
+   its pool children; steadier than the rate on a shared machine) and, per pool,
+   the median ratio (target: OJS >= 1.0x).
 2. **Countdown.**  ``--eta-tasks`` (20,000) tasks with ``countdown=600`` are
    published, a worker runs for ``--eta-wait`` seconds, then its RSS and the
    queue's unacknowledged count are read: stock Celery prefetches every ETA task
@@ -21,15 +24,21 @@ Everything is declared under a unique prefix / queue name and deleted afterwards
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
+from pairs import alternate, report_ratio
+
 HERE = Path(__file__).resolve()
 DEFAULT_URL = "amqp://guest:guest@localhost:5672//"
+CONCURRENCY = {"prefork": 2, "threads": 4}
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def make_app(mode: str, url: str, queue: str, prefix: str, concurrency: int, prefetch: int):
@@ -63,38 +72,54 @@ def _noop(i):
     return None
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and all its descendants (from /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+        children = " ".join(path.read_text() for path in Path(f"/proc/{pid}/task").glob("*/children")).split()
+    except OSError:  # the process just exited
+        return 0.0
+    return total + sum(tree_cpu_seconds(int(child)) for child in children)
+
+
 def run_worker(args) -> None:
-    """The worker subprocess: count finished tasks, print the drain time, exit."""
+    """The worker subprocess: count finished tasks, print the drain time, exit.
+
+    The counters live in shared memory so that prefork's pool processes (forked
+    from this one) update the same ones; the child that runs the last task reports.
+    """
     from celery import signals
 
     app = make_app(args.mode, args.url, args.queue, args.prefix, args.concurrency, args.prefetch)
-    state = {"done": 0, "first": None, "cpu": 0.0}
-
-    def cpu_seconds() -> float:
-        times = os.times()
-        return times.user + times.system
+    root = os.getpid()
+    done = multiprocessing.Value("q", 0)
+    first = multiprocessing.Value("d", 0.0, lock=False)
+    cpu = multiprocessing.Value("d", 0.0, lock=False)
 
     @signals.task_prerun.connect
     def started(**_):
-        if state["first"] is None:
-            state["first"] = time.perf_counter()
-            state["cpu"] = cpu_seconds()
+        if first.value == 0.0:
+            with done.get_lock():
+                if first.value == 0.0:
+                    cpu.value = tree_cpu_seconds(root)
+                    first.value = time.perf_counter()
 
     @signals.task_postrun.connect
     def finished(**_):
-        state["done"] += 1
-        if state["done"] == args.count:
+        with done.get_lock():
+            done.value += 1
+            last = done.value == args.count
+        if last:
+            elapsed = time.perf_counter() - first.value
             # The worker redirects sys.stdout to its logger: write to the pipe itself.
-            os.write(
-                1, f"DRAINED {time.perf_counter() - state['first']:.4f} {cpu_seconds() - state['cpu']:.4f}\n".encode()
-            )
-            os._exit(0)
+            os.write(1, f"DRAINED {elapsed:.4f} {tree_cpu_seconds(root) - cpu.value:.4f}\n".encode())
 
     print("READY", flush=True)
     app.worker_main(
         [
             "worker",
-            "--pool=threads",
+            f"--pool={args.pool}",
             f"--concurrency={args.concurrency}",
             "--loglevel=WARNING",
             "--without-gossip",
@@ -106,12 +131,23 @@ def run_worker(args) -> None:
     )
 
 
-def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count) -> subprocess.Popen:
+def stop_worker(worker: subprocess.Popen) -> None:
+    """Kill the worker and its pool processes (its own session)."""
+    try:
+        os.killpg(worker.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    worker.wait(timeout=60)
+
+
+def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count, pool="threads") -> subprocess.Popen:
     return subprocess.Popen(
         [
             sys.executable,
             str(HERE),
             "--worker",
+            "--pool",
+            pool,
             "--mode",
             mode,
             "--url",
@@ -130,6 +166,7 @@ def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count) -> subp
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)},
     )
 
@@ -143,19 +180,24 @@ def publish(app, count: int, **options) -> float:
     return time.perf_counter() - start
 
 
-def throughput(mode, url, management, args) -> float:
+def throughput(mode, url, management, args, pool) -> float:
     prefix, queue = f"bench{uuid.uuid4().hex[:8]}", f"bench-{mode}-{uuid.uuid4().hex[:6]}"
-    app = make_app(mode, url, queue, prefix, args.concurrency, args.prefetch)
+    concurrency = CONCURRENCY[pool]
+    app = make_app(mode, url, queue, prefix, concurrency, args.prefetch)
     try:
         elapsed = publish(app, args.tasks)
         print(f"  {mode:5s} published {args.tasks} in {elapsed:.1f}s ({args.tasks / elapsed:,.0f}/s)")
-        worker = spawn_worker(mode, url, queue, prefix, args.concurrency, args.prefetch, args.tasks)
+        worker = spawn_worker(mode, url, queue, prefix, concurrency, args.prefetch, args.tasks, pool)
         drained = cpu = None
-        for line in worker.stdout:
-            if line.startswith("DRAINED"):
-                drained, cpu = (float(word) for word in line.split()[1:3])
-                break
-        worker.wait(timeout=60)
+        try:
+            for line in worker.stdout:
+                if line.startswith("DRAINED"):
+                    drained, cpu = (float(word) for word in line.split()[1:3])
+                    break
+        finally:
+            stop_worker(worker)
+        if drained is None:
+            sys.exit(f"the {mode} {pool} worker exited before draining {args.tasks} tasks")
         rate = args.tasks / drained
         print(
             f"  {mode:5s} drained   {args.tasks} in {drained:.2f}s ({rate:,.0f} tasks/s; "
@@ -193,8 +235,7 @@ def countdown(mode, url, management, args) -> tuple[float, int]:
         return rss_kib / 1024, unacked
     finally:
         if worker is not None:
-            worker.kill()
-            worker.wait()
+            stop_worker(worker)
         cleanup(management, mode, prefix, queue)
         app.close()
 
@@ -214,21 +255,25 @@ def cleanup(management, mode, prefix, queue) -> None:
         management.delete_by_prefix(prefix + ".")
     else:
         management.delete_queue(queue)
-        management.delete_exchange(queue)
+    # Celery declares its default exchange, named after the queue, over ojs:// too.
+    management.delete_exchange(queue)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=os.environ.get("OJS_AMQP_URL", DEFAULT_URL))
-    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--tasks", type=int, default=5_000)
+    parser.add_argument("--rounds", type=int, default=3, help="alternated pairs per pool")
+    parser.add_argument("--pools", default="prefork,threads", help="comma-separated: prefork, threads")
     parser.add_argument("--eta-tasks", type=int, default=20_000)
     parser.add_argument("--eta-wait", type=float, default=20.0)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=4, help="the countdown phase's (threads pool)")
     parser.add_argument("--prefetch", type=int, default=4, help="worker_prefetch_multiplier (both transports)")
     parser.add_argument("--skip-eta", action="store_true")
     # worker subprocess
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--pool", default="threads", help=argparse.SUPPRESS)
     parser.add_argument("--queue", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
@@ -240,13 +285,20 @@ def main() -> None:
     from ojs_kombu.testing.management import ManagementClient
 
     management = ManagementClient(os.environ.get("OJS_MANAGEMENT_URL", "http://localhost:15672"))
-    print(
-        f"throughput: {args.tasks} no-op tasks, threads pool concurrency={args.concurrency}, "
-        f"prefetch multiplier={args.prefetch}, acks_late"
-    )
-    stock = throughput("stock", args.url, management, args)
-    ojs = throughput("ojs", args.url, management, args)
-    print(f"  ratio OJS/stock: {ojs / stock:.2f}x")
+    for pool in args.pools.split(","):
+        print(
+            f"throughput: {args.tasks} no-op tasks, {pool} pool -c {CONCURRENCY[pool]}, "
+            f"prefetch multiplier={args.prefetch}, acks_late, results ignored, {args.rounds} alternated rounds"
+        )
+        rates = alternate(
+            [
+                (f"ojs {pool}", lambda pool=pool: throughput("ojs", args.url, management, args, pool)),
+                (f"stock {pool}", lambda pool=pool: throughput("stock", args.url, management, args, pool)),
+            ],
+            rounds=args.rounds,
+            unit=" tasks/s",
+        )
+        report_ratio(rates, f"ojs {pool}", f"stock {pool}", "target >= 1.0x")
     if not args.skip_eta:
         print(f"countdown=600: {args.eta_tasks} tasks, worker observed for {args.eta_wait:.0f}s")
         countdown("stock", args.url, management, args)

@@ -1,14 +1,16 @@
 """Consuming throughput: ``ojs_kombu.Worker`` vs a plain pika consumer, in one run.
 
-    python benchmarks/worker.py [--count 10000] [--concurrency 10] [--url amqp://…]
+    python benchmarks/worker.py [--count 10000] [--concurrency 10] [--rounds 3] [--url amqp://…]
 
-Loads ``--count`` no-op jobs into one queue with ``Client.enqueue_many``, drains
-them with an ``ojs_kombu.Worker`` (``--concurrency`` handler threads, prefetch
-the same), loads the same jobs again and drains them with a plain pika consumer
+Each side drains ``--count`` no-op jobs loaded into one queue with
+``Client.enqueue_many``: an ``ojs_kombu.Worker`` (``--concurrency`` handler
+threads, prefetch the same; a new Worker each round) and a plain pika consumer
 (``basic_qos(prefetch_count=concurrency)``, manual ``basic_ack``, no decoding).
 Each rate is jobs / seconds from the first delivery to the last one, so
-connecting and declaring are not counted.  Prints both rates and their ratio.
-Everything is declared under a unique prefix and deleted afterwards.
+connecting, declaring and loading are not counted.  The sides alternate over
+``--rounds`` pairs (see ``pairs.py``); prints each rate, the per-round ratios and
+their median (target Worker >= 0.9x pika).  Everything is declared under a unique
+prefix and deleted afterwards.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import uuid
 from pathlib import Path
 
 import pika
+from pairs import alternate, report_ratio
 
 from ojs_kombu import Client, Job, Worker
 from ojs_kombu.amqp.connection import resolve_url
@@ -34,6 +37,7 @@ def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--url", default=None, help="broker URL (default $OJS_AMQP_URL)")
     return parser.parse_args()
 
@@ -110,27 +114,36 @@ def bench_pika(url: str, queue: str, count: int, prefetch: int) -> float:
 
 
 def main() -> None:
-    """Run both phases and print the table."""
+    """Alternate the two sides and print the rates and the median ratio."""
     args = _args()
     url = resolve_url(args.url)
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     jobs = noop_jobs(args.count)
     client = Client(url, prefix=prefix)
-    worker = Worker(url, prefix=prefix, queues=["bench"], concurrency=args.concurrency, grace_period=5)
+    workers: list[Worker] = []
+
+    def worker_side() -> float:
+        load(client, jobs)
+        worker = Worker(url, prefix=prefix, queues=["bench"], concurrency=args.concurrency, grace_period=5)
+        workers.append(worker)
+        return bench_worker(worker, args.count)
+
+    def pika_side() -> float:
+        load(client, jobs)
+        return bench_pika(url, client.names.job_queue("bench"), args.count, args.concurrency)
+
+    worker_label = f"ojs_kombu.Worker, concurrency {args.concurrency}"
+    pika_label = f"pika consumer, manual ack, prefetch {args.concurrency}"
+    print(f"{args.count:,} no-op jobs per side, {args.rounds} alternated rounds, {os.cpu_count()} cores")
     try:
         client.declare_queue("bench")
-        load(client, jobs)
-        worker_rate = bench_worker(worker, args.count)
-        load(client, jobs)
-        pika_rate = bench_pika(url, client.names.job_queue("bench"), args.count, args.concurrency)
+        rates = alternate([(worker_label, worker_side), (pika_label, pika_side)], rounds=args.rounds, unit=" jobs/s")
     finally:
-        worker.teardown()  # the worker also declared the scheduling cascade
+        if workers:
+            workers[-1].teardown()  # the worker also declared the scheduling cascade
         client.teardown()
         client.close()
-    print(f"{'ojs_kombu.Worker, concurrency ' + str(args.concurrency):<44} {worker_rate:>10,.0f} jobs/s")
-    print(f"{'pika consumer, manual ack, prefetch ' + str(args.concurrency):<44} {pika_rate:>10,.0f} jobs/s")
-    print(f"{'ratio Worker / pika':<44} {worker_rate / pika_rate:>10.2f}x")
-    print(f"({args.count:,} no-op jobs per phase, {os.cpu_count()} cores)")
+    report_ratio(rates, worker_label, pika_label, "target >= 0.9x")
 
 
 if __name__ == "__main__":
