@@ -110,6 +110,30 @@ def tls_options(ssl: object, *, host: str | None) -> dict[str, Any]:
     return options
 
 
+def transport_tls_options(ssl: object) -> object:
+    """The ``ssl`` a kombu TLS transport (``ojss://``) should use when it was given ``ssl`` directly.
+
+    Celery hands ``broker_use_ssl`` to kombu without :func:`make_connection`: ``True``,
+    nothing, or a dict of only the keys of :func:`tls_options` become verified options
+    (the host name left to kombu, which fills in the host connected to); a dict with
+    py-amqp's own keys (``cert_reqs`` ..., or one :func:`make_connection` built) is kept.
+
+    Parameters:
+        ssl: the kombu connection's ``ssl``.
+
+    Returns:
+        The options for py-amqp.
+
+    Raises:
+        ValidationError: as for :func:`tls_options`.
+    """
+    if ssl is None or isinstance(ssl, bool):
+        return tls_options(True, host=None)
+    if isinstance(ssl, Mapping) and set(ssl) <= _OWN_KEYS | _PASSED_KEYS:
+        return tls_options(ssl, host=None)
+    return ssl
+
+
 def make_connection(
     url: str, *, heartbeat: float, ssl: Any, transport_options: dict[str, Any] | None, connection_name: str
 ) -> Connection:
@@ -176,4 +200,5 @@ __all__ = [
     "resolve_url",
     "safe_url",
     "tls_options",
+    "transport_tls_options",
 ]

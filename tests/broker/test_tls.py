@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kombu import Connection
 from support import wait_until
 
 from ojs_kombu import Client, Worker
@@ -18,6 +19,7 @@ from ojs_kombu.amqp.errors import TlsVerificationError
 from ojs_kombu.errors import BrokerConnectionError, WorkerError
 from ojs_kombu.testing.broker import PrivateNode
 from ojs_kombu.testing.certs import make_test_pki
+from ojs_kombu.transport import register_aliases
 
 SECRET = "tls-s3cret-never-shown"
 
@@ -132,3 +134,20 @@ def test_no_password_in_logs_or_errors(node, ca, caplog):
                 assert SECRET not in str(exc) and SECRET not in repr(exc)
     assert caplog.records, "expected some log records to check"
     assert not [r for r in caplog.records if SECRET in r.getMessage()]
+
+
+def test_ojss_transport_given_ssl_directly_verifies_the_host_name(node, ca):
+    # Celery passes broker_use_ssl to kombu as is: the ojss:// transport verifies the host name itself.
+    register_aliases()
+    good = Connection(f"ojss://tlsuser:{SECRET}@localhost:{node.tls_port}//", ssl={"ca_certs": ca})
+    try:
+        good.ensure_connection(max_retries=0)
+        assert good.connected
+    finally:
+        good.release()
+    wrong = Connection(f"ojss://tlsuser:{SECRET}@127.0.0.2:{node.tls_port}//", ssl={"ca_certs": ca})
+    try:
+        with pytest.raises(Exception, match="not valid for '127.0.0.2'"):
+            wrong.ensure_connection(max_retries=0, reraise_as_library_errors=False)
+    finally:
+        wrong.release()

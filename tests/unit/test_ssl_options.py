@@ -8,7 +8,7 @@ import ssl
 import pytest
 
 from ojs_kombu.amqp import connection
-from ojs_kombu.amqp.connection import make_connection, tls_options
+from ojs_kombu.amqp.connection import make_connection, tls_options, transport_tls_options
 from ojs_kombu.amqp.errors import TlsVerificationError, is_permanent, map_exception
 from ojs_kombu.errors import BrokerConnectionError, BrokerRefusedError, ValidationError
 
@@ -102,3 +102,14 @@ def test_certificate_verification_failure_is_a_permanent_connection_error():
 def test_other_ssl_errors_stay_transient():
     assert not is_permanent(ssl.SSLEOFError(8, "EOF occurred in violation of protocol"))
     assert map_exception(ssl.SSLEOFError(8, "EOF")) is None
+
+
+def test_transport_given_ssl_directly_gets_verified_options():
+    assert transport_tls_options(True) == {"cert_reqs": ssl.CERT_REQUIRED, "server_hostname": None}
+    assert transport_tls_options({"ca_certs": "/ca.pem"}) == {
+        "ca_certs": "/ca.pem",
+        "cert_reqs": ssl.CERT_REQUIRED,
+        "server_hostname": None,
+    }
+    raw = {"cert_reqs": ssl.CERT_NONE}  # py-amqp's own options (or built by make_connection): kept
+    assert transport_tls_options(raw) is raw
