@@ -33,6 +33,10 @@ TLS_SCHEMES = frozenset({"amqps", "ojss"})
 # Our keys of the ``ssl`` dict, and py-amqp's ``wrap_socket`` options passed through as they are.
 _OWN_KEYS = frozenset({"ca_certs", "certfile", "keyfile", "verify", "server_hostname"})
 _PASSED_KEYS = frozenset({"ciphers", "tls_minimum_version", "tls_maximum_version"})
+# Keys only py-amqp's own ``wrap_socket`` form has (Celery's ``broker_use_ssl``): such a dict is used as is.
+_PY_AMQP_KEYS = frozenset(
+    {"cert_reqs", "ssl_version", "server_side", "do_handshake_on_connect", "suppress_ragged_eofs"}
+)
 
 
 @functools.cache
@@ -67,6 +71,8 @@ def tls_options(ssl: object, *, host: str | None) -> dict[str, Any]:
       carry; default: the URL's host) and ``verify`` (default ``True``; ``False``
       turns off chain *and* host name checks, logged once at WARNING).
       ``ciphers``, ``tls_minimum_version`` and ``tls_maximum_version`` pass to py-amqp.
+    * py-amqp's own options (a dict with ``cert_reqs`` ..., as Celery's ``broker_use_ssl``):
+      used as they are, with ``server_hostname`` added unless ``cert_reqs`` is ``CERT_NONE``.
 
     Parameters:
         ssl: ``True``, ``None`` or the dict above.
@@ -91,6 +97,11 @@ def tls_options(ssl: object, *, host: str | None) -> dict[str, Any]:
         given = ssl
     else:
         raise ValidationError(f"ssl must be True, None or a dict, not {type(ssl).__name__}")
+    if set(given) & _PY_AMQP_KEYS:
+        raw = dict(given)
+        if raw.get("cert_reqs", _ssl.CERT_REQUIRED) != _ssl.CERT_NONE:
+            raw.setdefault("server_hostname", host)
+        return raw
     unknown = sorted(set(given) - _OWN_KEYS - _PASSED_KEYS)
     if unknown:
         raise ValidationError(f"ssl: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OWN_KEYS))}")
@@ -114,9 +125,9 @@ def transport_tls_options(ssl: object) -> object:
     """The ``ssl`` a kombu TLS transport (``ojss://``) should use when it was given ``ssl`` directly.
 
     Celery hands ``broker_use_ssl`` to kombu without :func:`make_connection`: ``True``,
-    nothing, or a dict of only the keys of :func:`tls_options` become verified options
-    (the host name left to kombu, which fills in the host connected to); a dict with
-    py-amqp's own keys (``cert_reqs`` ..., or one :func:`make_connection` built) is kept.
+    nothing, or a dict become options as :func:`tls_options` makes them, the host name
+    left to kombu (which fills in the host connected to).  Options :func:`make_connection`
+    built are kept as they are.
 
     Parameters:
         ssl: the kombu connection's ``ssl``.
@@ -127,11 +138,7 @@ def transport_tls_options(ssl: object) -> object:
     Raises:
         ValidationError: as for :func:`tls_options`.
     """
-    if ssl is None or isinstance(ssl, bool):
-        return tls_options(True, host=None)
-    if isinstance(ssl, Mapping) and set(ssl) <= _OWN_KEYS | _PASSED_KEYS:
-        return tls_options(ssl, host=None)
-    return ssl
+    return tls_options(True if ssl is None or isinstance(ssl, bool) else ssl, host=None)
 
 
 def make_connection(

@@ -111,5 +111,14 @@ def test_transport_given_ssl_directly_gets_verified_options():
         "cert_reqs": ssl.CERT_REQUIRED,
         "server_hostname": None,
     }
-    raw = {"cert_reqs": ssl.CERT_NONE}  # py-amqp's own options (or built by make_connection): kept
-    assert transport_tls_options(raw) is raw
+    built = tls_options({"ca_certs": "/ca.pem"}, host="h")  # by make_connection: kept
+    assert transport_tls_options(built) == built
+    assert transport_tls_options({"cert_reqs": ssl.CERT_NONE}) == {"cert_reqs": ssl.CERT_NONE}
+
+
+def test_py_amqp_own_options_are_kept_with_the_host_name_added():
+    # Celery's broker_use_ssl, reaching make_connection through ojs_celery's presence beacon.
+    given = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": "/ca.pem", "certfile": "/c.pem", "keyfile": "/c.key"}
+    assert _ssl_of("amqps://u:p@broker.example//", given) == {**given, "server_hostname": "broker.example"}
+    assert _ssl_of("amqps://u:p@b//", {"cert_reqs": ssl.CERT_NONE}) == {"cert_reqs": ssl.CERT_NONE}
+    assert _ssl_of("amqps://u:p@b//", {**given, "server_hostname": "x"})["server_hostname"] == "x"  # type: ignore[index]
