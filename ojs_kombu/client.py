@@ -166,7 +166,12 @@ class Client:
             (``"use-existing"``: warn and use it; ``"raise"``).  A job queue whose
             dead-letter arguments differ is refused either way.
         connection_name: shown by the broker (management UI) for this client's connections.
-        ssl, transport_options: passed to :class:`kombu.Connection`.
+        ssl: TLS: ``None`` (only for ``amqps://`` / ``ojss://`` URLs, system CAs), ``True``, or a dict
+            of ``ca_certs``, ``certfile``, ``keyfile``, ``server_hostname``, ``verify`` (see
+            :func:`ojs_kombu.amqp.connection.tls_options`).  The certificate chain and the host
+            name are verified unless ``verify`` is ``False``; a failed verification raises
+            :class:`~ojs_kombu.errors.TlsVerificationError` at once.
+        transport_options: passed to :class:`kombu.Connection`.
         window: publishes a connection may have awaiting their confirm.
         control: retention of the control streams ``ojs.queue.control.{q}`` this client declares.
         events_options: retention of the events stream ``ojs.stream.events`` (declared by

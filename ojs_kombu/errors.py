@@ -13,6 +13,7 @@ catch the whole family with one ``except``.  The tree::
     │   ├── PublishNackedError   the broker answered Basic.Nack to our publish
     │   └── PublishTimeoutError  no confirm arrived in time (outcome unknown)
     ├── BrokerConnectionError    the broker could not be reached within the retry budget
+    │   └── TlsVerificationError  (also a BrokerRefusedError) the TLS certificate failed verification
     ├── BrokerRefusedError       the broker refused for good: retrying cannot help
     │   ├── AccessRefusedError   403 ACCESS_REFUSED, 530 NOT_ALLOWED: credentials, vhost, permissions
     │   └── NotFoundError        404 NOT_FOUND: an entity that must exist does not
@@ -157,6 +158,14 @@ class AccessRefusedError(BrokerRefusedError):
     the user may not use (530 NOT_ALLOWED), or a resource the user has no permission for (403)."""
 
 
+class TlsVerificationError(BrokerConnectionError, BrokerRefusedError):
+    """The broker's TLS certificate failed verification: a CA not trusted, or a host name it
+    does not carry.  A :class:`BrokerConnectionError` (nothing was reached) that is also
+    permanent (a :class:`BrokerRefusedError`): the Client raises it at once and a Worker
+    stops with it, as for a wrong password, instead of retrying a handshake that fails the
+    same way each time."""
+
+
 class NotFoundError(BrokerRefusedError):
     """404 NOT_FOUND where the entity must already exist (a passive declare, a dead letter queue to read)."""
 
@@ -208,6 +217,7 @@ __all__ = [
     "PublishError",
     "PublishNackedError",
     "PublishTimeoutError",
+    "TlsVerificationError",
     "TopologyConflictError",
     "TopologyError",
     "UnroutableError",

@@ -20,6 +20,7 @@ The table (AMQP reply code -> error):
 ``403 ACCESS_REFUSED``                :class:`AccessRefusedError`
 ``530 NOT_ALLOWED`` (vhost)           :class:`AccessRefusedError`
 ``404 NOT_FOUND`` (``must_exist``)    :class:`NotFoundError`
+TLS certificate verification failed   :class:`TlsVerificationError` (unknown CA, wrong host name)
 transient (``OSError``, 320, 505 …)   :class:`BrokerConnectionError` (:func:`connection_error`)
 ====================================  ==================================
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from ssl import SSLCertVerificationError
 
 from amqp.exceptions import AccessRefused, NotAllowed, NotFound
 
@@ -44,7 +46,15 @@ from ojs_kombu.errors import (
     BrokerRefusedError,
     NotFoundError,
     OjsError,
+    TlsVerificationError,
 )
+
+
+def _tls_failure(exc: SSLCertVerificationError, url: str | None) -> TlsVerificationError:
+    reason = exc.verify_message or exc.reason or str(exc)
+    where = f" for the broker at {safe_url(url)}" if url else ""
+    return TlsVerificationError(f"TLS certificate verification failed{where}: {reason}")
+
 
 # py-amqp exceptions that the same request would meet again, whatever the context.
 _ALWAYS_PERMANENT: dict[type[Exception], type[BrokerRefusedError]] = {
@@ -77,9 +87,10 @@ def is_permanent(exc: BaseException, *, must_exist: bool = False) -> bool:
 
     Returns:
         True for a :class:`BrokerRefusedError`, a py-amqp ``AccessRefused`` (403) or
-        ``NotAllowed`` (530), and with ``must_exist`` a ``NotFound`` (404).
+        ``NotAllowed`` (530), a failed TLS certificate verification, and with
+        ``must_exist`` a ``NotFound`` (404).
     """
-    if isinstance(exc, BrokerRefusedError | AccessRefused | NotAllowed):
+    if isinstance(exc, BrokerRefusedError | AccessRefused | NotAllowed | SSLCertVerificationError):
         return True
     return must_exist and isinstance(exc, NotFound)
 
@@ -98,6 +109,8 @@ def map_exception(exc: BaseException, *, url: str | None = None, must_exist: boo
     """
     if isinstance(exc, OjsError):
         return exc
+    if isinstance(exc, SSLCertVerificationError):
+        return _tls_failure(exc, url)
     for raw, error in _ALWAYS_PERMANENT.items():
         if isinstance(exc, raw):
             return _refusal(exc, error, url)
@@ -133,7 +146,7 @@ def map_exceptions(*, url: str | None = None, must_exist: bool = False) -> Itera
         must_exist: a 404 inside the block is final (:class:`NotFoundError`).
 
     Raises:
-        AccessRefusedError, NotFoundError: as mapped; anything else as raised.
+        AccessRefusedError, NotFoundError, TlsVerificationError: as mapped; anything else as raised.
     """
     try:
         yield
@@ -159,4 +172,11 @@ def connection_error(url: str, exc: BaseException, attempts: int, elapsed: float
     )
 
 
-__all__ = ["connection_error", "is_permanent", "map_exception", "map_exceptions", "raise_if_permanent"]
+__all__ = [
+    "TlsVerificationError",
+    "connection_error",
+    "is_permanent",
+    "map_exception",
+    "map_exceptions",
+    "raise_if_permanent",
+]

@@ -172,7 +172,12 @@ class Worker:
         dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL) or
             ``"republish"`` (publish to the DLX with the final error headers, then ack).
         connection_name: shown by the broker's management UI.
-        ssl, transport_options: passed to kombu.
+        ssl: TLS, as for :class:`~ojs_kombu.client.Client`: ``None`` (``amqps://`` / ``ojss://`` only),
+            ``True`` or a dict of ``ca_certs``, ``certfile``, ``keyfile``, ``server_hostname``,
+            ``verify``; chain and host name verified unless ``verify=False``.  A failed
+            verification is permanent: :meth:`run` stops with :class:`WorkerError` (its cause a
+            :class:`~ojs_kombu.errors.TlsVerificationError`).
+        transport_options: passed to kombu.
         on_conflict: a job queue that exists with other arguments is used as it is
             (``"use-existing"``) or refused (``"raise"``: the worker stops with
             :class:`WorkerError`); see :class:`~ojs_kombu.amqp.topology.Topology`.

@@ -45,6 +45,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ._servers import ServerCommands, apt_install, free_ports, process_alive, tail
+from .certs import TestPki, make_test_pki
 from .management import ManagementClient, ManagementError
 
 __all__ = [
@@ -203,6 +204,16 @@ class PrivateNode:
         epmd_port: the epmd port; nodes of one cluster (:mod:`.cluster`) share one.
         cookie: the Erlang cookie of the node and of ``rabbitmqctl``; nodes of one cluster
             share one.  Default: the running user's ``~/.erlang.cookie``.
+        tls: also listen for AMQP over TLS (see below).
+        require_client_cert: refuse a TLS client without a certificate signed by the test CA.
+
+    With ``tls=True`` the node also listens for AMQP over TLS on ``tls_port``
+    (127.0.0.1, and 127.0.0.2 so that a host name missing from the certificate
+    can be tried), with a throw-away CA and a server certificate for
+    ``localhost`` / ``127.0.0.1`` made in ``<dir>/tls`` (see
+    :mod:`ojs_kombu.testing.certs`): :attr:`tls_url`, :attr:`pki` (the CA,
+    and a client certificate).  ``require_client_cert=True`` makes the node
+    refuse a TLS client without a certificate signed by that CA.
     """
 
     def __init__(
@@ -212,12 +223,16 @@ class PrivateNode:
         node_name: str | None = None,
         epmd_port: int | None = None,
         cookie: str | None = None,
+        tls: bool = False,
+        require_client_cert: bool = False,
     ):
         self._tools = _tools()
         self.node_name = node_name or f"ojs-{secrets.token_hex(4)}@localhost"
-        self.amqp_port, self.dist_port, self.management_port, own_epmd_port = free_ports(4)
+        self.amqp_port, self.dist_port, self.management_port, own_epmd_port, self.tls_port = free_ports(5)
         self.epmd_port = epmd_port or own_epmd_port
         self.cookie = cookie
+        self.tls = tls
+        self.require_client_cert = require_client_cert
         self.dir = self._usable_base_dir(Path(base_dir) if base_dir else _default_base_dir()) / self.short_name
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -237,6 +252,25 @@ class PrivateNode:
     def url(self) -> str:
         """AMQP URL of the node (user ``guest``, vhost ``/``)."""
         return f"amqp://{GUEST}:{GUEST}@127.0.0.1:{self.amqp_port}//"
+
+    @property
+    def tls_url(self) -> str:
+        """AMQP-over-TLS URL of the node (``amqps://…@localhost:<tls_port>//``; needs ``tls=True``)."""
+        if not self.tls:
+            raise BrokerError(f"{self.node_name} was not started with tls=True")
+        return f"amqps://{GUEST}:{GUEST}@localhost:{self.tls_port}//"
+
+    @property
+    def pki(self) -> TestPki:
+        """The node's test CA, server and client certificates (made by :meth:`start` with ``tls=True``)."""
+        directory = self.dir / "tls"
+        return TestPki(
+            ca_cert=directory / "ca.pem",
+            server_cert=directory / "server.pem",
+            server_key=directory / "server.key",
+            client_cert=directory / "client.pem",
+            client_key=directory / "client.key",
+        )
 
     @property
     def management_url(self) -> str:
@@ -276,6 +310,9 @@ class PrivateNode:
             "management_port": self.management_port,
             "epmd_port": self.epmd_port,
             "cookie": self.cookie,
+            "tls_port": self.tls_port,
+            "tls": self.tls,
+            "require_client_cert": self.require_client_cert,
             "dir": str(self.dir),
             "url": self.url,
             "management_url": self.management_url,
@@ -293,6 +330,9 @@ class PrivateNode:
         node.management_port = state["management_port"]
         node.epmd_port = state["epmd_port"]
         node.cookie = state.get("cookie")
+        node.tls_port = state.get("tls_port", 0)
+        node.tls = state.get("tls", False)
+        node.require_client_cert = state.get("require_client_cert", False)
         node.dir = Path(state["dir"])
         node._proc = None
         return node
@@ -453,13 +493,30 @@ class PrivateNode:
             "management.sample_retention_policies.global.hour = 60\n"
             "management.sample_retention_policies.basic.minute = 1\n"
             "management.sample_retention_policies.basic.hour = 60\n"
-            "management.sample_retention_policies.detailed.10 = 1\n"
+            "management.sample_retention_policies.detailed.10 = 1\n" + self._tls_config()
         )
         self.startup_log.touch()
         if self._tools.owner is not None:
             uid, gid, _ = self._tools.owner
             for path in (self.dir, *self.dir.rglob("*")):
                 os.chown(path, uid, gid, follow_symlinks=False)
+
+    def _tls_config(self) -> str:
+        """The rabbitmq.conf lines of the TLS listener (making the certificates once), or ``""``."""
+        if not self.tls:
+            return ""
+        pki = self.pki
+        if not pki.server_cert.exists():
+            pki = make_test_pki(self.dir / "tls")
+        return (
+            f"listeners.ssl.default = 127.0.0.1:{self.tls_port}\n"
+            f"listeners.ssl.other = 127.0.0.2:{self.tls_port}\n"
+            f"ssl_options.cacertfile = {pki.ca_cert}\n"
+            f"ssl_options.certfile = {pki.server_cert}\n"
+            f"ssl_options.keyfile = {pki.server_key}\n"
+            "ssl_options.verify = verify_peer\n"
+            f"ssl_options.fail_if_no_peer_cert = {str(self.require_client_cert).lower()}\n"
+        )
 
     def _env(self) -> dict[str, str]:
         # Inherited RABBITMQ_* / ERL_EPMD_* settings would point at some other node.
@@ -558,7 +615,7 @@ class PrivateNode:
             code = self._proc.poll()
             if code is not None:
                 raise self._startup_error(f"rabbitmq-server exited with code {code} during startup")
-            amqp_ok = amqp_ok or _port_open(self.amqp_port)
+            amqp_ok = amqp_ok or (_port_open(self.amqp_port) and (not self.tls or _port_open(self.tls_port)))
             if amqp_ok and not api_ok:
                 with contextlib.suppress(ManagementError):
                     api_ok = bool(management.overview())

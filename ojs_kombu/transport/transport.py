@@ -7,7 +7,7 @@ from typing import Any
 from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import TRANSPORT_ALIASES, pyamqp
 
-from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, transport_tls_options
 from ojs_kombu.amqp.framing import FrameReader
 from ojs_kombu.amqp.framing import supports as framing_supports
 from ojs_kombu.transport.channel import Channel
@@ -58,10 +58,11 @@ class Transport(pyamqp.Transport):
         for name, default_value in self.default_connection_params.items():
             if not getattr(conninfo, name, None):
                 setattr(conninfo, name, default_value)
-        if conninfo.hostname == "localhost":
-            conninfo.hostname = "127.0.0.1"
+        # The certificate carries the URL's name: fill it in before "localhost" becomes an address.
         if isinstance(conninfo.ssl, dict) and conninfo.ssl.get("server_hostname", "") is None:
             conninfo.ssl["server_hostname"] = conninfo.hostname
+        if conninfo.hostname == "localhost":
+            conninfo.hostname = "127.0.0.1"
         password = conninfo.password() if callable(conninfo.password) else conninfo.password
         opts = dict(
             {
@@ -157,8 +158,8 @@ class SSLTransport(Transport):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         client: Any = self.client
-        if not client.ssl:  # TLS on unless the caller passed its own ssl options
-            client.ssl = True
+        # TLS on, verifying the chain and the host name (py-amqp's ssl=True checks no host name).
+        client.ssl = transport_tls_options(client.ssl)
 
 
 def register_aliases() -> None:
