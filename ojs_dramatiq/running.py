@@ -79,12 +79,22 @@ class RunningMessage(MessageProxy):
         self.ojs_job = job
         self.ojs_delivery = delivery
         self.running: RunningEntry | None = None  # while a worker thread runs it
+        self._cancellations: Cancellations | None = None  # the broker's, while a worker thread runs it
         self._cancelled_token: contextvars.Token[threading.Event | None] | None = None
 
     @property
     def execution(self) -> int:
         """This execution of the job, 1-based (the ``attempt`` of its events and logs)."""
         return self.ojs_job.attempt + 1
+
+    def stuff_exception(self, exception: BaseException) -> None:
+        """Dramatiq's first step after an actor raised: from here on, a cancel no longer
+        interrupts this thread (Dramatiq's own code runs until the after-hooks: an exception
+        raised in its error logging would kill the worker thread; seen in CI)."""
+        super().stuff_exception(exception)
+        entry, cancellations = self.running, self._cancellations
+        if entry is not None and cancellations is not None:
+            cancellations.ended(entry)
 
     def settle_cancelled(self, state: Literal["pending", "running"]) -> None:
         """Ack the cancelled message (once), count it and emit ``cancelled``."""
@@ -115,6 +125,7 @@ class OjsRunning(Middleware):
         job = message.ojs_job
         entry = self.cancellations.enter(job.id, job.queue, aliases=(message.message_id,))
         message.running = entry
+        message._cancellations = self.cancellations
         message._cancelled_token = _current_cancelled.set(entry.cancelled)
         self._by_thread[thread_id] = message
         if entry.cancelled.is_set():

@@ -142,6 +142,7 @@ class RunningEntry:
     cancelled: threading.Event = field(default_factory=threading.Event)
     interrupted: bool = False
     active: bool = True  # False once the handler has returned: never interrupt it after
+    interruptible: bool = True  # False once the handler has ended, before its run is left (see Cancellations.ended)
     aliases: tuple[str, ...] = ()  # other ids a cancel may name it by (a Dramatiq message id)
 
     @property
@@ -186,7 +187,7 @@ class Cancellations:
                 if entry.cancelled.is_set():
                     continue
                 entry.cancelled.set()
-                if self.mode == "interrupt" and entry.active:
+                if self.mode == "interrupt" and entry.active and entry.interruptible:
                     entry.interrupted = _raise_in_thread(entry.thread_id, Cancelled)
                 logger.info(
                     "job %s cancelled while running%s",
@@ -242,6 +243,20 @@ class Cancellations:
                 break
             except Cancelled:
                 continue
+
+    def ended(self, entry: RunningEntry) -> None:
+        """The handler of ``entry`` has returned or raised: never interrupt its thread from now on.
+
+        For a framework that runs its own code between the handler and the end of the
+        run (Dramatiq formats and logs the handler's exception there): an interruption
+        landing in that code would kill the framework's thread.  A pending, undelivered
+        interruption is withdrawn; the ``cancelled`` event stays set, so the run is still
+        settled as cancelled.
+        """
+        with self._lock:
+            entry.interruptible = False
+            if entry.interrupted:
+                _raise_in_thread(entry.thread_id, None)
 
     def _leave(self, entry: RunningEntry) -> None:
         with self._lock:

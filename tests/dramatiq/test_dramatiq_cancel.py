@@ -3,6 +3,7 @@ running, cooperative cancels, pause and resume, and the lifecycle events of the 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -162,11 +163,64 @@ def test_a_message_waiting_in_a_retry_queue_and_cancelled_does_not_run_again(ojs
     before = cancelled_count("flaky", "pending")
     message = flaky.send()
     ran.wait(1)
+    # Cancel once the first attempt is settled and the message waits in its retry queue (a cancel
+    # during the attempt would be a cancel of a running message: the next test).
+    wait_until(lambda: ojs_broker.get_queue_message_counts("flaky") == (0, 1, 0), 20, message="the retry waiting")
     ojs_broker.cancel(message.message_id, queue_name="flaky")
     wait_until(lambda: cancelled_count("flaky", "pending") == before + 1, 20, message="the retry dropped")
     assert len(ran.calls) == 1
     assert seen.ids == [message.message_id]  # the first attempt only
     assert_nothing_left(ojs_broker, "flaky")
+
+
+class BlockingHandler(logging.Handler):
+    """Holds Dramatiq's "Failed to process message" error log (written between the actor's raise and
+    the after-hooks) until released, and tells when it started holding."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.holding, self.unblock = threading.Event(), threading.Event()
+
+    def emit(self, record):
+        if "Failed to process message" in record.getMessage():
+            self.holding.set()
+            self.unblock.wait(30)
+
+
+def test_a_cancel_while_dramatiq_logs_the_actors_failure_does_not_kill_the_worker_thread(ojs_broker, start_worker):
+    """Dramatiq formats and logs the actor's exception before the after-hooks run: a cancel read then
+    must not raise in Dramatiq's own code (the thread would die and the message never be settled).
+    The message is settled as cancelled (no retry), and the same single thread runs the next one."""
+    ran = Recorder()
+
+    @dramatiq.actor(queue_name="window", max_retries=3, min_backoff=100, max_backoff=100)
+    def fails():
+        ran.add("fails")
+        raise RuntimeError("fail on purpose")
+
+    @dramatiq.actor(queue_name="window")
+    def after():
+        ran.add("after")
+
+    handler = BlockingHandler()
+    dramatiq_logger = logging.getLogger("dramatiq")
+    dramatiq_logger.addHandler(handler)
+    try:
+        before = cancelled_count("window", "running")
+        start_worker(worker_threads=1)
+        message = fails.send()
+        assert handler.holding.wait(20), "Dramatiq never logged the failure"
+        ojs_broker.cancel(message.message_id, queue_name="window")
+        # The reader has the cancel (its event is set) while the thread is still held in the logging.
+        wait_until(lambda: ojs_broker.cancellations.is_cancelled(message.message_id), 10, message="the cancel read")
+        handler.unblock.set()
+        wait_until(lambda: cancelled_count("window", "running") == before + 1, 20, message="settled cancelled")
+        after.send()
+        assert ran.wait(2) == ["fails", "after"]  # the one worker thread survived; no retry of fails
+    finally:
+        handler.unblock.set()
+        dramatiq_logger.removeHandler(handler)
+    assert_nothing_left(ojs_broker, "window")
 
 
 def test_a_prefetched_message_cancelled_before_a_thread_takes_it_never_runs(ojs_broker, start_worker, amqp_url, names):
