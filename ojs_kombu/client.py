@@ -33,10 +33,17 @@ from amqp import Channel, Message
 from amqp.exceptions import NotFound, RecoverableConnectionError
 from kombu.connection import Connection
 
-from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
+from ojs_kombu.amqp.connection import (
+    DEFAULT_HEARTBEAT,
+    close_quietly,
+    connect_once,
+    make_connection,
+    resolve_url,
+    safe_url,
+)
 from ojs_kombu.amqp.errors import connection_error, map_exceptions
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
-from ojs_kombu.amqp.topology import OnConflict, Topology, _close_quietly
+from ojs_kombu.amqp.topology import OnConflict, Topology
 from ojs_kombu.errors import (
     BrokerConnectionError,
     BrokerRefusedError,
@@ -395,18 +402,9 @@ class Client:
         try:
             reply_to, _, _ = channel.queue_declare("", durable=False, exclusive=True, auto_delete=True)
             channel.basic_consume(reply_to, no_ack=True, callback=on_reply)
-            request = info_message(job_id, reply_to=reply_to, correlation_id=correlation_id)
-            ticket = session.publisher.publish(
-                request,
-                exchange=self.names.direct_exchange,
-                routing_key=self.names.control_routing_key(queue),
-                queue=queue,
-                job_id=request.properties["message_id"],
-                confirm_timeout=self.confirm_timeout,
+            self._publish_control_on(
+                session, queue, info_message(job_id, reply_to=reply_to, correlation_id=correlation_id)
             )
-            session.publisher.wait([ticket], self.confirm_timeout)
-            session.last_used = time.monotonic()
-            ticket.raise_for_error()
             settling = False
             while not any(answer.state == "active" for answer in answers):
                 if answers and not settling:  # other workers may know better: listen a little longer
@@ -420,7 +418,7 @@ class Client:
                 except TimeoutError:
                     continue  # the loop ends on the deadline
         finally:
-            _close_quietly(channel)  # the reply queue goes with it (exclusive, auto-delete)
+            close_quietly(channel)  # the reply queue goes with it (exclusive, auto-delete)
         return best_answer(answers)
 
     def _publish_control(self, queue: str, message: OutgoingMessage) -> None:
@@ -430,19 +428,23 @@ class Client:
             session = self._session(conn)
             if self.declare:
                 self.topology.ensure_queue(conn.connection, queue)
-            ticket = session.publisher.publish(
-                message,
-                exchange=self.names.direct_exchange,
-                routing_key=self.names.control_routing_key(queue),
-                queue=queue,
-                job_id=message.properties["message_id"],
-                confirm_timeout=self.confirm_timeout,
-            )
-            session.publisher.wait([ticket], self.confirm_timeout)
-            session.last_used = time.monotonic()
-            ticket.raise_for_error()
+            self._publish_control_on(session, queue, message)
 
         self._run(publish)
+
+    def _publish_control_on(self, session: _Session, queue: str, message: OutgoingMessage) -> None:
+        """Publish ``message`` to the control stream of ``queue`` on ``session`` and wait for its confirm."""
+        ticket = session.publisher.publish(
+            message,
+            exchange=self.names.direct_exchange,
+            routing_key=self.names.control_routing_key(queue),
+            queue=queue,
+            job_id=message.properties["message_id"],
+            confirm_timeout=self.confirm_timeout,
+        )
+        session.publisher.wait([ticket], self.confirm_timeout)
+        session.last_used = time.monotonic()
+        ticket.raise_for_error()
 
     # -- events stream --------------------------------------------------------------------------
 
@@ -584,7 +586,7 @@ class Client:
                     if select is None or select(entry):
                         entries.append(entry)
             finally:
-                _close_quietly(channel)  # unacked messages go back where they were
+                close_quietly(channel)  # unacked messages go back where they were
             return entries
 
         return self._run(browse)
@@ -727,7 +729,7 @@ class Client:
                     if failure is not None:
                         raise failure
             finally:
-                _close_quietly(channel)
+                close_quietly(channel)
 
         self._run(scan)
         return taken_ids
@@ -828,7 +830,7 @@ class Client:
                 with map_exceptions(url=self.url, must_exist=True):
                     return int(channel.queue_purge(self.names.dead_letter_queue(queue)) or 0)
             finally:
-                _close_quietly(channel)
+                close_quietly(channel)
 
         return self._run(purge)
 
@@ -862,7 +864,7 @@ class Client:
                     counts[name] = QueueCounts(int(ready), int(consumers))
             finally:
                 if channel is not None:
-                    _close_quietly(channel)
+                    close_quietly(channel)
             return counts
 
         return self._run(inspect)
@@ -898,7 +900,7 @@ class Client:
             reader = ControlReader(self.names, self.topology, streams, Cancellations(), replay_timeout=timeout)
             if streams:
                 try:
-                    _close_quietly(reader.attach(conn.connection))
+                    close_quietly(reader.attach(conn.connection))
                 except RecoverableConnectionError as exc:  # the replay was too slow: not worth a reconnect
                     self._drop(conn)  # its channel still consumes the streams
                     raise OjsError(f"reading the control streams: {exc}") from None

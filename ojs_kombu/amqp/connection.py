@@ -198,10 +198,25 @@ def connect_once(conn: Connection, *, timeout: float | None = None) -> Any:
             raise
 
 
+def close_quietly(closable: Any) -> None:
+    """Close a py-amqp channel (or anything with ``close()``), ignoring every error.
+
+    For clean-up paths: the broker may already have closed it, or the connection may be gone.
+
+    Parameters:
+        closable: the channel to close.
+    """
+    try:
+        closable.close()
+    except Exception:  # noqa: BLE001 - closing something already broken must not raise
+        pass
+
+
 __all__ = [
     "DEFAULT_HEARTBEAT",
     "DEFAULT_URL",
     "TLS_SCHEMES",
+    "close_quietly",
     "connect_once",
     "make_connection",
     "resolve_url",

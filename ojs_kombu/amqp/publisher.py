@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from amqp import Connection, Message, spec
 from amqp.serialization import dumps
 
+from ojs_kombu.amqp.connection import close_quietly
 from ojs_kombu.amqp.properties import WireMessage
 from ojs_kombu.errors import PublishError, PublishNackedError, PublishTimeoutError, UnroutableError
 from ojs_kombu.observability.metrics import METRICS
@@ -193,10 +194,7 @@ class ConfirmedPublisher:
 
     def close(self) -> None:
         """Close the channel (best effort)."""
-        try:
-            self.channel.close()
-        except Exception:  # noqa: BLE001 - closing a broken channel must not raise
-            pass
+        close_quietly(self.channel)
 
 
 __all__ = ["ConfirmedPublisher", "PublishTicket"]

@@ -64,6 +64,7 @@ from typing import Any, Literal, get_args
 from amqp import Channel, Connection
 from amqp.exceptions import PreconditionFailed
 
+from ojs_kombu.amqp.connection import close_quietly
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.errors import ArgumentDifference, TopologyConflictError, ValidationError
 from ojs_kombu.model.naming import Names, validate_queue_name
@@ -353,7 +354,7 @@ class Topology:
                 elif isinstance(spec, ExchangeSpec):
                     channel.exchange_delete(spec.name)
         finally:
-            _close_quietly(channel)
+            close_quietly(channel)
         return sum(not isinstance(s, BindingSpec) for s in specs)
 
     def redeclare(self, connection: Connection) -> None:
@@ -391,7 +392,7 @@ class Topology:
                     channel = self._declare_one(connection, channel, spec)
                     self._declared[spec] = None
             finally:
-                _close_quietly(channel)
+                close_quietly(channel)
 
     def _declare_one(self, connection: Connection, channel: Channel, spec: Spec) -> Channel:
         with map_exceptions():
@@ -455,7 +456,7 @@ class Topology:
             logger.warning("%s; using the existing events stream as it is", conflict)
             return channel
         if channel is not None:
-            _close_quietly(channel)
+            close_quietly(channel)
         logger.warning(
             "%s; it is not the events stream: presence and job events are published to %s only, "
             "and Client.workers() / Client.events() cannot read them",
@@ -477,7 +478,7 @@ class Topology:
         lost = dead_letters and any(d.argument in DEAD_LETTER_ARGUMENTS for d in conflict.differences)
         if lost or self.on_conflict == "raise":
             if channel is not None:
-                _close_quietly(channel)
+                close_quietly(channel)
             if lost:
                 raise TopologyConflictError(
                     conflict.entity,
@@ -551,19 +552,12 @@ def _probe_queue(
             differences.extend(more)
             continue
         except BaseException:
-            _close_quietly(channel)
+            close_quietly(channel)
             raise
         found = TopologyConflictError(spec.name, differences, conflict.reply_text)
         return found, channel
     logger.info("could not learn every argument in which %r differs; known: %s", spec.name, differences)
     return TopologyConflictError(spec.name, differences, conflict.reply_text), None
-
-
-def _close_quietly(channel: Channel) -> None:
-    try:
-        channel.close()
-    except Exception:  # noqa: BLE001 - the channel may already be closed by the broker
-        pass
 
 
 __all__ = [

@@ -44,9 +44,9 @@ from typing import Any
 from amqp import Channel
 from amqp import Message as WireMessage
 
-from ojs_kombu.amqp.connection import connect_once, make_connection, safe_url
+from ojs_kombu.amqp.connection import close_quietly, connect_once, make_connection, safe_url
 from ojs_kombu.amqp.errors import map_exceptions
-from ojs_kombu.amqp.topology import Topology, _close_quietly
+from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, OjsError, TopologyError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
@@ -363,7 +363,7 @@ class Beacon:
         try:
             if graceful:
                 if channel is not None:
-                    _close_quietly(channel)
+                    close_quietly(channel)
                 self._connection.release()
             else:
                 self._connection.collect()
@@ -456,7 +456,7 @@ def read_events(
                 except TimeoutError:
                     continue
     finally:
-        _close_quietly(channel)
+        close_quietly(channel)
 
 
 __all__ = [
