@@ -100,10 +100,9 @@ class Settings:
 
     def load_codec(self) -> TaskCodec:
         """The codec object (imported on first use: ``ojs_celery`` needs Celery only then)."""
-        if isinstance(self.codec, str):
-            self.codec = symbol_by_name(self.codec)()
-        elif isinstance(self.codec, type):
-            self.codec = self.codec()
+        codec = self._imported("codec")
+        if isinstance(codec, type):
+            self.codec = codec()
         return cast(TaskCodec, self.codec)
 
     def load_on_cancel(self) -> Callable[[str], None] | None:
@@ -112,11 +111,8 @@ class Settings:
         Raises:
             TypeError: ``on_cancel`` is neither callable nor the path of a callable.
         """
-        if isinstance(self.on_cancel, str):
-            self.on_cancel = symbol_by_name(self.on_cancel)
-        if self.on_cancel is not None and not callable(self.on_cancel):
-            raise TypeError(f"the transport option on_cancel must be callable, got {self.on_cancel!r}")
-        return self.on_cancel
+        hook: Callable[[str], None] | None = self._callable_option("on_cancel")
+        return hook
 
     def load_info(self) -> Callable[[str], JobInfo | None] | None:
         """The ``info`` function answering INFO requests (imported on first use when given as a path).
@@ -124,11 +120,8 @@ class Settings:
         Raises:
             TypeError: ``info`` is neither callable nor the path of a callable.
         """
-        if isinstance(self.info, str):
-            self.info = symbol_by_name(self.info)
-        if self.info is not None and not callable(self.info):
-            raise TypeError(f"the transport option info must be callable, got {self.info!r}")
-        return self.info
+        answer: Callable[[str], JobInfo | None] | None = self._callable_option("info")
+        return answer
 
     def load_lifecycle(self) -> Lifecycle | None:
         """The :class:`Lifecycle` the transport's Settler emits to (``cancelled`` on delivery, ``retried``, ...).
@@ -139,14 +132,31 @@ class Settings:
         Raises:
             TypeError: the option gives no :class:`Lifecycle`.
         """
-        if isinstance(self.lifecycle, str):
-            self.lifecycle = symbol_by_name(self.lifecycle)
-        found = self.lifecycle
+        found = self._imported("lifecycle")
         if found is not None and not isinstance(found, Lifecycle) and callable(found):
             found = found()
         if found is not None and not isinstance(found, Lifecycle):
             raise TypeError(f"the transport option lifecycle must give a Lifecycle, got {found!r}")
         return found
+
+    def _imported(self, name: str) -> Any:
+        """The option ``name``, imported (and kept) when given as ``"module:attribute"``."""
+        value = getattr(self, name)
+        if isinstance(value, str):
+            value = symbol_by_name(value)
+            setattr(self, name, value)
+        return value
+
+    def _callable_option(self, name: str) -> Any:
+        """The option ``name`` (see :meth:`_imported`), checked callable.
+
+        Raises:
+            TypeError: the option is neither None, callable nor the path of a callable.
+        """
+        value = self._imported(name)
+        if value is not None and not callable(value):
+            raise TypeError(f"the transport option {name} must be callable, got {value!r}")
+        return value
 
     def options_with(self, arguments: dict[str, Any]) -> QueueOptions:
         """The queue options with the fields of the ``x-*`` queue ``arguments`` a framework declared.
