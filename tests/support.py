@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika
@@ -52,10 +53,22 @@ def get_messages(amqp_url: str, queue: str, count: int, timeout: float = 10.0, *
     return found
 
 
-def read_stream(amqp_url: str, stream: str, count: int, timeout: float = 10.0, until: bytes | None = None) -> list:
-    """Read ``count`` records of a stream from its start (an independent pika consumer),
-    or, with ``until``, every record up to the one whose body is ``until``."""
-    found = []
+def read_stream(
+    amqp_url: str,
+    stream: str,
+    count: int = 0,
+    timeout: float = 10.0,
+    until: bytes | None = None,
+    predicate: Callable[[Any, Any, bytes], bool] | None = None,
+) -> list:
+    """Read a stream from its start (an independent pika consumer): ``count`` records, or, with
+    ``until`` (a body) or ``predicate(method, properties, body)``, every record read up to and
+    including the first that matches, which must come within ``timeout``.
+
+    Returns the ``(method, properties, body)`` records read (with ``count``, fewer after ``timeout``)."""
+    if until is not None:
+        predicate = lambda method, properties, body: body == until  # noqa: E731
+    found: list = []
     with raw_channel(amqp_url) as channel:
         channel.basic_qos(prefetch_count=100)
 
@@ -65,8 +78,11 @@ def read_stream(amqp_url: str, stream: str, count: int, timeout: float = 10.0, u
 
         channel.basic_consume(stream, on_message, arguments={"x-stream-offset": "first"})
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if until is None and len(found) >= count or until is not None and found and found[-1][2] == until:
+        while (
+            predicate is None and len(found) < count or predicate is not None and not any(predicate(*r) for r in found)
+        ):
+            if time.monotonic() >= deadline:
+                assert predicate is None, f"no matching record in {stream} after {timeout}s"
                 break
             channel.connection.process_data_events(time_limit=0.1)
     return found

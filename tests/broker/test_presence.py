@@ -15,32 +15,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from support import raw_channel, wait_until
+from support import raw_channel, read_stream, wait_until
 
 from ojs_kombu import ActiveJob, Client, EventsOptions, RetryPolicy, Topology, TopologyError
 from ojs_kombu.model.timefmt import parse_timestamp, utcnow
 from ojs_kombu.runtime.presence import Beacon
 
 WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "helpers" / "worker_process.py"
-
-
-def stream_records(amqp_url: str, stream: str, predicate, timeout: float = 15.0) -> list:
-    """Read ``stream`` from its start (an independent pika consumer) until a record matches ``predicate``;
-    returns every ``(method, properties, body)`` read up to and including it."""
-    found: list = []
-    with raw_channel(amqp_url) as channel:
-        channel.basic_qos(prefetch_count=100)
-
-        def on_message(ch, method, properties, body):
-            found.append((method, properties, body))
-            ch.basic_ack(method.delivery_tag)
-
-        channel.basic_consume(stream, on_message, arguments={"x-stream-offset": "first"})
-        deadline = time.monotonic() + timeout
-        while not any(predicate(*record) for record in found):
-            assert time.monotonic() < deadline, f"no matching record in {stream} after {timeout}s"
-            channel.connection.process_data_events(time_limit=0.1)
-    return found
 
 
 def presence_of(worker_id: str):
@@ -82,7 +63,7 @@ def test_amqp_020_heartbeat_negotiated_and_presence_on_the_events_stream(worker_
     assert [b["routing_key"] for b in bindings] == ["#"]
 
     # The presence: two of them, 0.5 s apart (the interval is configurable).
-    records = stream_records(amqp_url, names.events_stream, presence_of(worker.worker_id))
+    records = read_stream(amqp_url, names.events_stream, predicate=presence_of(worker.worker_id), timeout=15.0)
     method, properties, body = records[-1]
     assert method.exchange == names.events_exchange
     assert method.routing_key == f"worker.{worker.worker_id}"
@@ -100,10 +81,11 @@ def test_amqp_020_heartbeat_negotiated_and_presence_on_the_events_stream(worker_
     assert presence["active"] == []
     assert presence["version"] == "0.1.0"
     assert parse_timestamp(presence["started_at"]) <= parse_timestamp(presence["sent_at"])
-    second = stream_records(
+    second = read_stream(
         amqp_url,
         names.events_stream,
-        lambda m, p, b: p.type == "ojs.event.worker" and json.loads(b)["sent_at"] > presence["sent_at"],
+        timeout=15.0,
+        predicate=lambda m, p, b: p.type == "ojs.event.worker" and json.loads(b)["sent_at"] > presence["sent_at"],
     )
     later = json.loads(second[-1][2])
     gap = parse_timestamp(later["sent_at"]) - parse_timestamp(presence["sent_at"])
@@ -270,10 +252,11 @@ def test_job_events_are_off_by_default(worker_factory, client, amqp_url, names):
     client.enqueue("ok", [])
     wait_until(lambda: done, timeout=10, message="the job to run")
     # A presence sent two intervals after the job ran: events, had they been published, come before it.
-    records = stream_records(
+    records = read_stream(
         amqp_url,
         names.events_stream,
-        lambda m, p, b: (
+        timeout=15.0,
+        predicate=lambda m, p, b: (
             p.type == "ojs.event.worker" and parse_timestamp(json.loads(b)["sent_at"]) > done[0] + timedelta(seconds=1)
         ),
     )
