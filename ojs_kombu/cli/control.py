@@ -53,24 +53,22 @@ def info(job_id: str, queue: str, timeout: float, as_json: bool, url: str | None
     print_table(f"job {found.job_id}", ["field", "value"], [(k, cell(v)) for k, v in found.to_dict().items()])
 
 
-@click.command()
-@click.argument("queue")
-@connection_options
-def pause(queue: str, url: str | None, prefix: str) -> None:
-    """Pause a queue: its workers stop consuming it (running jobs finish)."""
-    with open_client(url, prefix) as client:
-        client.pause(queue)
-    click.echo(json.dumps({"paused": queue}))
+def _queue_switch(name: str, outcome: str, help_text: str) -> click.Command:
+    """``ojs-amqp pause`` / ``resume``: call ``Client.<name>(queue)`` and print ``{outcome: queue}``."""
+
+    @click.command(name=name, help=help_text)
+    @click.argument("queue")
+    @connection_options
+    def command(queue: str, url: str | None, prefix: str) -> None:
+        with open_client(url, prefix) as client:
+            getattr(client, name)(queue)
+        click.echo(json.dumps({outcome: queue}))
+
+    return command
 
 
-@click.command()
-@click.argument("queue")
-@connection_options
-def resume(queue: str, url: str | None, prefix: str) -> None:
-    """Resume a paused queue."""
-    with open_client(url, prefix) as client:
-        client.resume(queue)
-    click.echo(json.dumps({"resumed": queue}))
+pause = _queue_switch("pause", "paused", "Pause a queue: its workers stop consuming it (running jobs finish).")
+resume = _queue_switch("resume", "resumed", "Resume a paused queue.")
 
 
 def _age(moment: datetime) -> str:
