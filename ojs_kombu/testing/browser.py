@@ -7,12 +7,11 @@ broker, Redis and Java are installed.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 import sys
 
-from ._servers import apt_install
+from ._servers import apt_install, install_main
 
 log = logging.getLogger("ojs_kombu.testing.browser")
 
@@ -60,16 +59,13 @@ def ensure_browser_installed() -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m ojs_kombu.testing.browser install``: make sure Chromium and its driver are there."""
-    parser = argparse.ArgumentParser(prog="python -m ojs_kombu.testing.browser", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["install"])
-    parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    try:
-        log.info("chromium: %s, chromedriver: %s", *ensure_browser_installed())
-    except BrowserError as exc:
-        log.error("%s", exc)
-        return 1
-    return 0
+    return install_main(
+        "ojs_kombu.testing.browser",
+        __doc__,
+        lambda: "chromium: {}, chromedriver: {}".format(*ensure_browser_installed()),
+        BrowserError,
+        argv,
+    )
 
 
 if __name__ == "__main__":

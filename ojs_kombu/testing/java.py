@@ -8,14 +8,13 @@ same way the broker and Redis are installed.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
 import sys
 from pathlib import Path
 
-from ._servers import apt_install
+from ._servers import apt_install, install_main
 
 log = logging.getLogger("ojs_kombu.testing.java")
 
@@ -60,16 +59,7 @@ def ensure_java_installed() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m ojs_kombu.testing.java install``: make sure a Java runtime is there."""
-    parser = argparse.ArgumentParser(prog="python -m ojs_kombu.testing.java", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["install"])
-    parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    try:
-        log.info("java: %s", ensure_java_installed())
-    except JavaError as exc:
-        log.error("%s", exc)
-        return 1
-    return 0
+    return install_main("ojs_kombu.testing.java", __doc__, lambda: f"java: {ensure_java_installed()}", JavaError, argv)
 
 
 if __name__ == "__main__":
