@@ -118,13 +118,22 @@ class ControlMessage:
         return value.lower() if isinstance(value, str) and value else None
 
 
-def control_message(type: str, body: dict[str, Any], **properties: Any) -> OutgoingMessage:
-    """A control message with the properties of DESIGN §14 (unique ``message_id``, ``timestamp``).
+def json_message(
+    type: str, body: dict[str, Any], *, sent_at: datetime | None = None, **properties: Any
+) -> OutgoingMessage:
+    """A JSON message of the control plane (DESIGN §14): control and events streams alike.
+
+    Properties: ``type``, ``content_type=application/json``, ``content_encoding=utf-8``, a
+    unique ``message_id``, ``timestamp`` (whole seconds) and ``app_id=ojs``.
 
     Parameters:
         type: the ``type`` property.
         body: the JSON body.
+        sent_at: the time for ``timestamp`` (default: now).
         properties: further AMQP properties (``reply_to``, ``correlation_id``, ``delivery_mode`` …).
+
+    Returns:
+        The message, ready to publish.
     """
     return OutgoingMessage(
         json.dumps(body, separators=(",", ":")).encode("utf-8"),
@@ -133,12 +142,25 @@ def control_message(type: str, body: dict[str, Any], **properties: Any) -> Outgo
             "content_type": CONTROL_CONTENT_TYPE,
             "content_encoding": "utf-8",
             "message_id": str(uuid.uuid4()),
-            "timestamp": int(utcnow().timestamp()),
-            "delivery_mode": 2,
+            "timestamp": int((sent_at or utcnow()).timestamp()),
             "app_id": "ojs",
             **properties,
         },
     )
+
+
+def control_message(type: str, body: dict[str, Any], **properties: Any) -> OutgoingMessage:
+    """A persistent control message (:func:`json_message` with ``delivery_mode=2``).
+
+    Parameters:
+        type: the ``type`` property.
+        body: the JSON body.
+        properties: further AMQP properties (``reply_to``, ``correlation_id``, ``delivery_mode`` …).
+
+    Returns:
+        The message, ready to publish.
+    """
+    return json_message(type, body, **{"delivery_mode": 2, **properties})
 
 
 def control_job_id(job_id: str) -> str:

@@ -38,7 +38,6 @@ Pure: :mod:`ojs_kombu.runtime.presence` publishes these messages,
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -46,9 +45,9 @@ from typing import Any, Literal
 
 from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.naming import EVENT_TYPE_JOB_PREFIX, EVENT_TYPE_WORKER
-from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp, utcnow
+from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp
 from ojs_kombu.wire.codec import OutgoingMessage
-from ojs_kombu.wire.control import ControlOptions
+from ojs_kombu.wire.control import ControlOptions, json_message
 
 EVENTS_CONTENT_TYPE = "application/json"
 #: A reader's own catch-up marker: published by a reader, it tells it that everything
@@ -201,33 +200,19 @@ class JobEventRecord:
         return body
 
 
-def _event_message(type: str, body: dict[str, Any], sent_at: datetime) -> OutgoingMessage:
-    return OutgoingMessage(
-        json.dumps(body, separators=(",", ":")).encode("utf-8"),
-        {
-            "type": type,
-            "content_type": EVENTS_CONTENT_TYPE,
-            "content_encoding": "utf-8",
-            "message_id": str(uuid.uuid4()),
-            "timestamp": int(sent_at.timestamp()),
-            "app_id": "ojs",
-        },
-    )
-
-
 def presence_message(presence: WorkerPresence) -> OutgoingMessage:
     """The message of a worker presence: ``type=ojs.event.worker``, body :meth:`WorkerPresence.to_json`."""
-    return _event_message(EVENT_TYPE_WORKER, presence.to_json(), presence.sent_at)
+    return json_message(EVENT_TYPE_WORKER, presence.to_json(), sent_at=presence.sent_at)
 
 
 def job_event_message(record: JobEventRecord) -> OutgoingMessage:
     """The message of a job event: ``type=ojs.event.job.{event}``, body :meth:`JobEventRecord.to_json`."""
-    return _event_message(EVENT_TYPE_JOB_PREFIX + record.event, record.to_json(), record.at)
+    return json_message(EVENT_TYPE_JOB_PREFIX + record.event, record.to_json(), sent_at=record.at)
 
 
 def marker_message() -> OutgoingMessage:
     """A reader's catch-up marker (``type=ojs.event.marker``, body ``{}``); its ``message_id`` identifies it."""
-    return _event_message(EVENT_TYPE_MARKER, {}, utcnow())
+    return json_message(EVENT_TYPE_MARKER, {})
 
 
 # -- decoding --------------------------------------------------------------------------------------
