@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -157,6 +158,7 @@ def main() -> None:
     finally:
         cluster.cleanup()
         node.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
