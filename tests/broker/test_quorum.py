@@ -177,6 +177,17 @@ def test_existing_classic_cascade_is_used_with_one_warning(amqp_url, prefix, nam
     assert quorum_queue(management, names.job_queue("fresh"))
 
 
+def test_a_classic_user_meeting_a_quorum_cascade_uses_it_without_a_warning(amqp_url, prefix, names, caplog):
+    with Client(amqp_url, prefix=prefix, queue_type="quorum") as quorum:
+        quorum.declare_queue("q", scheduling=True)
+    with caplog.at_level(logging.INFO, logger="ojs_kombu.amqp.topology"), Client(amqp_url, prefix=prefix) as classic:
+        classic.declare_queue("c", scheduling=True)  # nothing is lost: INFO, not WARNING
+        assert len(classic.topology.conflicts) == LEVELS
+    records = [r for r in caplog.records if r.name == "ojs_kombu.amqp.topology"]
+    assert [r.levelno for r in records] == [logging.INFO]
+    assert names.schedule_queue(0) in records[0].getMessage()
+
+
 def test_existing_classic_cascade_raises_with_on_conflict_raise(amqp_url, prefix):
     declare_classic_cascade(amqp_url, prefix)
     with Client(amqp_url, prefix=prefix, queue_type="quorum", on_conflict="raise") as client:
