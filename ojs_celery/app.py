@@ -58,6 +58,8 @@ OJS_DEFAULTS: dict[str, Any] = {
     "accept_content": ["json"],
     "result_accept_content": ["json"],
     "worker_prefetch_multiplier": 1,
+    # Countdowns go through the OJS cascade, never Celery's native delayed delivery (quorum task queues).
+    "worker_consumer": "ojs_celery.consumer:Consumer",
 }
 #: Settings that imply ``task_acks_on_failure`` when the user set them.
 _ALIASES = {

@@ -86,6 +86,7 @@ CLIENT_OPTIONS = frozenset(
     {
         "declare",
         "queue_options",
+        "queue_type",
         "pool_size",
         "confirm_timeout",
         "publish_timeout",
@@ -134,7 +135,7 @@ class OjsBroker(dramatiq.Broker):
         the pika parameters without a py-amqp equivalent, such as ``ssl_options``, are refused
         with a ``TypeError`` naming what to use instead); the kombu connection options
         ``heartbeat``, ``ssl``, ``transport_options``; the :class:`ojs_kombu.Client` options
-        ``queue_options``, ``pool_size``, ``confirm_timeout``, ``connect_retries``, ``app_id``,
+        ``queue_options``, ``queue_type`` (``"quorum"``: quorum queues end to end, ``docs/cluster.md``), ``pool_size``, ``confirm_timeout``, ``connect_retries``, ``app_id``,
         ``on_conflict``, ``window``, ``connection_name``, ``control`` (retention of the control
         streams, a :class:`ojs_kombu.wire.control.ControlOptions`) and ``declare`` (``False``: never
         declare job queues when publishing, for producers without the configure permission).

@@ -73,7 +73,7 @@ from ojs_kombu.wire.control import (
     info_message,
     pause_message,
 )
-from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.entities import QueueOptions, QueueType
 from ojs_kombu.wire.events import EventsOptions, JobEventRecord, WorkerPresence
 
 logger = logging.getLogger(__name__)
@@ -156,6 +156,10 @@ class Client:
             or ``;``-separated URLs give kombu failover).  Default ``$OJS_AMQP_URL``.
         prefix: multi-tenant prefix of every entity name (``tenant1.ojs.queue.email``).
         queue_options: optional arguments of every job queue this client declares.
+        queue_type: ``"quorum"`` (or ``"classic"``) sets ``queue_options.queue_type``: with
+            ``"quorum"`` every entity a job passes through (job queue, DLQ, retry queues,
+            scheduling cascade) is a quorum queue with at-least-once dead-lettering
+            (``docs/cluster.md``).
         queues: job queues declared eagerly when the client starts.
         declare: declare a job queue lazily before the first publish to it.
         pool_size: at most this many connections (one per concurrently publishing thread).
@@ -195,6 +199,7 @@ class Client:
         *,
         prefix: str = "",
         queue_options: QueueOptions | None = None,
+        queue_type: QueueType | None = None,
         queues: Iterable[str] = (),
         declare: bool = True,
         pool_size: int = 10,
@@ -222,7 +227,11 @@ class Client:
         self.url = resolve_url(url)
         self.names = Names(prefix)
         self.topology = Topology(
-            self.names, queue_options=queue_options, on_conflict=on_conflict, control=control, events=events_options
+            self.names,
+            queue_options=(queue_options or QueueOptions()).with_queue_type(queue_type),
+            on_conflict=on_conflict,
+            control=control,
+            events=events_options,
         )
         self.cascade = Cascade(self.names)
         self.declare = declare

@@ -70,7 +70,16 @@ from ojs_kombu.errors import ArgumentDifference, TopologyConflictError, Validati
 from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.wire.control import ControlOptions
-from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueOptions, QueueSpec, Spec, frozen_arguments
+from ojs_kombu.wire.entities import (
+    DEAD_LETTER_DELIVERY_LIMIT,
+    BindingSpec,
+    ExchangeSpec,
+    QueueOptions,
+    QueueSpec,
+    Spec,
+    frozen_arguments,
+    queue_type_arguments,
+)
 from ojs_kombu.wire.events import EventsOptions
 
 logger = logging.getLogger(__name__)
@@ -192,6 +201,8 @@ class Topology:
         self.events = events or EventsOptions()
         self._events_degraded = False  # ojs.stream.events exists and is not a stream
         self._conflicts: dict[str, TopologyConflictError] = {}  # entity -> latest conflict
+        self._cascade_queues: set[str] = set()  # the scheduling levels' queues (shared by all job queues)
+        self._cascade_warned = False  # one warning for the whole cascade, not one per level
         self._declared: dict[Spec, None] = {}  # insertion-ordered set
         self._lock = threading.RLock()
 
@@ -221,9 +232,13 @@ class Topology:
         return args
 
     def dead_letter_queue_arguments(self, queue: str) -> dict[str, Any]:
-        """Arguments of ``ojs.queue.dlx.{queue}``: only the queue type, so a quorum deployment stays quorum."""
+        """Arguments of ``ojs.queue.dlx.{queue}``: only those of the queue type, so a quorum deployment
+        stays quorum (with :data:`~ojs_kombu.wire.entities.DEAD_LETTER_DELIVERY_LIMIT`)."""
         queue_type = self.options_for(queue).queue_type
-        return {"x-queue-type": queue_type} if queue_type else {}
+        args = queue_type_arguments(queue_type)
+        if queue_type == "quorum":
+            args["x-delivery-limit"] = DEAD_LETTER_DELIVERY_LIMIT
+        return args
 
     def base_specs(self) -> list[Spec]:
         """The exchanges every deployment has: direct, dead letter and retry."""
@@ -280,6 +295,7 @@ class Topology:
             "x-dead-letter-exchange": n.direct_exchange,
             "x-dead-letter-routing-key": queue,
             "x-message-ttl": int(delay_ms),
+            **queue_type_arguments(self.options_for(queue).queue_type),
         }
         return [
             *self.base_specs(),
@@ -303,8 +319,16 @@ class Topology:
 
     def ensure_scheduling(self, connection: Connection, queue: str, cascade: Cascade) -> None:
         """Lazily declare ``queue``, the scheduling ``cascade`` and the binding that delivers
-        scheduled jobs into ``ojs.queue.{queue}``."""
-        self.declare(connection, [*self.queue_specs(queue), *cascade.specs(), cascade.queue_binding(queue)])
+        scheduled jobs into ``ojs.queue.{queue}``.
+
+        The cascade's queues are of ``queue``'s type.  The cascade is shared by every job
+        queue of the prefix: when it exists as another type, it is used as it is (see
+        :meth:`declare`; one warning names what is lost), unless ``on_conflict="raise"``.
+        """
+        specs = cascade.specs(self.options_for(queue).queue_type)
+        with self._lock:
+            self._cascade_queues.update(s.name for s in specs if isinstance(s, QueueSpec))
+        self.declare(connection, [*self.queue_specs(queue), *specs, cascade.queue_binding(queue)])
 
     def ensure_events(self, connection: Connection, *, force: bool = False) -> None:
         """Declare the events exchange and stream (lazily, or again with ``force``).
@@ -488,7 +512,7 @@ class Topology:
                     "(whatever on_conflict says): delete it or declare it with the binding's arguments",
                 ) from None
             raise conflict from None
-        logger.warning("%s; using the existing entity as it is (never re-declared with other arguments)", conflict)
+        self._warn_use_existing(spec, conflict)
         if channel is not None:
             return channel  # the probe's last declaration matched the existing queue
         # The 406 closed the channel: confirm the entity exists on a fresh one.
@@ -499,6 +523,45 @@ class Topology:
             else:
                 channel.queue_declare(spec.name, passive=True)
         return channel
+
+    def _warn_use_existing(self, spec: ExchangeSpec | QueueSpec, conflict: TopologyConflictError) -> None:
+        """Log that ``spec`` is used as it exists; for the cascade once, naming it as a whole."""
+        lost = _lost_guarantees(spec, conflict)
+        if isinstance(spec, QueueSpec) and spec.name in self._cascade_queues:
+            if self._cascade_warned:
+                logger.debug("%s; using the existing scheduling level as it is", conflict)
+                return
+            self._cascade_warned = True
+            (logger.warning if lost else logger.info)(
+                "%s; the scheduling cascade (%d level queues, shared by every job queue of this prefix) "
+                "exists with other arguments and is used as it is%s",
+                conflict,
+                len(self._cascade_queues),
+                f": {lost}" if lost else "",
+            )
+            return
+        logger.warning(
+            "%s; using the existing entity as it is (never re-declared with other arguments)%s",
+            conflict,
+            f": {lost}" if lost else "",
+        )
+
+
+def _lost_guarantees(spec: ExchangeSpec | QueueSpec, conflict: TopologyConflictError) -> str:
+    """What a quorum deployment loses by using ``spec`` as it exists ('' when nothing)."""
+    if not isinstance(spec, QueueSpec) or spec.argument_dict.get("x-queue-type") != "quorum":
+        return ""
+    differing = {d.argument for d in conflict.differences}
+    lost = []
+    if "x-queue-type" in differing:
+        lost.append("it is not a quorum queue, so it is not replicated and a node loss takes its messages")
+    if DEAD_LETTER_ARGUMENTS & set(spec.argument_dict) and differing & {"x-queue-type", "x-dead-letter-strategy"}:
+        lost.append(
+            "its dead-lettering (which carries retries, scheduled jobs and failed jobs on) is at-most-once, "
+            "not x-dead-letter-strategy=at-least-once: a message it dead-letters while its target is unavailable "
+            "is dropped"
+        )
+    return "; ".join(lost)
 
 
 def _reply_text(exc: BaseException) -> str:

@@ -38,12 +38,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.wire.codec import OutgoingMessage
-from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueSpec, Spec
+from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueSpec, QueueType, Spec, queue_type_arguments
 
 QUANTUM_MS = 1
 LEVELS = 35
@@ -116,21 +117,31 @@ class Cascade:
         """The TTL queue of ``level``."""
         return self.names.schedule_queue(level)
 
-    def specs(self) -> list[Spec]:
-        """Every exchange, queue and binding of the cascade, in declaration order."""
+    def specs(self, queue_type: QueueType | None = None) -> list[Spec]:
+        """Every exchange, queue and binding of the cascade, in declaration order.
+
+        Parameters:
+            queue_type: the type of the level queues; ``"quorum"`` adds
+                :data:`~ojs_kombu.wire.entities.QUORUM_ARGUMENTS` (at-least-once hops).
+        """
         n = self.levels
         specs: list[Spec] = [ExchangeSpec(self.delivery_exchange)]
         specs += [
             ExchangeSpec(self.exchange(k), arguments=(("alternate-exchange", self._next_hop(k)),)) for k in range(n)
         ]
-        specs += [
-            QueueSpec(
-                self.queue(k), (("x-dead-letter-exchange", self._next_hop(k)), ("x-message-ttl", 2**k * QUANTUM_MS))
-            )
-            for k in range(n)
-        ]
+        specs += [QueueSpec(self.queue(k), self.level_arguments(k, queue_type)) for k in range(n)]
         specs += [BindingSpec(self.queue(k), self.exchange(k), bit_key(k)) for k in range(n)]
         return specs
+
+    def level_arguments(self, level: int, queue_type: QueueType | None = None) -> tuple[tuple[str, Any], ...]:
+        """The arguments of the queue of ``level`` (sorted pairs, as a :class:`QueueSpec` holds them)."""
+        args = {"x-dead-letter-exchange": self._next_hop(level), "x-message-ttl": 2**level * QUANTUM_MS}
+        args.update(queue_type_arguments(queue_type))
+        return tuple(sorted(args.items()))
+
+    def is_level_queue(self, name: str) -> bool:
+        """Whether ``name`` is the queue of one of the cascade's levels."""
+        return any(name == self.queue(k) for k in range(self.levels))
 
     def _next_hop(self, level: int) -> str:
         return self.exchange(level - 1) if level else self.delivery_exchange

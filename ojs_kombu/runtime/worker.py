@@ -98,7 +98,7 @@ from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler, failure_error
 from ojs_kombu.wire.control import ControlOptions
-from ojs_kombu.wire.entities import QueueOptions
+from ojs_kombu.wire.entities import QueueOptions, QueueType
 from ojs_kombu.wire.events import EventsOptions
 
 logger = logging.getLogger(__name__)
@@ -168,6 +168,8 @@ class Worker:
         prefix: multi-tenant entity prefix.
         grace_period: seconds a graceful shutdown waits for running jobs.
         queue_options: optional arguments of the job queues (must match the producers').
+        queue_type: ``"quorum"`` (or ``"classic"``) sets ``queue_options.queue_type``, as for
+            :class:`~ojs_kombu.client.Client` (must match the producers').
         heartbeat: AMQP heartbeat, seconds.
         dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL) or
             ``"republish"`` (publish to the DLX with the final error headers, then ack).
@@ -212,6 +214,7 @@ class Worker:
         prefix: str = "",
         grace_period: float = 30.0,
         queue_options: QueueOptions | None = None,
+        queue_type: QueueType | None = None,
         heartbeat: float = DEFAULT_HEARTBEAT,
         dead_letter_mode: str = "nack",
         connection_name: str | None = None,
@@ -237,7 +240,11 @@ class Worker:
         self.connect_retries = connect_retries
         self.names = Names(prefix)
         self.topology = Topology(
-            self.names, queue_options=queue_options, on_conflict=on_conflict, control=control, events=events_options
+            self.names,
+            queue_options=(queue_options or QueueOptions()).with_queue_type(queue_type),
+            on_conflict=on_conflict,
+            control=control,
+            events=events_options,
         )
         self.events = events
         self.presence_interval = check_presence_interval(presence_interval)

@@ -22,6 +22,7 @@ DEFAULT_CONFIRM_TIMEOUT = 30.0
 OJS_OPTIONS = (
     "prefix",
     "queue_options",
+    "queue_type",
     "passthrough_queues",
     "codec",
     "confirm_timeout",
@@ -38,6 +39,7 @@ QUEUE_ARGUMENT_OPTIONS = {
     "x-overflow": "overflow",
     "x-message-ttl": "message_ttl",
     "x-queue-type": "queue_type",
+    "x-delivery-limit": "delivery_limit",
 }
 
 
@@ -83,10 +85,12 @@ class Settings:
 
         Raises:
             TypeError: ``queue_options`` has fields :class:`QueueOptions` does not know.
+            ValidationError: a bad ``queue_options`` or ``queue_type`` (``"classic"`` or ``"quorum"``).
         """
         queue_options = options.get("queue_options") or QueueOptions()
         if isinstance(queue_options, dict):
             queue_options = QueueOptions(**queue_options)
+        queue_options = queue_options.with_queue_type(options.get("queue_type"))
         return cls(
             names=Names(options.get("prefix") or ""),
             queue_options=queue_options,

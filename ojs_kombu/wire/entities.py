@@ -5,13 +5,45 @@ Pure descriptions; :mod:`ojs_kombu.amqp.topology` declares them on a connection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from ojs_kombu.errors import ValidationError
 
 Overflow = Literal["drop-head", "reject-publish", "reject-publish-dlx"]
 QueueType = Literal["classic", "quorum"]
+
+#: The arguments of every quorum queue the binding declares (DESIGN §16): dead-lettering
+#: (which carries retries, scheduled jobs and terminal failures) is at-least-once, which
+#: RabbitMQ allows only with ``x-overflow=reject-publish``.
+QUORUM_ARGUMENTS: dict[str, Any] = {
+    "x-queue-type": "quorum",
+    "x-dead-letter-strategy": "at-least-once",
+    "x-overflow": "reject-publish",
+}
+#: ``x-delivery-limit`` of a quorum job queue unless ``delivery_limit`` says otherwise: RabbitMQ
+#: 4.x's default, set explicitly so that 3.x (unlimited by default) behaves the same.
+DEFAULT_DELIVERY_LIMIT = 20
+#: ``x-delivery-limit`` of a quorum dead letter queue: in effect none.  A dead letter has nowhere
+#: further to go, and browsing a DLQ (``Client.dead_letters``: ``Basic.Get``, then the channel
+#: closes) returns its letters; on RabbitMQ 4.x the default limit of 20 would drop them.  (-1,
+#: "unlimited" on 4.x, drops a message at its first return on 3.x.)
+DEAD_LETTER_DELIVERY_LIMIT = 2**31 - 1
+
+
+def queue_type_arguments(queue_type: QueueType | None) -> dict[str, Any]:
+    """The arguments a queue of ``queue_type`` is declared with besides its own.
+
+    Parameters:
+        queue_type: ``"quorum"``, ``"classic"`` or ``None`` (the broker's default type).
+
+    Returns:
+        :data:`QUORUM_ARGUMENTS` for quorum, ``{"x-queue-type": "classic"}`` for an explicit
+        classic queue, else nothing.
+    """
+    if queue_type == "quorum":
+        return dict(QUORUM_ARGUMENTS)
+    return {"x-queue-type": queue_type} if queue_type else {}
 
 
 @dataclass(frozen=True)
@@ -20,7 +52,19 @@ class QueueOptions:
 
     ``max_priority`` enables AMQP priorities (OJS priority clamped to 0..9 is
     sent as the message priority, DESIGN §8); ``queue_type="quorum"`` is the
-    durable choice on a cluster (AMQP-032).
+    durable choice on a cluster (AMQP-032): the job queue, and with it its dead
+    letter queue, retry queues and the scheduling cascade, are declared with
+    :data:`QUORUM_ARGUMENTS` (``docs/cluster.md``).  A quorum job queue also gets
+    ``x-delivery-limit`` (``delivery_limit``, default :data:`DEFAULT_DELIVERY_LIMIT`):
+    a message returned to it that many times (a consumer's connection lost while
+    holding it, a ``requeue=True``) is dead-lettered into its DLQ.
+
+    Raises:
+        ValidationError: a negative or non-integer size, an unknown ``overflow`` or
+            ``queue_type``; with ``queue_type="quorum"``: ``max_priority`` (refused by
+            RabbitMQ 3.x), an ``overflow`` other than ``"reject-publish"`` (``drop-head``
+            would turn at-least-once dead-lettering off, ``reject-publish-dlx`` is not
+            supported); ``delivery_limit`` on a queue that is not quorum.
     """
 
     max_priority: int | None = None
@@ -29,9 +73,10 @@ class QueueOptions:
     overflow: Overflow | None = None
     message_ttl: int | None = None
     queue_type: QueueType | None = None
+    delivery_limit: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_priority", "max_length", "max_length_bytes", "message_ttl"):
+        for name in ("max_priority", "max_length", "max_length_bytes", "message_ttl", "delivery_limit"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValidationError(f"{name} must be a non-negative integer, got {value!r}", field=name)
@@ -43,6 +88,22 @@ class QueueOptions:
             raise ValidationError(f"unknown queue type {self.queue_type!r}", field="queue_type")
         if self.queue_type == "quorum" and self.max_priority is not None:
             raise ValidationError("quorum queues do not support x-max-priority on RabbitMQ 3.x", field="max_priority")
+        if self.queue_type == "quorum" and self.overflow not in (None, "reject-publish"):
+            raise ValidationError(
+                f"overflow={self.overflow!r} on a quorum queue: only 'reject-publish' keeps the at-least-once "
+                "dead-lettering that carries retries, scheduled jobs and dead letters",
+                field="overflow",
+            )
+        if self.delivery_limit is not None and self.queue_type != "quorum":
+            raise ValidationError("delivery_limit applies to quorum queues only", field="delivery_limit")
+
+    def with_queue_type(self, queue_type: QueueType | None) -> QueueOptions:
+        """These options with ``queue_type`` (``None``: unchanged).
+
+        Raises:
+            ValidationError: the options do not fit that queue type (see the class).
+        """
+        return self if queue_type is None else replace(self, queue_type=queue_type)
 
     def arguments(self) -> dict[str, Any]:
         """The ``x-*`` queue arguments these options stand for."""
@@ -53,10 +114,12 @@ class QueueOptions:
             ("x-max-length-bytes", self.max_length_bytes),
             ("x-overflow", self.overflow),
             ("x-message-ttl", self.message_ttl),
-            ("x-queue-type", self.queue_type),
         ):
             if value is not None:
                 args[key] = value
+        args.update(queue_type_arguments(self.queue_type))
+        if self.queue_type == "quorum":
+            args["x-delivery-limit"] = DEFAULT_DELIVERY_LIMIT if self.delivery_limit is None else self.delivery_limit
         return args
 
 
@@ -100,6 +163,9 @@ Spec = ExchangeSpec | QueueSpec | BindingSpec
 
 
 __all__ = [
+    "DEAD_LETTER_DELIVERY_LIMIT",
+    "DEFAULT_DELIVERY_LIMIT",
+    "QUORUM_ARGUMENTS",
     "BindingSpec",
     "ExchangeSpec",
     "Overflow",
@@ -108,4 +174,5 @@ __all__ = [
     "QueueType",
     "Spec",
     "frozen_arguments",
+    "queue_type_arguments",
 ]

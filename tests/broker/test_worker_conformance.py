@@ -15,6 +15,7 @@ import pytest
 from support import get_messages, message_count, wait_until
 
 from ojs_kombu import Client, DeadLetter, Discard, Job, QueueOptions, RetryPolicy, Worker, current_job
+from ojs_kombu.wire.entities import queue_type_arguments
 from ojs_kombu.wire.headers import Header
 
 
@@ -125,6 +126,7 @@ def test_amqp_017_018_rtr_001_exponential_retry_through_retry_queues(client, wor
             "x-dead-letter-exchange": names.direct_exchange,
             "x-dead-letter-routing-key": "default",
             "x-message-ttl": delay,
+            **queue_type_arguments(client.topology.queue_options.queue_type),  # quorum: tests/broker/test_quorum.py
         }
     wait_until(lambda: message_count(client.url, names.job_queue("default")) == 0)
     assert message_count(client.url, names.dead_letter_queue("default")) == 0

@@ -1,0 +1,219 @@
+"""Quorum queues end to end on the shared node (DESIGN §16, docs/cluster.md).
+
+A representative subset of the Worker conformance tests (retries, scheduling,
+re-delaying, dead-lettering) runs again here with ``queue_type="quorum"``: the
+module overrides the ``client`` and ``worker_factory`` fixtures, and the test
+functions are the conformance module's own, collected a second time.  The rest
+checks what only quorum has: the arguments of every entity, mixed set-ups and
+the delivery limit.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import test_dead_letters as dead_letters
+import test_worker_conformance as conformance
+from support import get_messages, message_count, raw_channel, wait_until
+
+from ojs_kombu import Client, RetryPolicy, Worker
+from ojs_kombu.errors import TopologyConflictError, ValidationError
+from ojs_kombu.model.naming import Names
+from ojs_kombu.policy.schedule import LEVELS
+from ojs_kombu.wire.entities import DEAD_LETTER_DELIVERY_LIMIT, DEFAULT_DELIVERY_LIMIT, QUORUM_ARGUMENTS, QueueOptions
+
+
+@pytest.fixture
+def client(amqp_url: str, prefix: str) -> Iterator[Client]:
+    """The conformance tests' Client, with quorum queues."""
+    with Client(amqp_url, prefix=prefix, queue_type="quorum") as c:
+        yield c
+
+
+@pytest.fixture
+def worker_factory(worker_factory: Callable[..., Worker]) -> Callable[..., Worker]:
+    """The conformance tests' workers, with quorum queues."""
+    return functools.partial(worker_factory, queue_type="quorum")
+
+
+# The conformance tests, collected again under the quorum fixtures above.
+test_terminal_failure_is_a_nack_into_the_dlq = conformance.test_amqp_009_terminal_failure_is_a_nack_into_the_dlq
+test_exponential_retry_through_retry_queues = (
+    conformance.test_amqp_017_018_rtr_001_exponential_retry_through_retry_queues
+)
+test_attempts_one_to_three_then_terminal = conformance.test_rtr_002_013_attempts_one_to_three_then_terminal
+test_dead_letter_keeps_its_error = conformance.test_rtr_007_dead_letter_keeps_its_error
+test_scheduled_job_not_delivered_before_its_time = (
+    conformance.test_amqp_022_del_002_scheduled_job_not_delivered_before_its_time
+)
+test_short_delay = conformance.test_del_003_short_delay
+test_early_delivery_is_delayed_again = conformance.test_early_delivery_is_delayed_again
+test_dead_letters_lists_oldest_first_without_removing = (
+    dead_letters.test_dead_letters_lists_oldest_first_without_removing
+)
+test_replay = dead_letters.test_replay_resets_the_attempt_strips_x_death_and_honours_ids_and_limit
+test_replay_by_id = dead_letters.test_replay_by_id_holds_a_bounded_window_and_keeps_the_order
+test_replay_with_a_limit = dead_letters.test_replay_with_a_limit_stops_at_it_unless_letters_were_passed_over
+# Not test_purge_by_ids_removes_exactly_those_and_keeps_the_order: on a quorum DLQ, RabbitMQ 3.10
+# returns the letters a browse held (dead_letters(), 41 of them there) in another order.
+
+
+@pytest.fixture
+def start_worker(amqp_url: str, prefix: str) -> Iterator[Callable[..., Worker]]:
+    """The dead letter tests' workers (``test_dead_letters.start_worker``), with quorum queues."""
+    workers: list[Worker] = []
+
+    def start(**handlers: Callable[..., Any]) -> Worker:
+        worker = Worker(amqp_url, prefix=prefix, concurrency=2, grace_period=5, queue_type="quorum")
+        for job_type, handler in handlers.items():
+            worker.handler(job_type.replace("__", "."), handler)
+        worker.start()
+        assert worker.wait_until_ready(15)
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop(timeout=5)
+
+
+def quorum_queue(management: Any, name: str) -> dict[str, Any]:
+    """The management API's view of ``name``, checked to be a durable quorum queue with at-least-once."""
+    queue = wait_until(lambda: management.queue(name), timeout=10, message=f"queue {name}")
+    assert queue["type"] == "quorum", name
+    assert queue["durable"] is True and queue["auto_delete"] is False and queue["exclusive"] is False
+    for key, value in QUORUM_ARGUMENTS.items():
+        assert queue["arguments"].get(key) == value, (name, queue["arguments"])
+    return queue
+
+
+def test_every_entity_a_job_passes_through_is_quorum(client, worker_factory, management, names):
+    """A retried job, a scheduled job and a dead letter: job queue, DLQ, retry queue, every cascade level."""
+    ran: list[str] = []
+
+    def handler(kind: str) -> None:
+        ran.append(kind)
+        if kind == "dead" or (kind == "retry" and ran.count("retry") == 1):
+            raise RuntimeError(kind)
+
+    worker = worker_factory()
+    worker.handler("q.job", handler)
+    worker.start()
+    assert worker.wait_until_ready()
+    client.enqueue("q.job", ["retry"], retry=RetryPolicy(max_attempts=2, initial_interval="PT0.2S", jitter=False))
+    client.enqueue("q.job", ["scheduled"], scheduled_at=timedelta(seconds=1))
+    client.enqueue("q.job", ["dead"], retry=RetryPolicy(max_attempts=1))
+    wait_until(lambda: sorted(ran) == ["dead", "retry", "retry", "scheduled"], timeout=15, message="every job")
+    assert len(get_messages(client.url, names.dead_letter_queue("default"), 1, timeout=10)) == 1
+
+    job_queue = quorum_queue(management, names.job_queue("default"))
+    assert job_queue["arguments"] == {
+        **QUORUM_ARGUMENTS,
+        "x-dead-letter-exchange": names.dead_letter_exchange,
+        "x-dead-letter-routing-key": "default",
+        "x-delivery-limit": DEFAULT_DELIVERY_LIMIT,
+    }
+    assert quorum_queue(management, names.dead_letter_queue("default"))["arguments"] == {
+        **QUORUM_ARGUMENTS,
+        "x-delivery-limit": DEAD_LETTER_DELIVERY_LIMIT,  # browsing a DLQ returns its letters: no limit
+    }
+    assert quorum_queue(management, names.retry_queue("default", 200))["arguments"] == {
+        **QUORUM_ARGUMENTS,
+        "x-dead-letter-exchange": names.direct_exchange,
+        "x-dead-letter-routing-key": "default",
+        "x-message-ttl": 200,
+    }
+    for level in range(LEVELS):
+        arguments = quorum_queue(management, names.schedule_queue(level))["arguments"]
+        assert arguments["x-message-ttl"] == 2**level
+    # The control and events planes stay streams.
+    assert management.queue(names.control_queue("default"))["type"] == "stream"
+
+
+def test_quorum_refuses_what_would_lose_at_least_once():
+    """x-max-priority, drop-head and reject-publish-dlx on quorum are refused before anything is declared."""
+    with pytest.raises(ValidationError, match="x-max-priority"):
+        QueueOptions(queue_type="quorum", max_priority=10)
+    for overflow in ("drop-head", "reject-publish-dlx"):
+        with pytest.raises(ValidationError, match="at-least-once"):
+            QueueOptions(queue_type="quorum", overflow=overflow)  # type: ignore[arg-type]
+    assert QueueOptions(queue_type="quorum", overflow="reject-publish").arguments()["x-overflow"] == "reject-publish"
+
+
+def declare_classic_cascade(amqp_url: str, prefix: str) -> None:
+    with Client(amqp_url, prefix=prefix) as classic:
+        classic.declare_queue("classic", scheduling=True)
+
+
+def test_existing_classic_cascade_is_used_with_one_warning(amqp_url, prefix, names, worker_factory, management, caplog):
+    """Mixed set-up: a classic user declared the shared cascade first; a quorum user schedules through it."""
+    declare_classic_cascade(amqp_url, prefix)
+    worker = worker_factory(queues=("fresh",))
+    ran: list[float] = []
+    worker.handler("q.job", lambda: ran.append(time.monotonic()))
+    worker.start()
+    assert worker.wait_until_ready()
+    caplog.clear()
+    with (
+        caplog.at_level(logging.INFO, logger="ojs_kombu.amqp.topology"),
+        Client(amqp_url, prefix=prefix, queue_type="quorum") as client,
+    ):
+        enqueued = time.monotonic()
+        client.enqueue("q.job", queue="fresh", scheduled_at=timedelta(seconds=1))
+        wait_until(lambda: ran, timeout=10, message="the scheduled job")
+        assert 1.0 - 0.001 <= ran[0] - enqueued
+        assert len(client.topology.conflicts) == LEVELS  # each level recorded ...
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "ojs_kombu.amqp.topology"]
+    assert len(warnings) == 1  # ... but one warning for the cascade
+    assert names.schedule_queue(0) in warnings[0].getMessage()
+    assert "at-most-once" in warnings[0].getMessage()
+    assert management.queue(names.schedule_queue(0))["type"] == "classic"  # used as it is
+    assert quorum_queue(management, names.job_queue("fresh"))
+
+
+def test_a_classic_user_meeting_a_quorum_cascade_uses_it_without_a_warning(amqp_url, prefix, names, caplog):
+    with Client(amqp_url, prefix=prefix, queue_type="quorum") as quorum:
+        quorum.declare_queue("q", scheduling=True)
+    with caplog.at_level(logging.INFO, logger="ojs_kombu.amqp.topology"), Client(amqp_url, prefix=prefix) as classic:
+        classic.declare_queue("c", scheduling=True)  # nothing is lost: INFO, not WARNING
+        assert len(classic.topology.conflicts) == LEVELS
+    records = [r for r in caplog.records if r.name == "ojs_kombu.amqp.topology"]
+    assert [r.levelno for r in records] == [logging.INFO]
+    assert names.schedule_queue(0) in records[0].getMessage()
+
+
+def test_existing_classic_cascade_raises_with_on_conflict_raise(amqp_url, prefix):
+    declare_classic_cascade(amqp_url, prefix)
+    with Client(amqp_url, prefix=prefix, queue_type="quorum", on_conflict="raise") as client:
+        with pytest.raises(TopologyConflictError) as raised:
+            client.enqueue("q.job", queue="fresh", scheduled_at=timedelta(seconds=1))
+    assert raised.value.entity == Names(prefix).schedule_queue(0)  # the first level declared
+    assert any(d.argument == "x-queue-type" for d in raised.value.differences)
+
+
+def test_delivery_limit_dead_letters_a_message_returned_too_often(amqp_url, prefix, names):
+    """Each return (here ``Basic.Nack(requeue=True)``) counts; at the limit the job goes to its DLQ, not away."""
+    with Client(amqp_url, prefix=prefix, queue_options=QueueOptions(queue_type="quorum", delivery_limit=2)) as client:
+        job = client.enqueue("q.job", [1])
+    returns = 0
+    with raw_channel(amqp_url) as channel:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            method, _, _ = channel.basic_get(names.job_queue("default"), auto_ack=False)
+            if method is None:
+                if message_count(amqp_url, names.dead_letter_queue("default")):
+                    break
+                time.sleep(0.02)
+                continue
+            channel.basic_nack(method.delivery_tag, requeue=True)
+            returns += 1
+    assert returns == 3  # delivered 3 times: returned twice within the limit, the third return crossed it
+    [(_, properties, _)] = get_messages(amqp_url, names.dead_letter_queue("default"), 1, timeout=10)
+    assert properties.message_id == job.id
+    assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
