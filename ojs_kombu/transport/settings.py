@@ -40,6 +40,7 @@ QUEUE_ARGUMENT_OPTIONS = {
     "x-message-ttl": "message_ttl",
     "x-queue-type": "queue_type",
     "x-delivery-limit": "delivery_limit",
+    "x-consumer-timeout": "consumer_timeout",
 }
 
 

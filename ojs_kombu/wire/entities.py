@@ -58,6 +58,9 @@ class QueueOptions:
     ``x-delivery-limit`` (``delivery_limit``, default :data:`DEFAULT_DELIVERY_LIMIT`):
     a message returned to it that many times (a consumer's connection lost while
     holding it, a ``requeue=True``) is dead-lettered into its DLQ.
+    ``consumer_timeout`` (milliseconds, ``x-consumer-timeout``, RabbitMQ ≥ 3.12; older
+    brokers accept and ignore it) must exceed the longest job a worker holds unacked:
+    past it the broker takes the delivery back (``docs/rabbitmq-4.md``).
 
     Raises:
         ValidationError: a negative or non-integer size, an unknown ``overflow`` or
@@ -74,9 +77,17 @@ class QueueOptions:
     message_ttl: int | None = None
     queue_type: QueueType | None = None
     delivery_limit: int | None = None
+    consumer_timeout: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_priority", "max_length", "max_length_bytes", "message_ttl", "delivery_limit"):
+        for name in (
+            "max_priority",
+            "max_length",
+            "max_length_bytes",
+            "message_ttl",
+            "delivery_limit",
+            "consumer_timeout",
+        ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValidationError(f"{name} must be a non-negative integer, got {value!r}", field=name)
@@ -114,6 +125,7 @@ class QueueOptions:
             ("x-max-length-bytes", self.max_length_bytes),
             ("x-overflow", self.overflow),
             ("x-message-ttl", self.message_ttl),
+            ("x-consumer-timeout", self.consumer_timeout),
         ):
             if value is not None:
                 args[key] = value

@@ -84,3 +84,16 @@ def test_redeclaring_a_conflicting_queue_keeps_one_record(amqp_url, prefix, name
         [conflict] = client.topology.conflicts
         assert conflict.entity == names.job_queue("email")
         assert [d.argument for d in conflict.differences] == ["x-max-priority"]
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_consumer_timeout_is_declared_on_the_job_queue(amqp_url, prefix, names, management, queue_type):
+    """``consumer_timeout`` reaches the broker as ``x-consumer-timeout`` (RabbitMQ 3.12+ enforces it; 3.10 keeps it)."""
+    with Client(amqp_url, prefix=prefix) as client:
+        client.declare_queue("long", queue_type=queue_type, consumer_timeout=7_200_000)
+        try:
+            declared = management.queue(names.job_queue("long"))
+            assert declared["arguments"]["x-consumer-timeout"] == 7_200_000
+            assert declared["type"] == queue_type
+        finally:
+            client.teardown()

@@ -102,3 +102,15 @@ def test_transport_options():
     assert options == QueueOptions(queue_type="quorum", delivery_limit=7)
     with pytest.raises(ValidationError):
         Settings.from_options({"queue_type": "mirrored"})
+
+
+def test_consumer_timeout_option():
+    """x-consumer-timeout (ms), on any queue type; from QueueOptions and from a framework's queue arguments."""
+    assert QueueOptions(consumer_timeout=3_600_000).arguments() == {"x-consumer-timeout": 3_600_000}
+    assert QueueOptions(queue_type="quorum", consumer_timeout=60_000).arguments()["x-consumer-timeout"] == 60_000
+    assert Settings.from_options({}).options_with({"x-consumer-timeout": 90_000}) == QueueOptions(
+        consumer_timeout=90_000
+    )
+    for bad in (-1, 1.5, True, "1h"):
+        with pytest.raises(ValidationError):
+            QueueOptions(consumer_timeout=bad)  # type: ignore[arg-type]
