@@ -372,6 +372,7 @@ class Consumer:
         sock = connection.sock
         reader = self._reader
         interval = min(1.0, self.heartbeat / 4) if self.heartbeat else 1.0
+        next_heartbeat_check = 0.0
         while not self._stop.is_set():
             if self._cancel_wanted.is_set() and self._consuming.is_set():
                 self._cancel_all()
@@ -390,8 +391,11 @@ class Consumer:
                 if not self._has_buffered(sock):
                     self._wait(sock, interval)
                 self._read_available(connection)
-            if self.heartbeat:
+            # Once per interval, not per pass (a busy loop makes thousands): py-amqp's tick wants
+            # about two per heartbeat, and the loop never waits longer than the interval.
+            if self.heartbeat and (now := time.monotonic()) >= next_heartbeat_check:
                 self._kombu.heartbeat_check()
+                next_heartbeat_check = now + interval
             if self._window_changed:
                 self._record_window()
         self._execute_requests()
