@@ -1018,6 +1018,7 @@ class Client:
                                 queue=job.queue,
                                 job_id=job.id,
                                 confirm_timeout=self.confirm_timeout,
+                                flush=False,  # pipelined: written in batches, at the latest by wait()
                             ),
                         )
                     )
