@@ -64,7 +64,7 @@ def encode(job: Job, *, app_id: str | None = None, headers: Mapping[str, Any] | 
     uses it to carry error headers and the caller's own headers).  The envelope
     is refused with ValidationError if it exceeds 1 MiB.
     """
-    body = job.to_json().encode("utf-8")
+    body = job.to_json_bytes()
     if len(body) > MAX_ENVELOPE_BYTES:
         raise ValidationError(
             f"job envelope is {len(body)} bytes; OJS envelopes are limited to {MAX_ENVELOPE_BYTES} bytes",
