@@ -44,11 +44,20 @@ _INT32_MIN, _INT32_MAX = -(2**31 - 1), 2**31 - 1  # py-amqp's range for 'I'; bey
 _LENGTH = tuple(bytes((n,)) for n in range(256))  # a short string's length octet
 _OCTET = _LENGTH
 
-# Encoded short strings that repeat from message to message (table keys, content type, job
-# type, app id...).  Per-message values (message id, timestamps) never go in.  Bounded: when
-# full it starts over, so an application with many distinct job types only loses the memo.
+# Encoded short strings and table fields that repeat from message to message (table keys,
+# content type, job type, queue, attempt, created_at within one millisecond...).  Bounded:
+# when full a memo starts over, so unique values (message ids) cost a little, never memory.
 _MEMO_LIMIT = 4096
+_MEMO_MAX_VALUE = 64  # longer table values (error messages) are not memoised
 _memo: dict[str, bytes] = {}
+_fields: dict[tuple[str, str | int], bytes] = {}
+
+
+def _remember(memo: dict[Any, bytes], key: Any, encoded: bytes) -> bytes:
+    if len(memo) >= _MEMO_LIMIT:
+        memo.clear()
+    memo[key] = encoded
+    return encoded
 
 
 def _shortstr(value: Any) -> bytes:
@@ -59,14 +68,22 @@ def _shortstr(value: Any) -> bytes:
 
 
 def _memo_shortstr(value: Any) -> bytes:
-    encoded = _memo.get(value) if type(value) is str else None
-    if encoded is None:
-        encoded = _shortstr(value)
-        if type(value) is str:
-            if len(_memo) >= _MEMO_LIMIT:
-                _memo.clear()
-            _memo[value] = encoded
-    return encoded
+    if type(value) is not str:
+        return _shortstr(value)
+    encoded = _memo.get(value)
+    return encoded if encoded is not None else _remember(_memo, value, _shortstr(value))
+
+
+def _field(key: str, value: str | int) -> bytes:
+    """One table field, key and typed value, of a str or (not bool) int value."""
+    if type(value) is str:
+        raw = value.encode("utf-8")
+        typed = b"S" + _U32.pack(len(raw)) + raw
+    elif _INT32_MIN <= value <= _INT32_MAX:
+        typed = b"I" + _I32.pack(value)
+    else:
+        typed = b"L" + _I64.pack(value)
+    return _memo_shortstr(key) + typed
 
 
 def encode_table(table: Mapping[str, Any]) -> bytes:
@@ -85,20 +102,19 @@ def encode_table(table: Mapping[str, Any]) -> bytes:
     parts: list[bytes] = []
     append = parts.append
     for key, value in table.items():
-        append(_memo_shortstr(key))
         kind = type(value)
-        if kind is str:
-            raw = value.encode("utf-8")
-            append(b"S" + _U32.pack(len(raw)) + raw)
+        if kind is str or kind is int:  # not bool: True == 1 would share a memo entry
+            encoded = _fields.get((key, value))
+            if encoded is None:
+                encoded = _field(key, value)
+                if kind is int or len(value) <= _MEMO_MAX_VALUE:
+                    _remember(_fields, (key, value), encoded)
+            append(encoded)
         elif kind is bool:
-            append(b"t\x01" if value else b"t\x00")
-        elif kind is int and _INT32_MIN <= value <= _INT32_MAX:
-            append(b"I" + _I32.pack(value))
-        elif kind is int:
-            append(b"L" + _I64.pack(value))
+            append(_memo_shortstr(key) + (b"t\x01" if value else b"t\x00"))
         else:
-            encoded: bytes = dumps("F", [table])  # nested tables, arrays, floats, subclasses: py-amqp's encoder
-            return encoded
+            whole: bytes = dumps("F", [table])  # nested tables, arrays, floats, subclasses: py-amqp's encoder
+            return whole
     body = b"".join(parts)
     return _U32.pack(len(body)) + body
 

@@ -26,7 +26,7 @@ def test_valid_fixtures_give_the_same_json(path: Path) -> None:
     "args",
     [
         ["user@example.com", 1, -2, 2**53 - 1, True, None, 0.5],
-        ["日本語 ✓ émoji 🎉", "quote \" backslash \\ slash / ctrl \x00\x1f\x7f tab\t nl\n", {"": [], "k": {}}],
+        ["日本語 ✓ émoji 🎉", 'quote " backslash \\ slash / ctrl \x00\x1f\x7f tab\t nl\n', {"": [], "k": {}}],
         [[[[{"deep": [1, 2.25, -0.0]}]]]],
     ],
 )
@@ -37,7 +37,7 @@ def test_created_jobs_give_the_same_bytes(args: list[object]) -> None:
 
 
 def test_integers_beyond_64_bits_fall_back_to_json() -> None:
-    envelope = '{"id":"019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f","type":"a.b","queue":"q","args":[%d]}' % 2**70
+    envelope = f'{{"id":"019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f","type":"a.b","queue":"q","args":[{2**70}]}}'
     job = Job.from_json(envelope, strict=False)  # tolerant: large integers are kept
     assert job.to_json_bytes() == job.to_json().encode("utf-8")
     assert json.loads(job.to_json_bytes())["args"] == [2**70]
