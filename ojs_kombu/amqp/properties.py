@@ -76,7 +76,7 @@ def _memo_shortstr(value: Any) -> bytes:
 
 def _field(key: str, value: str | int) -> bytes:
     """One table field, key and typed value, of a str or (not bool) int value."""
-    if type(value) is str:
+    if isinstance(value, str):
         raw = value.encode("utf-8")
         typed = b"S" + _U32.pack(len(raw)) + raw
     elif _INT32_MIN <= value <= _INT32_MAX:
