@@ -34,7 +34,7 @@ from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.wire.codec import OutgoingMessage
 
 
-@dataclass
+@dataclass(slots=True)
 class PublishTicket:
     """One publish awaiting its confirm.  ``error`` is set when it failed."""
 
