@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 from support import get_messages
 
-from ojs_kombu import Client, Job
+from ojs_kombu import Client, Job, ValidationError
 from ojs_kombu.amqp.publish_buffer import FLUSH_BYTES
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
 from ojs_kombu.wire.codec import encode
@@ -72,3 +72,14 @@ def test_buffered_publishes_wait_for_a_flush_or_a_read_of_confirms(publisher, na
     publisher.wait([ticket], timeout=10)
     assert ticket.done and ticket.error is None
     assert [props.message_id for _, props, _ in get_messages(amqp_url, names.job_queue("mixed"), 1)] == [job.id]
+
+
+def test_a_job_on_a_reserved_queue_is_refused_every_time(client, names):
+    # from_json accepts reserved names (a received job may carry one); a producer may not use them.
+    data = Job.create("a.b", [1], queue="fine").to_dict()
+    reserved = Job.from_json({**data, "queue": "dlx.fine"})
+    unhashable = Job.create("a.b", [1], queue="fine").model_copy(update={"queue": ["fine"]})
+    for _ in range(2):  # valid names are remembered; refused ones never are
+        results = client.enqueue_many([reserved, Job.create("a.b", [2], queue="fine"), unhashable])
+        assert [type(r.error) for r in results] == [ValidationError, type(None), ValidationError]
+        assert results[0].error is not None and results[0].error.field == "queue"
