@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from amqp import Channel, Message
@@ -973,7 +974,10 @@ class Client:
         """Encode ``job``; also return its ``scheduled_at`` when that lies ahead (checked against the range)."""
         if not isinstance(job, Job):
             raise ValidationError(f"expected an ojs_kombu.Job, got {type(job).__name__}", field="job")
-        validate_queue_name(job.queue)
+        if type(job.queue) is str:
+            _validated_queue_name(job.queue)
+        else:  # a job built without validation: not hashable, maybe
+            validate_queue_name(job.queue)
         message = encode(job, app_id=self.app_id)
         scheduled = job.scheduled_datetime
         if scheduled is None or check_delay(delay_ms_until(scheduled)) == 0:
@@ -1029,6 +1033,7 @@ class Client:
                                 queue=job.queue,
                                 job_id=job.id,
                                 confirm_timeout=self.confirm_timeout,
+                                flush=False,  # pipelined: written in batches, at the latest by wait()
                             ),
                         )
                     )
@@ -1153,6 +1158,11 @@ class Client:
             return None
         spent = 0.0 if failing_since is None else time.monotonic() - failing_since
         return max(0.05, min(self.publish_timeout - spent, float(self._connection.connect_timeout)))
+
+
+@lru_cache(maxsize=1024)  # per job of a batch, mostly the same few names; only valid ones are kept
+def _validated_queue_name(queue: str) -> str:
+    return validate_queue_name(queue)
 
 
 def best_answer(answers: Iterable[JobInfo]) -> JobInfo | None:

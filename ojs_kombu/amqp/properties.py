@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 from amqp.basic_message import Message
@@ -15,75 +16,141 @@ from amqp.serialization import dumps
 # table of strings and ints, so they are encoded here directly; anything else in
 # a headers table falls back to py-amqp's encoder.
 
-_PROPERTIES = (  # (name, kind) in the order and flag positions of AMQP 0-9-1 basic properties
-    ("content_type", "s"),
-    ("content_encoding", "s"),
+_PROPERTIES = (  # (name, kind, flag bit) in the order and flag positions of AMQP 0-9-1 basic properties
+    # kinds: "m" a short string that repeats (memoised), "s" a short string, "o" an octet,
+    # "T" a timestamp, "F" a field table
+    ("content_type", "m"),
+    ("content_encoding", "m"),
     ("application_headers", "F"),
     ("delivery_mode", "o"),
     ("priority", "o"),
     ("correlation_id", "s"),
-    ("reply_to", "s"),
+    ("reply_to", "m"),
     ("expiration", "s"),
     ("message_id", "s"),
     ("timestamp", "T"),
-    ("type", "s"),
-    ("user_id", "s"),
-    ("app_id", "s"),
-    ("cluster_id", "s"),
+    ("type", "m"),
+    ("user_id", "m"),
+    ("app_id", "m"),
+    ("cluster_id", "m"),
 )
+_FLAGGED = tuple((name, kind, 1 << (15 - position)) for position, (name, kind) in enumerate(_PROPERTIES))
+_U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
 _INT32_MIN, _INT32_MAX = -(2**31 - 1), 2**31 - 1  # py-amqp's range for 'I'; beyond it 'L' as py-amqp
+_LENGTH = tuple(bytes((n,)) for n in range(256))  # a short string's length octet
+_OCTET = _LENGTH
+
+# Encoded short strings and table fields that repeat from message to message (table keys,
+# content type, job type, queue, attempt, created_at within one millisecond...).  Bounded:
+# when full a memo starts over, so unique values (message ids) cost a little, never memory.
+_MEMO_LIMIT = 4096
+_MEMO_MAX_VALUE = 64  # longer table values (error messages) are not memoised
+_memo: dict[str, bytes] = {}
+_fields: dict[tuple[str, str | int], bytes] = {}
+
+
+def _remember(memo: dict[Any, bytes], key: Any, encoded: bytes) -> bytes:
+    if len(memo) >= _MEMO_LIMIT:
+        memo.clear()
+    memo[key] = encoded
+    return encoded
 
 
 def _shortstr(value: Any) -> bytes:
     raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
     if len(raw) > 255:
         raise ValueError(f"AMQP short string longer than 255 bytes: {raw[:40]!r}...")
-    return bytes((len(raw),)) + raw
+    return _LENGTH[len(raw)] + raw
 
 
-def encode_table(table: dict[str, Any]) -> bytes:
-    """An AMQP field table (with its length prefix), fast for str / int / bool values."""
-    parts = []
+def _memo_shortstr(value: Any) -> bytes:
+    if type(value) is not str:
+        return _shortstr(value)
+    encoded = _memo.get(value)
+    return encoded if encoded is not None else _remember(_memo, value, _shortstr(value))
+
+
+def _field(key: str, value: str | int) -> bytes:
+    """One table field, key and typed value, of a str or (not bool) int value."""
+    if isinstance(value, str):
+        raw = value.encode("utf-8")
+        typed = b"S" + _U32.pack(len(raw)) + raw
+    elif _INT32_MIN <= value <= _INT32_MAX:
+        typed = b"I" + _I32.pack(value)
+    else:
+        typed = b"L" + _I64.pack(value)
+    return _memo_shortstr(key) + typed
+
+
+def encode_table(table: Mapping[str, Any]) -> bytes:
+    """An AMQP field table (with its length prefix), fast for str / int / bool values.
+
+    Parameters:
+        table: the headers table; values other than str / int / bool (nested tables,
+            arrays, floats...) make the whole table go through py-amqp's encoder.
+
+    Returns:
+        The table as py-amqp's ``dumps("F", ...)`` encodes it, byte for byte.
+
+    Raises:
+        ValueError: a key longer than 255 bytes.
+    """
+    parts: list[bytes] = []
+    append = parts.append
     for key, value in table.items():
-        parts.append(_shortstr(key))
-        if isinstance(value, str):
-            raw = value.encode("utf-8")
-            parts += (b"S", _U32.pack(len(raw)), raw)
-        elif isinstance(value, bool):
-            parts.append(b"t\x01" if value else b"t\x00")
-        elif isinstance(value, int) and _INT32_MIN <= value <= _INT32_MAX:
-            parts += (b"I", _I32.pack(value))
-        elif isinstance(value, int):
-            parts += (b"L", _I64.pack(value))
+        kind = type(value)
+        if kind is str or kind is int:  # not bool: True == 1 would share a memo entry
+            encoded = _fields.get((key, value))
+            if encoded is None:
+                encoded = _field(key, value)
+                if kind is int or len(value) <= _MEMO_MAX_VALUE:
+                    _remember(_fields, (key, value), encoded)
+            append(encoded)
+        elif kind is bool:
+            append(_memo_shortstr(key) + (b"t\x01" if value else b"t\x00"))
         else:
-            encoded: bytes = dumps("F", [table])  # nested tables, arrays, floats, …: py-amqp's encoder
-            return encoded
+            whole: bytes = dumps("F", [table])  # nested tables, arrays, floats, subclasses: py-amqp's encoder
+            return whole
     body = b"".join(parts)
     return _U32.pack(len(body)) + body
 
 
-def encode_properties(properties: dict[str, Any]) -> bytes:
-    """Basic properties as they go in a content header frame: flags, then values."""
+def encode_properties(properties: Mapping[str, Any], headers: Mapping[str, Any] | None = None) -> bytes:
+    """Basic properties as they go in a content header frame: flags, then values.
+
+    Parameters:
+        properties: py-amqp property names to values; None values are left out.
+        headers: the headers table, when it is not ``properties["application_headers"]``.
+
+    Returns:
+        What py-amqp's ``Message._serialize_properties`` returns for the same properties.
+
+    Raises:
+        ValueError: a short string (message id, type...) longer than 255 bytes.
+    """
     flags = 0
-    parts = []
-    for position, (name, kind) in enumerate(_PROPERTIES):
-        value = properties.get(name)
+    parts: list[bytes] = []
+    get = properties.get
+    for name, kind, flag in _FLAGGED:
+        value: Any = headers if headers is not None and name == "application_headers" else get(name)
         if value is None:
             continue
-        flags |= 1 << (15 - position)
-        if kind == "s":
+        flags |= flag
+        if kind == "m":
+            parts.append(_memo_shortstr(value))
+        elif kind == "s":
             parts.append(_shortstr(value))
         elif kind == "o":
-            parts.append(bytes((int(value),)))
+            parts.append(_OCTET[int(value)])
         elif kind == "T":
             parts.append(_U64.pack(int(value.timestamp()) if hasattr(value, "timestamp") else int(value)))
         else:
             parts.append(encode_table(value))
-    return struct.pack(">H", flags) + b"".join(parts)
+    return _U16.pack(flags) + b"".join(parts)
 
 
 class WireMessage(Message):  # type: ignore[misc]  # py-amqp is untyped

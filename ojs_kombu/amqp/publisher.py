@@ -12,6 +12,10 @@ delivery tags of confirm mode), and resolves each one from the broker's
 * no answer before the deadline -> :class:`PublishTimeoutError`.
 
 A channel is never shared between threads: one publisher per pooled connection.
+A pipelined batch (``publish(..., flush=False)``) is buffered and written with one
+socket write per :data:`~ojs_kombu.amqp.publish_buffer.FLUSH_BYTES` (see
+:mod:`ojs_kombu.amqp.publish_buffer`); that is for a connection its thread owns
+alone, such as the :class:`~ojs_kombu.Client`'s pooled ones.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ from amqp.serialization import dumps
 
 from ojs_kombu.amqp.connection import close_quietly
 from ojs_kombu.amqp.properties import WireMessage
+from ojs_kombu.amqp.publish_buffer import FLUSH_BYTES, PublishBuffer, method_frame
 from ojs_kombu.errors import PublishError, PublishNackedError, PublishTimeoutError, UnroutableError
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.wire.codec import OutgoingMessage
 
 
-@dataclass
+@dataclass(slots=True)
 class PublishTicket:
     """One publish awaiting its confirm.  ``error`` is set when it failed."""
 
@@ -74,9 +79,11 @@ class ConfirmedPublisher:
         self.channel.events["basic_nack"].add(self._on_nack)
         self.channel.events["basic_return"].add(self._on_return)
         self.window = window
-        self._method_args: dict[tuple[str, str], bytes] = {}
+        self._methods: dict[tuple[str, str], tuple[bytes, bytes]] = {}  # method args and frame
         self._last_tag = 0
         self._unconfirmed: dict[int, PublishTicket] = {}
+        self._buffer = PublishBuffer(connection, self.channel.channel_id)
+        self._buffered: dict[str, int] = {}  # queue -> publishes in the buffer, counted when written
 
     @property
     def is_open(self) -> bool:
@@ -98,27 +105,67 @@ class ConfirmedPublisher:
         job_id: str | None = None,
         confirm_timeout: float = 30.0,
         on_done: Callable[[PublishTicket], None] | None = None,
+        flush: bool = True,
     ) -> PublishTicket:
         """Send one message with ``mandatory=True``; return its ticket without waiting.
 
-        ``on_done(ticket)`` runs when the broker's confirm (or its absence) settles it.
+        Parameters:
+            message: what to publish.
+            exchange, routing_key: where to.
+            queue: the job queue it is for (metrics, errors).
+            job_id: the job's id (errors, matching a ``Basic.Return``).
+            confirm_timeout: how long a full window waits for confirms.
+            on_done: ``on_done(ticket)`` runs when the broker's confirm (or its absence) settles it.
+            flush: ``False`` buffers the frames (pipelining from the connection's owner thread):
+                they are written with the buffer, at the latest when confirms are read
+                (:meth:`wait`, :meth:`wait_all`, a full window) or by :meth:`flush`.
+
+        Returns:
+            The publish's ticket.
+
+        Raises:
+            ValueError: a property does not fit its AMQP type.
+            OSError and py-amqp's connection errors: the connection failed.
         """
-        msg = WireMessage(message.body, application_headers=message.headers, **message.properties)
-        # Straight to the frame writer: py-amqp's basic_publish may be its one-at-a-time
+        # Straight to the frames: py-amqp's basic_publish may be its one-at-a-time
         # confirm wrapper, and its plain version polls the socket before every publish.
-        method_args = self._method_args.get((exchange, routing_key))
-        if method_args is None:
+        key = (exchange, routing_key)
+        method = self._methods.get(key)
+        if method is None:
             method_args = dumps("Bssbb", (0, exchange, routing_key, True, False))  # mandatory=True
-            if len(self._method_args) < 1024:
-                self._method_args[(exchange, routing_key)] = method_args
-        self.connection.frame_writer(1, self.channel.channel_id, spec.Basic.Publish, method_args, msg)
+            method = (method_args, method_frame(self.channel.channel_id, method_args))
+            if len(self._methods) >= 1024:
+                self._methods.clear()
+            self._methods[key] = method
+        method_args, frame = method
+        if flush:
+            self.flush()  # what is buffered goes first: the broker numbers publishes in arrival order
+            msg = WireMessage(message.body, application_headers=message.headers, **message.properties)
+            self.connection.frame_writer(1, self.channel.channel_id, spec.Basic.Publish, method_args, msg)
+            METRICS.published(queue)
+        else:
+            self._buffer.add(frame, message)
+            self._buffered[queue] = self._buffered.get(queue, 0) + 1
+            if len(self._buffer) >= FLUSH_BYTES:
+                self.flush()
         self._last_tag += 1
         ticket = PublishTicket(self._last_tag, job_id, queue, exchange, routing_key, on_done=on_done)
         self._unconfirmed[ticket.tag] = ticket
-        METRICS.published(queue)
         if len(self._unconfirmed) >= self.window:
             self._drain(lambda: len(self._unconfirmed) < self.window // 2, confirm_timeout)
         return ticket
+
+    def flush(self) -> None:
+        """Write the publishes buffered by ``publish(..., flush=False)``.
+
+        Raises:
+            OSError and py-amqp's connection errors: the write failed (the connection is lost).
+        """
+        if self._buffered:
+            counts, self._buffered = self._buffered, {}
+            self._buffer.flush()
+            for queue, count in counts.items():
+                METRICS.published(queue, count)
 
     def wait(self, tickets: Iterable[PublishTicket], timeout: float = 30.0) -> None:
         """Read confirms until every ticket is resolved; time out the rest."""
@@ -130,6 +177,7 @@ class ConfirmedPublisher:
         self._drain(lambda: not self._unconfirmed, timeout)
 
     def _drain(self, done: Callable[[], bool], timeout: float) -> None:
+        self.flush()
         deadline = time.monotonic() + timeout
         while not done():
             remaining = deadline - time.monotonic()

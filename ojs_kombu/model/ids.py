@@ -6,8 +6,8 @@ True
 
 from __future__ import annotations
 
+import os
 import re
-import secrets
 import threading
 import time
 import uuid as _uuid
@@ -23,6 +23,8 @@ JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 """Any canonical lowercase UUID (the tolerant consumer accepts non-v7 ids); use ``fullmatch``."""
+
+_RANDOM_POOL_BYTES = 4096  # os.urandom bytes drawn at once: 512 ids
 
 EXAMPLE_JOB_ID = "019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f"
 """A valid job id, quoted by error messages."""
@@ -42,7 +44,8 @@ def uuid7(unix_ms: int, rand_a: int, rand_b: int) -> str:
     value = (
         (unix_ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | (rand_a & 0xFFF) << 64 | 0b10 << 62 | rand_b & ((1 << 62) - 1)
     )
-    return str(_uuid.UUID(int=value))
+    hex_ = f"{value:032x}"  # what str(uuid.UUID(int=value)) gives, without building the UUID
+    return f"{hex_[:8]}-{hex_[8:12]}-{hex_[12:16]}-{hex_[16:20]}-{hex_[20:]}"
 
 
 class _MonotonicUUIDv7:
@@ -54,26 +57,44 @@ class _MonotonicUUIDv7:
     0.8 s and ended 199 s in the future).  Here ids made within one millisecond
     share its timestamp and count up; only after 2048+ ids in one millisecond
     does the timestamp borrow the next one.  Thread-safe.
+
+    The random bits come from ``os.urandom`` (as ``secrets``), drawn 4 KiB at a time
+    rather than one system call per id; a forked child draws its own (the pool a
+    parent had would give both processes the same ids).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last_ms = 0
         self._counter = 0
+        self._random = b""
+        self._taken = 0
+        os.register_at_fork(after_in_child=self._forget_random)
+
+    def _forget_random(self) -> None:
+        self._random, self._taken = b"", 0
+
+    def _random_bits(self) -> int:
+        """64 random bits; called under the lock."""
+        if self._taken >= len(self._random):
+            self._random, self._taken = os.urandom(_RANDOM_POOL_BYTES), 0
+        start = self._taken
+        self._taken = start + 8
+        return int.from_bytes(self._random[start : start + 8])
 
     def __call__(self) -> str:
         now_ms = time.time_ns() // 1_000_000
         with self._lock:
             if now_ms > self._last_ms:
                 self._last_ms = now_ms
-                self._counter = secrets.randbits(11)  # random start, room left to count up
+                self._counter = self._random_bits() >> 53  # random start (11 bits), room left to count up
             else:
                 self._counter += 1
                 if self._counter > 0xFFF:
                     self._last_ms += 1
-                    self._counter = secrets.randbits(11)
-            ms, counter = self._last_ms, self._counter
-        return uuid7(ms, counter, secrets.randbits(62))
+                    self._counter = self._random_bits() >> 53
+            ms, counter, rand_b = self._last_ms, self._counter, self._random_bits()
+        return uuid7(ms, counter, rand_b)
 
 
 new_job_id = _MonotonicUUIDv7()

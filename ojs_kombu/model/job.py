@@ -21,11 +21,13 @@ whose ``field`` is a path such as ``"args[2].when"`` or ``"retry.max_interval"``
 from __future__ import annotations
 
 import re
+import time
 import uuid as _uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal
 
+import orjson
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 from pydantic import ValidationError as _PydanticValidationError
 
@@ -249,8 +251,11 @@ class Job(OjsModel):
                     f"must be a list of positional arguments, got {_type_name(args)}; pass keywords as kwargs="
                 )
             size = _walk(args, False, 0)
-            now = datetime.now(UTC)
-            stamp = _format_ts(now)
+            if scheduled_at is not None or expires_at is not None:
+                now = datetime.now(UTC)  # created_at and a "timedelta from now" share one moment
+                stamp = _format_ts(now)
+            else:
+                stamp = _STAMPS.now()
             values: dict[str, Any] = {
                 "specversion": SPEC_VERSION,
                 "id": job_id,
@@ -392,6 +397,25 @@ class Job(OjsModel):
         """Serialise :meth:`to_dict` compactly (``ensure_ascii=False``: encode as UTF-8)."""
         return dumps(self.to_dict())
 
+    def to_json_bytes(self) -> bytes:
+        """:meth:`to_json` as UTF-8 bytes, the message body; the same JSON value.
+
+        Written by ``orjson`` (a fifth of the cost of ``json`` on the publish path); what it
+        refuses (integers beyond 64 bits, which a tolerantly read job may hold) goes through
+        :meth:`to_json`.  Floats may be spelled differently (``1e16`` for ``1e+16``).
+
+        Returns:
+            Compact JSON text, UTF-8.
+
+        Raises:
+            UnicodeEncodeError: a string holds a lone surrogate (as ``to_json().encode()``).
+        """
+        data = self.to_dict()
+        try:
+            return orjson.dumps(data)
+        except orjson.JSONEncodeError:
+            return dumps(data).encode("utf-8")
+
     # -- convenience
 
     @property
@@ -515,6 +539,26 @@ _REQUIRED = frozenset({"id", "type", "queue", "args"})
 
 
 # --------------------------------------------------------------------------- helpers of Job
+
+
+class _Stamps:
+    """The current time as an OJS timestamp, formatted once per millisecond (``Job.create`` is hot)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[int, str] = (-1, "")  # one tuple, replaced whole: safe across threads
+
+    def now(self) -> str:
+        """``_format_ts(datetime.now(UTC))``: UTC, milliseconds, ``Z``."""
+        ms = time.time_ns() // 1_000_000
+        last_ms, stamp = self._last
+        if ms != last_ms:
+            seconds, millis = divmod(ms, 1000)
+            stamp = _format_ts(datetime.fromtimestamp(seconds, UTC).replace(microsecond=millis * 1000))
+            self._last = (ms, stamp)
+        return stamp
+
+
+_STAMPS = _Stamps()
 
 
 def _as_datetime(value: str | None) -> datetime | None:

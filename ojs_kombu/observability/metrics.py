@@ -76,12 +76,12 @@ class Metrics:
             registry=registry,
         )
 
-    def published(self, queue: str) -> None:
-        """A job message was published to ``queue``."""
+    def published(self, queue: str, count: int = 1) -> None:
+        """``count`` job messages were published to ``queue`` (a pipelined batch counts once)."""
         counter = self._published.get(queue)
         if counter is None:  # labels() costs more than the increment: keep the children
             counter = self._published[queue] = self.messages_published.labels(queue)
-        counter.inc()
+        counter.inc(count)
 
     def confirmed(self, latency: float) -> None:
         """A publish was confirmed ``latency`` seconds after it was sent."""

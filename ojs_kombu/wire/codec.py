@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, parse_envelope
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.policies import DEFAULT_MAX_ATTEMPTS, RetryPolicy
-from ojs_kombu.model.timefmt import format_timestamp
+from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp
 from ojs_kombu.wire.headers import Header
 
 CONTENT_TYPE = "application/openjobspec+json"
@@ -64,13 +65,12 @@ def encode(job: Job, *, app_id: str | None = None, headers: Mapping[str, Any] | 
     uses it to carry error headers and the caller's own headers).  The envelope
     is refused with ValidationError if it exceeds 1 MiB.
     """
-    body = job.to_json().encode("utf-8")
+    body = job.to_json_bytes()
     if len(body) > MAX_ENVELOPE_BYTES:
         raise ValidationError(
             f"job envelope is {len(body)} bytes; OJS envelopes are limited to {MAX_ENVELOPE_BYTES} bytes",
             field="args",
         )
-    created = job.created_datetime
     properties: dict[str, Any] = {
         "message_id": job.id,
         "type": job.type,
@@ -79,8 +79,8 @@ def encode(job: Job, *, app_id: str | None = None, headers: Mapping[str, Any] | 
         "delivery_mode": 2,
         "app_id": app_id or DEFAULT_APP_ID,
     }
-    if created is not None:
-        properties["timestamp"] = int(created.timestamp())  # epoch seconds (binding §6.1)
+    if job.created_at is not None:
+        properties["timestamp"] = _epoch_seconds(job.created_at)  # binding §6.1
     priority = amqp_priority(job.priority)
     if priority is not None:
         properties["priority"] = priority
@@ -101,6 +101,12 @@ def encode(job: Job, *, app_id: str | None = None, headers: Mapping[str, Any] | 
     if headers:
         table.update(headers)
     return OutgoingMessage(body=body, properties=properties, headers=table)
+
+
+@lru_cache(maxsize=256)  # a batch's jobs share a few created_at stamps: parse each once
+def _epoch_seconds(timestamp: str) -> int:
+    """An OJS timestamp as whole seconds since the Unix epoch (the AMQP ``timestamp`` property)."""
+    return int(parse_timestamp(timestamp).timestamp())
 
 
 def _set_if(table: dict[str, Any], key: str, value: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import uuid
@@ -37,3 +38,20 @@ def test_job_ids_are_monotonic_uuidv7_that_keep_to_the_clock():
     assert before_ms <= stamps[0]
     # uuid6.uuid7() ends ~100 s ahead here; ours at most a few ms (2048+ ids in one ms borrow the next).
     assert stamps[1] <= after_ms + 50
+
+
+def test_a_forked_child_draws_its_own_random_bits():
+    new_job_id()  # the parent has random bits in its pool now
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then out without running the test session's exit handlers
+        os.write(write_end, new_job_id().encode())
+        os._exit(0)
+    os.close(write_end)
+    child_id = os.read(read_end, 64).decode()
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    parent_id = new_job_id()
+    assert JOB_ID_RE.fullmatch(child_id)
+    rand_b = [int(i.replace("-", ""), 16) & (2**62 - 1) for i in (child_id, parent_id)]
+    assert rand_b[0] != rand_b[1]

@@ -60,3 +60,16 @@ def test_round_trip_through_py_amqp_decoder():
 def test_short_strings_longer_than_255_bytes_are_refused():
     with pytest.raises(ValueError):
         encode_properties({"message_id": "x" * 256})
+
+
+def test_memoised_fields_keep_types_apart_and_survive_starting_over():
+    # True == 1 and hash(True) == hash(1): a memo keyed by value alone would mix them up.
+    for headers in ({"k": 1}, {"k": True}, {"k": 1}, {"k": "1"}, {"k": False}, {"k": 0}):
+        assert encode_table(headers) == py_amqp_table(headers)
+    for i in range(10_000):  # more distinct values than the memo holds: it starts over, still exact
+        headers = {f"key-{i % 7}": f"value-{i}", "n": i, "long": "x" * (100 + i % 3)}
+        assert encode_table(headers) == py_amqp_table(headers)
+
+
+def py_amqp_table(headers: dict) -> bytes:
+    return py_amqp({"application_headers": headers})[2:]  # after the property flags

@@ -1,0 +1,85 @@
+"""Pipelined publishing (``ConfirmedPublisher.publish(..., flush=False)``): frames written in
+batches still reach the queue complete and in order, confirmed, and counted once each."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import kombu
+import pytest
+from prometheus_client import REGISTRY
+from support import get_messages
+
+from ojs_kombu import Client, Job, ValidationError
+from ojs_kombu.amqp.publish_buffer import FLUSH_BYTES
+from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.wire.codec import encode
+
+
+def published_total(queue: str) -> float:
+    return REGISTRY.get_sample_value("ojs_amqp_messages_published_total", {"queue": queue}) or 0.0
+
+
+def test_enqueue_many_over_several_windows_and_buffers_arrives_whole_in_order(amqp_url, prefix, names):
+    count = 1200
+    with Client(amqp_url, prefix=prefix, window=100) as client:
+        jobs = [Job.create("bulk.job", [i, "x" * 300], queue="pipelined") for i in range(count)]
+        assert sum(len(encode(job).body) for job in jobs) > 2 * FLUSH_BYTES  # several flushes by size
+        before = published_total("pipelined")
+        results = client.enqueue_many(jobs)
+        assert [r.error for r in results] == [None] * count
+        assert published_total("pipelined") - before == count
+    delivered = get_messages(amqp_url, names.job_queue("pipelined"), count + 1, timeout=5)
+    assert [props.message_id for _, props, _ in delivered] == [job.id for job in jobs]
+    assert [body for _, _, body in delivered] == [encode(job).body for job in jobs]
+
+
+@pytest.fixture
+def publisher(amqp_url: str, client: Client) -> Iterator[ConfirmedPublisher]:
+    client.declare_queue("mixed")
+    with kombu.Connection(amqp_url) as connection:
+        connection.connect()
+        confirmed = ConfirmedPublisher(connection.connection)
+        yield confirmed
+        confirmed.close()
+
+
+def test_an_immediate_publish_goes_after_the_buffered_ones(publisher, names, amqp_url):
+    jobs = [Job.create("mixed.job", [i], queue="mixed") for i in range(5)]
+    tickets = [
+        publisher.publish(
+            encode(job),
+            exchange=names.direct_exchange,
+            routing_key="mixed",
+            queue="mixed",
+            job_id=job.id,
+            flush=(i == 3),  # the fourth is written at once, the others buffered
+        )
+        for i, job in enumerate(jobs)
+    ]
+    publisher.wait_all(timeout=10)
+    assert all(t.done and t.error is None for t in tickets)
+    delivered = get_messages(amqp_url, names.job_queue("mixed"), 5)
+    assert [props.message_id for _, props, _ in delivered] == [job.id for job in jobs]
+
+
+def test_buffered_publishes_wait_for_a_flush_or_a_read_of_confirms(publisher, names, amqp_url):
+    job = Job.create("mixed.job", [1], queue="mixed")
+    ticket = publisher.publish(
+        encode(job), exchange=names.direct_exchange, routing_key="mixed", queue="mixed", job_id=job.id, flush=False
+    )
+    assert get_messages(amqp_url, names.job_queue("mixed"), 1, timeout=0.3) == []  # still in our buffer
+    publisher.wait([ticket], timeout=10)
+    assert ticket.done and ticket.error is None
+    assert [props.message_id for _, props, _ in get_messages(amqp_url, names.job_queue("mixed"), 1)] == [job.id]
+
+
+def test_a_job_on_a_reserved_queue_is_refused_every_time(client, names):
+    # from_json accepts reserved names (a received job may carry one); a producer may not use them.
+    data = Job.create("a.b", [1], queue="fine").to_dict()
+    reserved = Job.from_json({**data, "queue": "dlx.fine"})
+    unhashable = Job.create("a.b", [1], queue="fine").model_copy(update={"queue": ["fine"]})
+    for _ in range(2):  # valid names are remembered; refused ones never are
+        results = client.enqueue_many([reserved, Job.create("a.b", [2], queue="fine"), unhashable])
+        assert [type(r.error) for r in results] == [ValidationError, type(None), ValidationError]
+        assert results[0].error is not None and results[0].error.field == "queue"
