@@ -70,6 +70,7 @@ from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import (
+    DEAD_LETTER_DELIVERY_LIMIT,
     BindingSpec,
     ExchangeSpec,
     QueueOptions,
@@ -230,8 +231,13 @@ class Topology:
         return args
 
     def dead_letter_queue_arguments(self, queue: str) -> dict[str, Any]:
-        """Arguments of ``ojs.queue.dlx.{queue}``: only those of the queue type, so a quorum deployment stays quorum."""
-        return queue_type_arguments(self.options_for(queue).queue_type)
+        """Arguments of ``ojs.queue.dlx.{queue}``: only those of the queue type, so a quorum deployment
+        stays quorum (with :data:`~ojs_kombu.wire.entities.DEAD_LETTER_DELIVERY_LIMIT`)."""
+        queue_type = self.options_for(queue).queue_type
+        args = queue_type_arguments(queue_type)
+        if queue_type == "quorum":
+            args["x-delivery-limit"] = DEAD_LETTER_DELIVERY_LIMIT
+        return args
 
     def base_specs(self) -> list[Spec]:
         """The exchanges every deployment has: direct, dead letter and retry."""

@@ -78,6 +78,9 @@ removed before the py-amqp connection sees them:
     multi-tenant entity prefix (``tenant1.ojs.queue.email``).
 ``queue_options``
     a :class:`~ojs_kombu.wire.entities.QueueOptions` or a dict of its fields for every job queue.
+``queue_type``
+    ``"quorum"``: every job queue with its DLQ, retry queues and the scheduling cascade is a
+    quorum queue (``docs/cluster.md``); sets ``queue_options.queue_type``.
 ``passthrough_queues``
     durable queue names that stay plain AMQP queues.
 ``codec``

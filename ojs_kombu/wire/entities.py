@@ -24,6 +24,11 @@ QUORUM_ARGUMENTS: dict[str, Any] = {
 #: ``x-delivery-limit`` of a quorum job queue unless ``delivery_limit`` says otherwise: RabbitMQ
 #: 4.x's default, set explicitly so that 3.x (unlimited by default) behaves the same.
 DEFAULT_DELIVERY_LIMIT = 20
+#: ``x-delivery-limit`` of a quorum dead letter queue: in effect none.  A dead letter has nowhere
+#: further to go, and browsing a DLQ (``Client.dead_letters``: ``Basic.Get``, then the channel
+#: closes) returns its letters; on RabbitMQ 4.x the default limit of 20 would drop them.  (-1,
+#: "unlimited" on 4.x, drops a message at its first return on 3.x.)
+DEAD_LETTER_DELIVERY_LIMIT = 2**31 - 1
 
 
 def queue_type_arguments(queue_type: QueueType | None) -> dict[str, Any]:
@@ -158,6 +163,7 @@ Spec = ExchangeSpec | QueueSpec | BindingSpec
 
 
 __all__ = [
+    "DEAD_LETTER_DELIVERY_LIMIT",
     "DEFAULT_DELIVERY_LIMIT",
     "QUORUM_ARGUMENTS",
     "BindingSpec",

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import test_celery_tasks as tasks
 from celery.utils.quorum_queues import detect_quorum_queues
-from frameworks import ojs_celery_app
+from frameworks import ojs_celery_app, running_worker
 from kombu import Queue
 
 from ojs_celery import Celery
@@ -61,3 +61,18 @@ def test_quorum_task_queue_without_celery_native_delayed_delivery(celery_app, wo
         queue = management.queue(name)
         assert queue["type"] == "quorum", name
         assert {k: queue["arguments"].get(k) for k in QUORUM_ARGUMENTS} == QUORUM_ARGUMENTS
+
+
+def test_the_transport_option_makes_every_queue_quorum_without_celery_noticing(amqp_url, prefix, management, names):
+    with ojs_celery_app(amqp_url, prefix) as app:
+        app.conf.broker_transport_options = {**app.conf.broker_transport_options, "queue_type": "quorum"}
+        assert not detect_quorum_queues(app, "amqp")[0]
+
+        @app.task
+        def later():
+            return "ran"
+
+        with running_worker(app):
+            assert later.apply_async(countdown=1).get(timeout=20) == "ran"
+    for name in (names.job_queue("celery"), names.dead_letter_queue("celery"), names.schedule_queue(0)):
+        assert management.queue(name)["type"] == "quorum", name

@@ -9,7 +9,13 @@ from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.transport.settings import Settings
-from ojs_kombu.wire.entities import DEFAULT_DELIVERY_LIMIT, QUORUM_ARGUMENTS, QueueOptions, QueueSpec
+from ojs_kombu.wire.entities import (
+    DEAD_LETTER_DELIVERY_LIMIT,
+    DEFAULT_DELIVERY_LIMIT,
+    QUORUM_ARGUMENTS,
+    QueueOptions,
+    QueueSpec,
+)
 
 QUORUM = QueueOptions(queue_type="quorum")
 
@@ -57,7 +63,10 @@ def test_with_queue_type():
 def test_every_entity_of_a_quorum_topology():
     names = Names("p")
     topology = Topology(names, queue_options=QUORUM)
-    assert topology.dead_letter_queue_arguments("q") == QUORUM_ARGUMENTS
+    assert topology.dead_letter_queue_arguments("q") == {
+        **QUORUM_ARGUMENTS,
+        "x-delivery-limit": DEAD_LETTER_DELIVERY_LIMIT,
+    }
     [retry] = [s for s in topology.retry_queue_specs("q", 1500) if isinstance(s, QueueSpec)]
     assert retry.argument_dict == {
         **QUORUM_ARGUMENTS,
