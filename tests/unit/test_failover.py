@@ -10,6 +10,7 @@ from kombu.connection import Connection
 from ojs_kombu.amqp.failover import Failover, Rotation
 from ojs_kombu.amqp.urls import resolve_url, safe_url, split_urls
 from ojs_kombu.errors import ValidationError
+from ojs_kombu.transport import register_aliases
 
 
 def mid() -> float:
@@ -149,3 +150,13 @@ def test_each_tls_node_is_verified_against_its_own_name() -> None:
 def test_a_bad_ssl_option_fails_when_the_failover_is_made() -> None:
     with pytest.raises(ValidationError, match="unknown option"):
         failover("amqps://n1//;amqps://n2//", ssl={"verfy": False})
+
+
+def test_the_ojs_transport_checks_a_celery_failover_list() -> None:
+    register_aliases()
+    good = Connection(["ojs://u:s3cret@n1//", "ojs://u:s3cret@n2//"])
+    assert good.transport.driver_name == "ojs"  # made without connecting
+    bad = Connection("ojs://u:s3cret@n1//;ojss://u:s3cret@n2//")
+    with pytest.raises(ValidationError, match="mixes TLS and plain schemes: broker URL #2") as caught:
+        bad.transport  # noqa: B018 - the transport is made on first use
+    assert "s3cret" not in str(caught.value)
