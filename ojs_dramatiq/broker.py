@@ -51,7 +51,9 @@ from dramatiq.message import Message
 from dramatiq.middleware import Middleware, Retries
 from kombu.connection import Connection
 
-from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, make_connection
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
+from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.urls import BrokerUrls
 from ojs_kombu.client import Client
 from ojs_kombu.errors import DecodeError, UnroutableError
 from ojs_kombu.model.job import Job
@@ -181,7 +183,7 @@ class OjsBroker(dramatiq.Broker):
 
     def __init__(
         self,
-        url: str | list[str] | None = None,
+        url: BrokerUrls | None = None,
         *,
         prefix: str = "",
         middleware: list[Middleware] | None = None,
@@ -227,7 +229,7 @@ class OjsBroker(dramatiq.Broker):
         if max_priority is not None and "queue_options" not in client_options:
             client_options["queue_options"] = QueueOptions(max_priority=max_priority)
         self.client = Client(
-            ";".join(url) if isinstance(url, list) else url,
+            url,
             prefix=prefix,
             heartbeat=self.heartbeat,
             ssl=self.ssl,
@@ -244,6 +246,13 @@ class OjsBroker(dramatiq.Broker):
         self._consumers: dict[str, weakref.WeakSet[_OjsConsumer]] = {}
         self._admin: Connection | None = None
         self._admin_lock = threading.Lock()
+        self._admin_failover = Failover(
+            self.client.url,
+            heartbeat=0,
+            ssl=self.ssl,
+            transport_options=self.transport_options,
+            connection_name=f"ojs_dramatiq inspection {self.client.connection_name}",
+        )
 
     @property
     def url(self) -> str:
@@ -593,29 +602,25 @@ class OjsBroker(dramatiq.Broker):
                 pass
 
     def _with_admin(self, operation: Callable[[Connection], T]) -> T:
-        """Run ``operation(conn)`` on the inspection connection, reconnecting once if needed."""
+        """Run ``operation(conn)`` on the inspection connection, reconnecting (to the next node of a
+        failover list) until every node has been tried once more."""
         failures = 0
         with self._admin_lock:
             while True:
-                conn = self._admin_connection()
+                if self._admin is None:
+                    self._admin = self._admin_failover.connection()
+                conn = self._admin
                 try:
+                    if not conn.connected:
+                        self._admin_failover.connect(conn)
                     return operation(conn)
-                except conn.connection_errors + conn.channel_errors:
+                except conn.connection_errors + conn.channel_errors as exc:
                     self._drop_admin()
+                    if isinstance(exc, conn.connection_errors):
+                        self._admin_failover.failed(conn)  # the next node, at once: the callers poll
                     failures += 1
-                    if failures == 2:
+                    if failures > len(self._admin_failover.urls):
                         raise
-
-    def _admin_connection(self) -> Connection:
-        if self._admin is None:
-            self._admin = make_connection(
-                self.client.url,
-                heartbeat=0,
-                ssl=self.ssl,
-                transport_options=self.transport_options,
-                connection_name=f"ojs_dramatiq inspection {self.client.connection_name}",
-            )
-        return self._admin
 
     def _drop_admin(self) -> None:
         if self._admin is not None:
@@ -625,8 +630,8 @@ class OjsBroker(dramatiq.Broker):
 
 
 def _connection(
-    url: str | list[str] | None, parameters: Sequence[Any] | None, options: dict[str, Any]
-) -> tuple[str | list[str] | None, float | None]:
+    url: BrokerUrls | None, parameters: Sequence[Any] | None, options: dict[str, Any]
+) -> tuple[BrokerUrls | None, float | None]:
     """``url``, or the URL of ``RabbitmqBroker``'s ``parameters=`` / pika keyword arguments in
     ``options``; and the heartbeat those gave (``None``: none)."""
     refuse_untranslatable(sorted(options))  # before any other complaint: it says what to use instead

@@ -34,23 +34,19 @@ from amqp import Channel, Message
 from amqp.exceptions import NotFound, RecoverableConnectionError
 from kombu.connection import Connection
 
-from ojs_kombu.amqp.connection import (
-    DEFAULT_HEARTBEAT,
-    close_quietly,
-    connect_once,
-    make_connection,
-    resolve_url,
-    safe_url,
-)
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly, resolve_url, safe_url
 from ojs_kombu.amqp.errors import connection_error, map_exceptions
+from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import OnConflict, Topology
+from ojs_kombu.amqp.urls import BrokerUrls
 from ojs_kombu.errors import (
     BrokerConnectionError,
     BrokerRefusedError,
     DecodeError,
     OjsError,
     PublishError,
+    PublishNackedError,
     ValidationError,
 )
 from ojs_kombu.model.info import JobInfo
@@ -60,7 +56,6 @@ from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.observability.tracing import with_trace_context
-from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.control import Cancellations, ControlReader
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
@@ -153,8 +148,10 @@ class Client:
     """Enqueues OJS jobs on RabbitMQ; thread-safe, a context manager.
 
     Parameters:
-        url: broker URL (``amqp://``, ``amqps://``, ``ojs://``, ``ojss://``; a list
-            or ``;``-separated URLs give kombu failover).  Default ``$OJS_AMQP_URL``.
+        url: broker URL (``amqp://``, ``amqps://``, ``ojs://``, ``ojss://``), or the nodes of a
+            cluster as a ``;``-separated list (``"amqp://n1;amqp://n2"``) or a list/tuple of URLs:
+            on a connection loss the client moves to the next node, and backs off only after
+            every node failed in a row (``docs/cluster.md``, Failover).  Default ``$OJS_AMQP_URL``.
         prefix: multi-tenant prefix of every entity name (``tenant1.ojs.queue.email``).
         queue_options: optional arguments of every job queue this client declares.
         queue_type: ``"quorum"`` (or ``"classic"``) sets ``queue_options.queue_type``: with
@@ -190,13 +187,13 @@ class Client:
             :meth:`workers` and :meth:`events`); must match the workers'.
 
     Raises:
-        ValidationError: a bad option.
+        ValidationError: a bad option, or a bad failover list (empty, malformed, mixed schemes).
         BrokerConnectionError, BrokerRefusedError: declaring ``queues`` failed.
     """
 
     def __init__(
         self,
-        url: str | None = None,
+        url: BrokerUrls | None = None,
         *,
         prefix: str = "",
         queue_options: QueueOptions | None = None,
@@ -243,13 +240,14 @@ class Client:
         self.app_id = app_id
         self.window = window
         self.connection_name = connection_name or f"ojs_kombu client {socket.gethostname()} pid {os.getpid()}"
-        self._connection = make_connection(
+        self._failover = Failover(
             self.url,
             heartbeat=heartbeat,
             ssl=ssl,
             transport_options=transport_options,
             connection_name=self.connection_name,
         )
+        self._connection = self._failover.connection()
         self._pool = self._connection.Pool(limit=pool_size)
         self._closed = False
         for queue in queues:
@@ -1038,6 +1036,8 @@ class Client:
                         )
                     )
                 session.publisher.wait([t for _, t in tickets], self.confirm_timeout)
+                if any(isinstance(t.error, PublishNackedError) for _, t in tickets):
+                    self._renew_channel(conn)
             finally:
                 # Whatever was confirmed stays done, even if the connection dies now.
                 for index, ticket in tickets:
@@ -1081,6 +1081,19 @@ class Client:
             self._drop(conn)
 
     @staticmethod
+    def _renew_channel(conn: Connection) -> None:
+        """Publish on a fresh channel from now on.
+
+        After a node loss, a channel that first published to a quorum queue while its leader
+        was being elected keeps the dead leader (RabbitMQ 3.10: the queue record was stale) and
+        every later publish to that queue is nacked; a new channel reads the current leader.
+        """
+        session: _Session | None = getattr(conn, "_ojs_session", None)
+        conn._ojs_session = None  # type: ignore[attr-defined]
+        if session is not None:
+            session.publisher.close()
+
+    @staticmethod
     def _drop(conn: Connection) -> None:
         session: _Session | None = getattr(conn, "_ojs_session", None)
         conn._ojs_session = None  # type: ignore[attr-defined]
@@ -1091,11 +1104,11 @@ class Client:
         except Exception:  # noqa: BLE001
             pass
 
-    def _backoff(self, failures: int, elapsed: float) -> float | None:
-        """Seconds to wait before the next connection attempt, or None to give up."""
+    def _backoff(self, conn: Connection, failures: int, elapsed: float) -> float | None:
+        """Seconds to wait before the next connection attempt (on the next node), or None to give up."""
+        delay = self._failover.failed(conn)  # moves to the next node; back-off once per full rotation
         if self.connect_retries is not None and failures > self.connect_retries:
             return None
-        delay = reconnect_delay(failures)
         if self.publish_timeout is None:
             return delay
         remaining = self.publish_timeout - elapsed
@@ -1124,8 +1137,9 @@ class Client:
                     self._drop_if_idle(conn)
                     if not conn.connected:
                         connecting_since = time.monotonic()
-                        connect_once(conn, timeout=self._attempt_timeout(failing_since))
+                        self._failover.connect(conn, timeout=self._attempt_timeout(failing_since))
                         connecting_since = None
+                        self._failover.succeeded()
                     return operation(conn)
             except BrokerRefusedError:
                 self._drop(conn)
@@ -1136,10 +1150,17 @@ class Client:
                     failing_since = connecting_since if connecting_since is not None else time.monotonic()
                 failures += 1
                 elapsed = time.monotonic() - failing_since
-                delay = self._backoff(failures, elapsed)
+                failed_url = conn.as_uri()  # kombu leaves the password out
+                delay = self._backoff(conn, failures, elapsed)
                 if delay is None:
                     raise connection_error(self.url, exc, failures, elapsed) from exc
-                logger.warning("connection to %s failed (%s); retrying in %.1fs", safe_url(self.url), exc, delay)
+                logger.warning(
+                    "connection to %s failed (%s); retrying on %s in %.1fs",
+                    failed_url,
+                    exc,
+                    safe_url(self._failover.current),
+                    delay,
+                )
                 METRICS.reconnected()
                 time.sleep(delay)
             except conn.channel_errors as exc:

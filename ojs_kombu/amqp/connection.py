@@ -19,16 +19,13 @@ from typing import Any
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.errors import map_exceptions
-from ojs_kombu.amqp.urls import DEFAULT_URL, resolve_url, safe_url
+from ojs_kombu.amqp.urls import DEFAULT_URL, TLS_SCHEMES, resolve_url, safe_url
 from ojs_kombu.errors import ValidationError
 
 logger = logging.getLogger(__name__)
 
 #: AMQP heartbeat in seconds (DESIGN §9).
 DEFAULT_HEARTBEAT = 60
-
-#: URL schemes that mean TLS.
-TLS_SCHEMES = frozenset({"amqps", "ojss"})
 
 # Our keys of the ``ssl`` dict, and py-amqp's ``wrap_socket`` options passed through as they are.
 _OWN_KEYS = frozenset({"ca_certs", "certfile", "keyfile", "verify", "server_hostname"})
@@ -44,7 +41,8 @@ def _warn_unverified() -> None:
     logger.warning("TLS certificate and host name verification is OFF (ssl verify=False): use it only for tests")
 
 
-def _tls_wanted(url: str, ssl: object) -> bool:
+def tls_wanted(url: str, ssl: object) -> bool:
+    """Whether connections to ``url`` use TLS: an ``ssl`` option, or a TLS scheme in the URL (list)."""
     if ssl is not None and ssl is not False:
         return True
     return any(part.strip().split("://", 1)[0].lower() in TLS_SCHEMES for part in url.split(";") if "://" in part)
@@ -163,7 +161,7 @@ def make_connection(
     """
     options = dict(transport_options or {})
     options.setdefault("client_properties", {"connection_name": connection_name})
-    if _tls_wanted(url, ssl):
+    if tls_wanted(url, ssl):
         ssl = tls_options(ssl, host=_url_host(url))
     return Connection(url, heartbeat=heartbeat, ssl=ssl, transport_options=options)
 
@@ -222,5 +220,6 @@ __all__ = [
     "resolve_url",
     "safe_url",
     "tls_options",
+    "tls_wanted",
     "transport_tls_options",
 ]

@@ -54,8 +54,9 @@ from amqp.basic_message import Message
 from amqp.channel import Channel
 from kombu.connection import Connection
 
-from ojs_kombu.amqp.connection import connect_once, make_connection, safe_url
+from ojs_kombu.amqp.connection import safe_url
 from ojs_kombu.amqp.errors import raise_if_permanent
+from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.framing import FrameReader, WriteBatch
 from ojs_kombu.amqp.framing import supports as framing_supports
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
@@ -63,7 +64,6 @@ from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import OjsError
 from ojs_kombu.observability.logs import message_log_extra
 from ojs_kombu.observability.metrics import METRICS
-from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.runtime.control import ControlReader
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.headers import strip_death_headers
@@ -149,9 +149,10 @@ class Consumer:
         self.heartbeat = heartbeat
         self.connect_retries = connect_retries
         self.cancel_retry_delay = cancel_retry_delay
-        self._kombu = make_connection(
+        self._failover = Failover(
             url, heartbeat=heartbeat, ssl=ssl, transport_options=transport_options, connection_name=connection_name
         )
+        self._kombu = self._failover.connection()
         self.connection_name = connection_name
         self._requests: queue_module.SimpleQueue[_Request] = queue_module.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
@@ -269,8 +270,10 @@ class Consumer:
                 try:
                     self._connect()
                     attempt = 0
+                    self._failover.succeeded()  # after re-declaring and re-consuming: a node that fails those counts
                     self._loop()
                 except self._kombu.connection_errors + self._kombu.channel_errors as exc:
+                    lost = safe_url(self._failover.current)
                     self._disconnect()
                     raise_if_permanent(exc, url=self.url)  # 403 / 530: retrying cannot help
                     if self._stop.is_set():
@@ -278,11 +281,15 @@ class Consumer:
                     attempt += 1
                     if self.connect_retries is not None and attempt > self.connect_retries:
                         raise
-                    delay = reconnect_delay(attempt)
+                    delay = self._failover.failed(self._kombu)  # the next node; back-off once per full rotation
                     self.reconnections += 1
                     METRICS.reconnected()
                     logger.warning(
-                        "consumer connection to %s lost (%s); reconnecting in %.1fs", safe_url(self.url), exc, delay
+                        "consumer connection to %s lost (%s); reconnecting to %s in %.1fs",
+                        lost,
+                        exc,
+                        safe_url(self._failover.current),
+                        delay,
                     )
                     self._stop.wait(delay)
         finally:
@@ -312,7 +319,7 @@ class Consumer:
         self._wake_r = self._wake_w = -1
 
     def _connect(self) -> None:
-        connect_once(self._kombu)
+        self._failover.connect(self._kombu)
         connection = self._kombu.connection
         # Plain TCP: buffered reads (framing.py).  TLS keeps py-amqp's read path.
         self._reader = _frame_reader(connection) if framing_supports(connection) else None

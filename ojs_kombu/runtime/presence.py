@@ -44,14 +44,14 @@ from typing import Any
 from amqp import Channel
 from amqp import Message as WireMessage
 
-from ojs_kombu.amqp.connection import close_quietly, connect_once, make_connection, safe_url
+from ojs_kombu.amqp.connection import close_quietly, safe_url
 from ojs_kombu.amqp.errors import map_exceptions
+from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, OjsError, TopologyError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.metrics import METRICS
-from ojs_kombu.policy.backoff import reconnect_delay
 from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.events import (
@@ -153,13 +153,14 @@ class Beacon:
         self.dropped = 0  # job events dropped because the pending queue was full
         self.published = 0  # messages handed to the broker (presences and job events)
         self._pending: queue_module.Queue[JobEvent | object] = queue_module.Queue(max_pending)
-        self._connection = make_connection(
+        self._failover = Failover(
             url,
             heartbeat=heartbeat,
             ssl=ssl,
             transport_options=transport_options,
             connection_name=connection_name,
         )
+        self._connection = self._failover.connection()
         self._channel: Channel | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -266,11 +267,12 @@ class Beacon:
         if self._channel is not None and self._connection.connected:
             return self._channel
         with map_exceptions(url=self.url):
-            connect_once(self._connection)
+            self._failover.connect(self._connection)
             self.topology.ensure_events(self._connection.connection, force=True)
             self._channel = self._connection.connection.channel()
+        self._failover.succeeded()
         if self._failures:
-            logger.info("worker beacon reconnected to %s", safe_url(self.url))
+            logger.info("worker beacon reconnected to %s", safe_url(self._failover.current))
         self._failures = 0
         return self._channel
 
@@ -330,7 +332,7 @@ class Beacon:
 
     def _back_off(self, exc: BaseException) -> None:
         self._failures += 1
-        delay = reconnect_delay(self._failures)
+        delay = self._failover.failed(self._connection)  # the next node; back-off once per full rotation
         logger.warning("worker beacon: %s; reconnecting in %.1fs", exc, delay)
         METRICS.reconnected()
         self._stopping.wait(delay)

@@ -83,6 +83,7 @@ from pydantic import PrivateAttr
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url, safe_url
 from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.amqp.urls import BrokerUrls
 from ojs_kombu.errors import Cancelled, OjsError, ValidationError, WorkerError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
@@ -176,7 +177,9 @@ class Worker:
     """Consumes OJS job queues and runs the registered handlers.
 
     Parameters:
-        url: broker URL (default ``$OJS_AMQP_URL``).
+        url: broker URL (default ``$OJS_AMQP_URL``), or a cluster's nodes as a ``;``-separated
+            list or a list/tuple of URLs: on a connection loss the worker moves to the next node,
+            re-declares its topology and re-consumes there (``docs/cluster.md``, Failover).
         queues: OJS queue names to consume.
         concurrency: handler threads, and the prefetch count.
         prefix: multi-tenant entity prefix.
@@ -221,7 +224,7 @@ class Worker:
 
     def __init__(
         self,
-        url: str | None = None,
+        url: BrokerUrls | None = None,
         *,
         queues: Iterable[str] = ("default",),
         concurrency: int = 10,

@@ -10,6 +10,7 @@ from kombu.transport import TRANSPORT_ALIASES, pyamqp
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, transport_tls_options
 from ojs_kombu.amqp.framing import FrameReader
 from ojs_kombu.amqp.framing import supports as framing_supports
+from ojs_kombu.amqp.urls import split_urls
 from ojs_kombu.transport.channel import Channel
 from ojs_kombu.transport.queues import QueueMap, queue_map
 from ojs_kombu.transport.settings import OJS_OPTIONS, Settings
@@ -47,6 +48,8 @@ class Transport(pyamqp.Transport):
     def __init__(self, client: Any, **kwargs: Any):
         if not client.heartbeat:
             client.heartbeat = DEFAULT_HEARTBEAT
+        if client.alt:
+            split_urls(client.alt)  # a failover list (Celery's list or ';' broker_url) is checked up front
         super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
         self.settings = Settings.from_options(client.transport_options or {})
         # Held here: the prefix's map lives as long as a kombu connection of that prefix.
@@ -59,8 +62,10 @@ class Transport(pyamqp.Transport):
             if not getattr(conninfo, name, None):
                 setattr(conninfo, name, default_value)
         # The certificate carries the URL's name: fill it in before "localhost" becomes an address.
-        if isinstance(conninfo.ssl, dict) and conninfo.ssl.get("server_hostname", "") is None:
-            conninfo.ssl["server_hostname"] = conninfo.hostname
+        # In a copy, per attempt: kombu would keep the first node's name for every node of a failover list.
+        ssl = conninfo.ssl
+        if isinstance(ssl, dict) and ssl.get("server_hostname", "") is None:
+            ssl = {**ssl, "server_hostname": conninfo.hostname}
         if conninfo.hostname == "localhost":
             conninfo.hostname = "127.0.0.1"
         password = conninfo.password() if callable(conninfo.password) else conninfo.password
@@ -72,7 +77,7 @@ class Transport(pyamqp.Transport):
                 "login_method": conninfo.login_method,
                 "virtual_host": conninfo.virtual_host,
                 "insist": conninfo.insist,
-                "ssl": conninfo.ssl,
+                "ssl": ssl,
                 "connect_timeout": conninfo.connect_timeout,
                 "heartbeat": conninfo.heartbeat,
             },

@@ -4,6 +4,8 @@ listener (a throw-away CA; server certificate for ``localhost`` / ``127.0.0.1``)
 from __future__ import annotations
 
 import logging
+import socket
+import ssl as _ssl
 import threading
 import time
 import uuid
@@ -150,3 +152,39 @@ def test_ojss_transport_given_ssl_directly_verifies_the_host_name(node, ca):
             wrong.ensure_connection(max_retries=0, reraise_as_library_errors=False)
     finally:
         wrong.release()
+
+
+# -- a failover list over TLS: each node verified against its own name ------------------------------
+
+
+def _refused_url() -> str:
+    """An ``amqps://`` URL whose host, 127.0.0.3, is not in the node's certificate, on a closed port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.3", 0))
+        port = probe.getsockname()[1]
+    return f"amqps://tlsuser:{SECRET}@127.0.0.3:{port}//"
+
+
+def test_a_failover_list_verifies_each_node_against_its_own_name(node, ca, caplog):
+    # The first node cannot be reached; the second is verified as "localhost", not as the first's 127.0.0.3.
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    with caplog.at_level(logging.WARNING):
+        with Client(f"{_refused_url()};{_url(node)}", prefix=prefix, ssl={"ca_certs": ca}, publish_timeout=10) as c:
+            assert c.enqueue("a.b", [1]).id
+    switched = [r.getMessage() for r in caplog.records if "switching to broker" in r.getMessage()]
+    assert switched == [f"switching to broker amqps://tlsuser:**@localhost:{node.tls_port}//"]
+    assert not [r for r in caplog.records if SECRET in r.getMessage()]
+
+
+def test_an_ojs_transport_failover_list_verifies_each_node_against_its_own_name(node, ca):
+    # Celery's broker_use_ssl with server_hostname None: "the host connected to", for every node of the list.
+    register_aliases()
+    urls = [_refused_url().replace("amqps://", "ojs://"), _url(node).replace("amqps://", "ojs://")]
+    options = {"ca_certs": ca, "cert_reqs": _ssl.CERT_REQUIRED, "server_hostname": None}
+    conn = Connection(urls, ssl=options)
+    try:
+        conn.ensure_connection(max_retries=1, interval_start=0, reraise_as_library_errors=False)
+        assert conn.connected and conn.hostname == "127.0.0.1"  # localhost, the second node
+    finally:
+        conn.release()
+    assert options["server_hostname"] is None  # the caller's options are left as they were
