@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import dramatiq
+from celery import _state as celery_state
 from celery.contrib.testing.worker import start_worker
 from celery.worker import state as worker_state
 
@@ -32,8 +33,12 @@ def ojs_celery_app(broker: str, prefix: str, *, broker_backend: str | None = "oj
     """An ``ojs_celery.Celery`` app on ``broker`` under entity prefix ``prefix``, results via ``rpc://``.
 
     ``broker`` is an AMQP URL (with ``broker_backend="ojs"``) or an ``ojs://`` URL.
-    The app is made current, and closed afterwards.
+    The app is made current, and closed afterwards.  The shared tasks its tests defined are
+    forgotten then: Celery adds every ``@app.task`` (``shared=True``) to each app finalized
+    later, and a later test defining a task of the same name (the quorum and cluster modules
+    run these tests again) would otherwise get the earlier test's function.
     """
+    finalizers = set(celery_state._on_app_finalizers)
     options.setdefault("backend", "rpc://")
     app = Celery(
         "ojs_tests",
@@ -49,6 +54,7 @@ def ojs_celery_app(broker: str, prefix: str, *, broker_backend: str | None = "oj
         yield app
     finally:
         app.close()
+        celery_state._on_app_finalizers.intersection_update(finalizers)
 
 
 @contextmanager
