@@ -6,8 +6,10 @@ per queue) and a publishing channel in confirm mode for the retry path.  Its
 loop runs in one thread, the only thread that ever touches the connection
 (AMQP-028).  Handler threads settle deliveries through thread-safe requests
 (:meth:`Consumer.ack`, :meth:`Consumer.nack`, :meth:`Consumer.republish`) that
-the loop executes; a self-pipe wakes the loop at once, so an ack never waits
-for a poll interval.
+the loop executes; a self-pipe wakes the loop at once when it waits in
+``select`` (a busy loop executes them before it waits again), so an ack never
+waits for a poll interval.  The acks and nacks of one pass over the requests
+leave in one socket write, each its own frame (:class:`~ojs_kombu.amqp.framing.WriteBatch`).
 
 On a connection loss the loop reconnects with the back-off of DESIGN §9,
 re-declares the topology and re-registers its consumers with the same
@@ -372,6 +374,7 @@ class Consumer:
         sock = connection.sock
         reader = self._reader
         interval = min(1.0, self.heartbeat / 4) if self.heartbeat else 1.0
+        next_heartbeat_check = 0.0
         while not self._stop.is_set():
             if self._cancel_wanted.is_set() and self._consuming.is_set():
                 self._cancel_all()
@@ -390,8 +393,11 @@ class Consumer:
                 if not self._has_buffered(sock):
                     self._wait(sock, interval)
                 self._read_available(connection)
-            if self.heartbeat:
+            # Once per interval, not per pass (a busy loop makes thousands): py-amqp's tick wants
+            # about two per heartbeat, and the loop never waits longer than the interval.
+            if self.heartbeat and (now := time.monotonic()) >= next_heartbeat_check:
                 self._kombu.heartbeat_check()
+                next_heartbeat_check = now + interval
             if self._window_changed:
                 self._record_window()
         self._execute_requests()

@@ -241,3 +241,11 @@ def test_jobs_read_with_the_same_retry_policy_do_not_share_it():
     assert second.retry.max_attempts == 4
     third = Job._read_common(data)
     assert third is not None and third.retry is not None and third.retry.max_attempts == 4
+
+
+def test_a_subclass_is_built_by_the_model():
+    class Custom(Job):
+        note: str = "default"
+
+    job = Custom.from_json(json.dumps(CREATED), strict=False)
+    assert type(job) is Custom and job.note == "default"
