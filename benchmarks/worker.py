@@ -9,7 +9,8 @@ threads, prefetch the same; a new Worker each round) and a plain pika consumer
 Each rate is jobs / seconds from the first delivery to the last one, so
 connecting, declaring and loading are not counted.  The sides alternate over
 ``--rounds`` pairs (see ``pairs.py``); prints each rate, the per-round ratios and
-their median (target Worker >= 0.9x pika).  Everything is declared under a unique
+their median (target Worker >= 0.9x pika), and each side's process CPU per job
+(``os.times``, first to last delivery).  Everything is declared under a unique
 prefix and deleted afterwards.
 """
 
@@ -61,6 +62,7 @@ class Clock:
         self.expected = expected
         self.count = 0
         self.first = self.last = 0.0
+        self.cpu_first = self.cpu_last = 0.0
         self.done = threading.Event()
         self._lock = threading.Lock()
 
@@ -70,15 +72,27 @@ class Clock:
         with self._lock:
             if not self.count:
                 self.first = now
+                self.cpu_first = _cpu()
             self.count += 1
             self.last = now
             if self.count == self.expected:
+                self.cpu_last = _cpu()
                 self.done.set()
 
     @property
     def rate(self) -> float:
         """Events per second between the first and the last."""
         return (self.count - 1) / (self.last - self.first) if self.count > 1 else 0.0
+
+    @property
+    def cpu_us(self) -> float:
+        """Process CPU (user + system) per event between the first and the last, in µs."""
+        return (self.cpu_last - self.cpu_first) / (self.count - 1) * 1e6 if self.count > 1 else 0.0
+
+
+def _cpu() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def bench_worker(worker: Worker, count: int) -> float:
@@ -91,6 +105,7 @@ def bench_worker(worker: Worker, count: int) -> float:
             sys.exit(f"the worker ran {clock.count} of {count} jobs")
     finally:
         worker.stop(timeout=10)
+    print(f"    Worker: {clock.cpu_us:.0f} µs of process CPU per job", flush=True)
     return clock.rate
 
 
@@ -110,6 +125,7 @@ def bench_pika(url: str, queue: str, count: int, prefetch: int) -> float:
     channel.basic_consume(queue, on_message, auto_ack=False)
     channel.start_consuming()
     connection.close()
+    print(f"    pika: {clock.cpu_us:.0f} µs of process CPU per message", flush=True)
     return clock.rate
 
 

@@ -168,4 +168,48 @@ class FrameReader:
         return rbuf[:n]
 
 
-__all__ = ["RECV_SIZE", "FrameReader", "supports"]
+class WriteBatch:
+    """Holds the frames py-amqp writes on a connection while :meth:`hold` is on, and sends them in one write.
+
+    Installed on a connected py-amqp connection, it replaces the connection's frame
+    writer with py-amqp's own, built over this object instead of the transport: frames
+    are encoded, and counted for heartbeats, exactly as before.  Outside a hold every
+    frame goes straight to ``transport.write``; during one, each frame is copied
+    (py-amqp hands over a view of a buffer it reuses for the next frame) and
+    :meth:`flush` writes them all with one ``transport.write``.  The consumer holds
+    the ``Basic.Ack`` / ``Basic.Nack`` frames of one pass over its requests: still one
+    frame, ``multiple=False``, per delivery (binding §5.3), one ``sendall`` per pass.
+
+    For the connection's owner thread only.  Flush before anything that waits for
+    the broker (a synchronous method, a publisher-confirm wait): a held frame is not sent.
+
+    Parameters:
+        connection: a connected py-amqp connection (plain TCP or TLS).
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self._write = connection.transport.write
+        self._held: list[bytes] = []
+        self._holding = False
+        connection.frame_writer = connection.frame_writer_cls(connection, self)
+
+    def hold(self) -> None:
+        """Keep the frames written from now on until :meth:`flush`."""
+        self._holding = True
+
+    def write(self, data: bytes | memoryview) -> None:
+        """The transport's ``write`` as py-amqp's frame writer calls it."""
+        if self._holding:
+            self._held.append(bytes(data))
+        else:
+            self._write(data)
+
+    def flush(self) -> None:
+        """Stop holding; send what was held with one write (raises what ``transport.write`` raises)."""
+        self._holding = False
+        if self._held:
+            held, self._held = self._held, []
+            self._write(held[0] if len(held) == 1 else _EMPTY.join(held))
+
+
+__all__ = ["RECV_SIZE", "FrameReader", "WriteBatch", "supports"]

@@ -347,7 +347,44 @@ class Job(OjsModel):
                 raise ValidationError(f"envelope {exc}") from None
         else:
             raise ValidationError(f"expected JSON text, UTF-8 bytes or a dict, got {type(data).__name__}")
+        if not strict:
+            job = cls._read_common(obj)
+            if job is not None:
+                return job
         return cls.model_validate(obj, context=mode_context(strict=strict))
+
+    @classmethod
+    def _read_common(cls, data: dict[str, Any]) -> Job | None:
+        """The tolerant reading of a common envelope without pydantic, or None for the full validation.
+
+        It runs on every delivery.  Only the plain fields (:data:`_FAST_KEYS`) are read here, each
+        with the check its validator applies, and the job is built like :meth:`create` builds
+        one; an envelope with any other key (``retry``, ``unique``, ``error``, ``state``, an
+        unknown field ...) or a value this path does not accept as it stands (a float
+        ``attempt``, an id that is not a string ...) returns None, so the model decides,
+        and words any error itself.  The result equals what ``model_validate`` gives
+        (fields, fields set, no extras); ``tests/unit/test_fast_read.py`` holds them together.
+
+        Parameters:
+            data: the decoded envelope (not modified; ``args``/``meta`` are copied, as pydantic copies them).
+
+        Returns:
+            The job, or None.
+        """
+        values: dict[str, Any] = {"specversion": SPEC_VERSION}
+        try:
+            for key, value in data.items():
+                check = _FAST_KEYS.get(key)
+                if check is None:
+                    return None  # not a plain field: the model reads it
+                if value is None:
+                    continue  # tolerant: null counts as absent
+                values[key] = check(value)
+        except _Problem:
+            return None
+        if not _REQUIRED.issubset(values):
+            return None
+        return cls._trusted(values)
 
     # -- writing
 
@@ -399,6 +436,82 @@ class Job(OjsModel):
 
 
 _JOB_TEMPLATE = {name: None if field.is_required() else field.default for name, field in Job.model_fields.items()}
+
+
+# --------------------------------------------------------------------------- the fast tolerant read
+
+
+def _fast_specversion(value: Any) -> str:
+    if value != SPEC_VERSION or type(value) is not str:
+        raise _Problem("not the plain specversion")
+    return SPEC_VERSION
+
+
+def _fast_id(value: Any) -> str:
+    if type(value) is not str:
+        raise _Problem("not a string")
+    lowered: str = value.lower()  # Job._tolerant_fixups
+    if UUID_RE.fullmatch(lowered) is None:
+        raise _Problem("not a UUID")
+    return lowered
+
+
+def _fast_text(check: Any) -> Any:
+    def read(value: Any) -> str:
+        if type(value) is not str:
+            raise _Problem("not a string")
+        checked: str = check(value)
+        return checked
+
+    return read
+
+
+def _fast_list(value: Any) -> list[Any]:
+    if type(value) is not list:
+        raise _Problem("not a list")
+    _walk(value, True, 0)
+    return list(value)
+
+
+def _fast_dict(value: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise _Problem("not a dict")
+    _walk(value, True, 0)
+    return dict(value)
+
+
+def _fast_int(minimum: int) -> Any:
+    def read(value: Any) -> int:
+        if type(value) is not int or not minimum <= value <= MAX_SAFE_INTEGER:
+            raise _Problem("not an integer in range")
+        return value
+
+    return read
+
+
+def _fast_timestamp(value: Any) -> str:
+    if type(value) is not str:
+        raise _Problem("not a string")
+    checked: str = _check_timestamp(value)
+    return checked
+
+
+#: The fields :meth:`Job._read_common` reads, each with the check of its validator.
+_FAST_KEYS: dict[str, Any] = {
+    "specversion": _fast_specversion,
+    "id": _fast_id,
+    "type": _fast_text(check_job_type),
+    "queue": _fast_text(check_queue_name),
+    "args": _fast_list,
+    "meta": _fast_dict,
+    "priority": _fast_int(-MAX_SAFE_INTEGER),
+    "timeout": _fast_int(0),
+    "attempt": _fast_int(0),
+    **dict.fromkeys(
+        ("scheduled_at", "expires_at", "created_at", "enqueued_at", "started_at", "completed_at"), _fast_timestamp
+    ),
+}
+_REQUIRED = frozenset({"id", "type", "queue", "args"})
 
 
 # --------------------------------------------------------------------------- helpers of Job

@@ -164,7 +164,7 @@ def loads(data: str | bytes | bytearray | memoryview, *, strip_bom: bool = False
             raise JsonTextError("starts with a byte order mark; OJS requires UTF-8 without BOM")
         text = text[1:]
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return _decode(text)
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, or an integer beyond sys.get_int_max_str_digits()
         raise JsonTextError(f"is not JSON: {exc}") from None
     except RecursionError:
@@ -173,6 +173,10 @@ def loads(data: str | bytes | bytearray | memoryview, *, strip_bom: bool = False
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
+
+
+# One decoder for every call: json.loads(text, parse_constant=...) builds a new one each time.
+_decode: Callable[[str], Any] = json.JSONDecoder(parse_constant=_refuse_constant).decode
 
 
 dumps: Callable[[Any], str] = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode

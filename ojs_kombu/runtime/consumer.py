@@ -54,7 +54,7 @@ from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import connect_once, make_connection, safe_url
 from ojs_kombu.amqp.errors import raise_if_permanent
-from ojs_kombu.amqp.framing import FrameReader
+from ojs_kombu.amqp.framing import FrameReader, WriteBatch
 from ojs_kombu.amqp.framing import supports as framing_supports
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import Topology
@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 #: FrameReader's constructor is not annotated: calling it through this typed name keeps the
 #: module strict whether or not it ever is.
 _frame_reader: Callable[[Any], FrameReader] = FrameReader
+_write_batch: Callable[[Any], WriteBatch] = WriteBatch
 
 #: The consumer's two long-lived channels: consuming, and publishing (confirm mode).
 _CHANNELS = 2
@@ -153,6 +154,7 @@ class Consumer:
         self._requests: queue_module.SimpleQueue[_Request] = queue_module.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._wake_pending = False  # a byte is (about to be) in the pipe: the loop will wake
+        self._idle = False  # the loop is about to wait (or waits) in select(): requests must wake it
         self._pipe_lock = threading.Lock()  # guards writes to the pipe against close()
         self._closed = False  # close() was called: never write to the pipe again
         self._running = False  # run() is executing: it releases the pipe when it ends
@@ -170,6 +172,7 @@ class Consumer:
         self._consumer_tags: dict[str, str] = {}
         self._queue_by_tag: dict[str, str] = {}  # consumer tag -> amqp queue (for deliveries)
         self._reader: FrameReader | None = None
+        self._writes: WriteBatch | None = None
         self._recancelled: dict[str, float] = {}
         self._paused_version = -1  # the version of control.paused the loop applied last
         self.reconnections = 0
@@ -230,7 +233,11 @@ class Consumer:
 
     def _request(self, item: _Request) -> None:
         self._requests.put(item)
-        self._wake()
+        # Only a loop that waits in select() needs the pipe: a busy one executes every request
+        # made so far before it waits again.  _idle is set before the loop's last look at the
+        # queue, and read here after the put, so one of the two sees the other (see _wait).
+        if self._idle:
+            self._wake()
 
     def _wake(self) -> None:
         # One byte per wake-up, not per request: the loop clears the flag after it has read the
@@ -307,6 +314,7 @@ class Consumer:
         connection = self._kombu.connection
         # Plain TCP: buffered reads (framing.py).  TLS keeps py-amqp's read path.
         self._reader = _frame_reader(connection) if framing_supports(connection) else None
+        self._writes = _write_batch(connection)
         self._generation += 1
         self.topology.redeclare(connection)
         if self.declare:
@@ -353,6 +361,7 @@ class Consumer:
         self._channel = None
         self._publisher = None
         self._reader = None
+        self._writes = None
         try:
             self._kombu.collect()
         except Exception:  # noqa: BLE001 - the connection is already broken
@@ -363,6 +372,7 @@ class Consumer:
         sock = connection.sock
         reader = self._reader
         interval = min(1.0, self.heartbeat / 4) if self.heartbeat else 1.0
+        next_heartbeat_check = 0.0
         while not self._stop.is_set():
             if self._cancel_wanted.is_set() and self._consuming.is_set():
                 self._cancel_all()
@@ -374,26 +384,38 @@ class Consumer:
             if reader is not None:
                 # Frames may already be buffered (read by a drain_events, e.g. while waiting for
                 # confirms): they do not make the socket readable, so do not wait in select then.
-                if not reader.has_frame():
-                    readable, _, _ = select.select([sock, self._wake_r], [], [], interval)
-                    if self._wake_r in readable:
-                        self._clear_wake()
-                    if sock in readable:
-                        reader.fill()
+                if not reader.has_frame() and sock in self._wait(sock, interval):
+                    reader.fill()
                 reader.dispatch()
             else:
                 if not self._has_buffered(sock):
-                    readable, _, _ = select.select([sock, self._wake_r], [], [], interval)
-                    if self._wake_r in readable:
-                        self._clear_wake()
+                    self._wait(sock, interval)
                 self._read_available(connection)
-            if self.heartbeat:
+            # Once per interval, not per pass (a busy loop makes thousands): py-amqp's tick wants
+            # about two per heartbeat, and the loop never waits longer than the interval.
+            if self.heartbeat and (now := time.monotonic()) >= next_heartbeat_check:
                 self._kombu.heartbeat_check()
+                next_heartbeat_check = now + interval
             if self._window_changed:
                 self._record_window()
         self._execute_requests()
         if self._publisher is not None:
             self._publisher.wait_all(timeout=10)  # republishes settle (ack or nack) before we go
+
+    def _wait(self, sock: Any, interval: float) -> list[Any]:
+        """Wait in ``select`` until the socket is readable, a request or :meth:`_wake` arrives, or
+        ``interval`` passes; return what is readable."""
+        self._idle = True
+        try:
+            # A request made before _idle was set did not wake us: do not wait for it.
+            timeout = 0.0 if not self._requests.empty() else interval
+            readable, _, _ = select.select([sock, self._wake_r], [], [], timeout)
+        finally:
+            self._idle = False
+        if self._wake_r in readable:
+            self._clear_wake()
+        readable_list: list[Any] = readable
+        return readable_list
 
     def _pump(self, timeout: float) -> None:
         """Read and dispatch what arrives within ``timeout`` seconds (the buffered reader when there is one)."""
@@ -529,31 +551,52 @@ class Consumer:
     # -- settling ------------------------------------------------------------------------------
 
     def _execute_requests(self) -> None:
-        while True:
-            try:
-                item = self._requests.get_nowait()
-            except queue_module.Empty:
-                return
-            kind, delivery = item[0], item[1]
-            if delivery.generation != self._generation:
-                continue  # its channel is gone; the broker redelivers it
-            if kind == "ack":
-                self._ack(delivery)
-            elif kind == "nack":
-                self._nack(delivery)
-            elif len(item) == 7:
-                _, _, message, exchange, routing_key, queue, prepare = item
-                if prepare is not None:
-                    prepare(self._kombu.connection)
-                assert self._publisher is not None  # connected
-                self._publisher.publish(
-                    message,
-                    exchange=exchange,
-                    routing_key=routing_key,
-                    queue=queue,
-                    job_id=message.properties.get("message_id"),
-                    on_done=self._republished(delivery),
-                )
+        """Carry out the settle requests made so far.
+
+        The acks and nacks of one pass leave in one socket write (:class:`WriteBatch`),
+        each its own frame; a republish first sends what is held, since publishing
+        may wait for confirms.
+        """
+        writes = self._writes
+        try:
+            while True:
+                try:
+                    item = self._requests.get_nowait()
+                except queue_module.Empty:
+                    return
+                kind, delivery = item[0], item[1]
+                if delivery.generation != self._generation:
+                    continue  # its channel is gone; the broker redelivers it
+                if kind == "ack" or kind == "nack":
+                    if writes is not None:
+                        writes.hold()
+                    if kind == "ack":
+                        self._ack(delivery)
+                    else:
+                        self._nack(delivery)
+                else:
+                    if writes is not None:
+                        writes.flush()
+                    self._execute_republish(item)
+        finally:
+            if writes is not None:
+                writes.flush()
+
+    def _execute_republish(self, item: _Request) -> None:
+        delivery = item[1]
+        if len(item) == 7:
+            _, _, message, exchange, routing_key, queue, prepare = item
+            if prepare is not None:
+                prepare(self._kombu.connection)
+            assert self._publisher is not None  # connected
+            self._publisher.publish(
+                message,
+                exchange=exchange,
+                routing_key=routing_key,
+                queue=queue,
+                job_id=message.properties.get("message_id"),
+                on_done=self._republished(delivery),
+            )
 
     def _republished(self, delivery: Delivery) -> Callable[[PublishTicket], None]:
         return lambda ticket: self._after_republish(delivery, ticket)

@@ -51,7 +51,7 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobEvent:
     """One step of one job in one worker.
 

@@ -123,10 +123,24 @@ class RunningJob(Job):
 
     @classmethod
     def of(cls, job: Job, attempt: int, cancelled: threading.Event) -> RunningJob:
-        """``job`` at execution ``attempt``, with the ``cancelled`` event of its run."""
-        fields = {**job.__dict__, **(job.__pydantic_extra__ or {}), "attempt": attempt}
-        running = cls.model_construct(_fields_set=job.model_fields_set | {"attempt"}, **fields)
-        running._cancelled = cancelled
+        """``job`` at execution ``attempt``, with the ``cancelled`` event of its run.
+
+        A copy of ``job``'s validated state, built the way pydantic's ``model_copy`` builds one
+        (no validation, no default factories: this runs per job).
+
+        Parameters:
+            job: the job as decoded.
+            attempt: this execution, 1-based.
+            cancelled: the run's event (:class:`~ojs_kombu.runtime.control.RunningEntry`).
+
+        Returns:
+            The running job.
+        """
+        running = cls.__new__(cls)
+        object.__setattr__(running, "__dict__", {**job.__dict__, "attempt": attempt})
+        object.__setattr__(running, "__pydantic_fields_set__", job.__pydantic_fields_set__ | {"attempt"})
+        object.__setattr__(running, "__pydantic_extra__", dict(job.__pydantic_extra__ or {}))
+        object.__setattr__(running, "__pydantic_private__", {"_cancelled": cancelled})
         return running
 
 

@@ -18,7 +18,7 @@ from amqp.method_framing import frame_handler, frame_writer
 from amqp.serialization import dumps
 from amqp.transport import TCPTransport
 
-from ojs_kombu.amqp.framing import FrameReader
+from ojs_kombu.amqp.framing import FrameReader, WriteBatch
 
 
 class Sink:
@@ -221,3 +221,65 @@ def test_reentrant_read_from_a_handler(harness):
         harness.reader.fill()
     harness.reader.dispatch()
     assert harness.methods == want
+
+
+# -- WriteBatch ---------------------------------------------------------------------------------
+
+
+class CountingSink(Sink):
+    """A transport stand-in that also counts its writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data):
+        self.writes += 1
+        super().write(data)
+
+
+def ack_frame(tag: int):
+    return (1, spec.Basic.Ack, dumps("Lb", (tag, False)), None)
+
+
+def batched_connection(frame_max=4096):
+    sink = CountingSink()
+    connection = SimpleNamespace(frame_max=frame_max, bytes_sent=0, transport=sink, frame_writer_cls=frame_writer)
+    return connection, sink, WriteBatch(connection)
+
+
+def test_write_batch_holds_frames_until_flush_and_sends_them_in_one_write():
+    connection, sink, batch = batched_connection()
+    frames = [ack_frame(tag) for tag in (1, 2, 3)]
+    batch.hold()
+    for channel, sig, args, content in frames:
+        connection.frame_writer(1, channel, sig, args, content)
+    assert sink.writes == 0
+    batch.flush()
+    assert sink.writes == 1
+    assert bytes(sink.data) == encode(frames)  # the very frames py-amqp writes, one per ack
+    assert connection.bytes_sent == 3  # counted for heartbeats as before
+
+
+def test_write_batch_writes_through_when_not_holding():
+    connection, sink, batch = batched_connection()
+    connection.frame_writer(1, *ack_frame(1)[:3], None)
+    assert sink.writes == 1
+    batch.hold()
+    batch.flush()
+    batch.flush()
+    assert sink.writes == 1  # nothing held: nothing written
+    connection.frame_writer(1, *ack_frame(2)[:3], None)
+    assert sink.writes == 2
+    assert bytes(sink.data) == encode([ack_frame(1), ack_frame(2)])
+
+
+def test_write_batch_copies_py_amqps_reused_buffer():
+    # py-amqp hands each frame over as a view of one buffer it reuses: a held frame must be a copy.
+    connection, sink, batch = batched_connection()
+    frames = [ack_frame(7), deliver(8, b"body")]
+    batch.hold()
+    for channel, sig, args, content in frames:
+        connection.frame_writer(1, channel, sig, args, content)
+    batch.flush()
+    assert bytes(sink.data) == encode(frames)
