@@ -470,15 +470,8 @@ class Channel(pyamqp.Channel):
     # -- settling ------------------------------------------------------------------------------
 
     def basic_ack(self, delivery_tag: int, multiple: bool = False, argsig: str = "Lb") -> Any:
-        """``Basic.Ack``; a job delivery is forgotten and counted.
-
-        From the event loop's thread the ack is written with the others of the same
-        tick (:class:`~ojs_kombu.transport.acks.AckBatch`), still as its own frame.
-        """
+        """``Basic.Ack``; a job delivery is forgotten and counted."""
         self._forget(delivery_tag, multiple, METRICS.messages_acked)
-        batch = getattr(self.connection, "ack_batch", None)
-        if batch is not None and self.is_open and batch.defer(self.channel_id, delivery_tag, multiple):
-            return None
         return super().basic_ack(delivery_tag, multiple, argsig)
 
     def basic_reject(self, delivery_tag: int, requeue: bool, argsig: str = "Lb") -> Any:

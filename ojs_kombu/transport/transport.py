@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from amqp.exceptions import RecoverableConnectionError
@@ -11,13 +10,10 @@ from kombu.transport import TRANSPORT_ALIASES, pyamqp
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, transport_tls_options
 from ojs_kombu.amqp.framing import FrameReader
 from ojs_kombu.amqp.framing import supports as framing_supports
-from ojs_kombu.transport.acks import AckBatch, FrameWriter
 from ojs_kombu.transport.channel import Channel
 from ojs_kombu.transport.queues import QueueMap, queue_map
 from ojs_kombu.transport.settings import OJS_OPTIONS, Settings
 from ojs_kombu.transport.state import ConnectionState
-
-logger = logging.getLogger(__name__)
 
 
 class Connection(pyamqp.Connection):
@@ -36,20 +32,6 @@ class Connection(pyamqp.Connection):
         self.ojs = ConnectionState(self, ojs_settings, ojs_queues)
         #: Buffered frame reading (plain TCP), attached by the transport once connected.
         self.frame_reader: FrameReader | None = None
-        #: The acks of one event-loop tick, written at once; attached by the transport once connected.
-        self.ack_batch: AckBatch | None = None
-
-    def batch_acks(self) -> AckBatch:
-        """Hold the acks of each event-loop tick for one socket write (see :mod:`ojs_kombu.transport.acks`).
-
-        Returns:
-            The connection's :class:`AckBatch` (it holds nothing until the loop ticks).
-        """
-        if self.ack_batch is None:
-            self.ack_batch = AckBatch(lambda data: self.transport.write(data))
-            writer: FrameWriter = self.frame_writer  # type: ignore[has-type]  # py-amqp's property
-            self.frame_writer = self.ack_batch.wrap(writer)
-        return self.ack_batch
 
 
 #: For annotations inside :class:`Transport`, whose ``Connection`` attribute shadows the class.
@@ -114,39 +96,30 @@ class Transport(pyamqp.Transport):
         buffer is dispatched on every tick of the loop, right before it polls.
         """
         super().register_with_event_loop(connection, loop)  # type: ignore[no-untyped-call]
-        reader = connection.frame_reader
-        acks = connection.batch_acks()
 
         def maintain() -> None:
             if not connection.connected:
-                loop.on_tick.discard(tick)  # this connection is gone
-                loop.on_close.discard(closing)
+                loop.on_tick.discard(maintain)  # this connection is gone
                 timer.cancel()
                 return
             connection.ojs.maintain()
 
-        def tick() -> None:
-            maintain()
-            if not connection.connected:
-                return
-            if reader is not None and connection.frame_reader is reader:
-                while reader.has_frame():
-                    reader.dispatch()
-            # Last: the acks of this tick's work are written too before the loop polls.
-            acks.tick()
-
-        def closing(_: Any) -> None:
-            if connection.connected:
-                try:
-                    acks.stop()
-                except OSError as exc:  # the connection is lost: the broker redelivers what was not acked
-                    logger.warning("could not write the last acks: %s", exc)
-
         # On every tick (a pause applies right after the frame that carried it), and at least
         # every second: an idle loop may sleep for seconds, and re-reading a control stream is due later.
-        loop.on_tick.add(tick)
-        loop.on_close.add(closing)
+        loop.on_tick.add(maintain)
         timer = loop.call_repeatedly(1.0, maintain)
+        reader = connection.frame_reader
+        if reader is None:
+            return
+
+        def dispatch_buffered() -> None:
+            if connection.frame_reader is not reader or not connection.connected:
+                loop.on_tick.discard(dispatch_buffered)  # this connection is gone
+                return
+            while reader.has_frame():
+                reader.dispatch()
+
+        loop.on_tick.add(dispatch_buffered)
 
     def on_readable(self, connection: _OjsConnection, loop: Any) -> None:
         """The event loop's read callback: every complete frame the socket holds, from one ``recv``.
