@@ -6,8 +6,10 @@ per queue) and a publishing channel in confirm mode for the retry path.  Its
 loop runs in one thread, the only thread that ever touches the connection
 (AMQP-028).  Handler threads settle deliveries through thread-safe requests
 (:meth:`Consumer.ack`, :meth:`Consumer.nack`, :meth:`Consumer.republish`) that
-the loop executes; a self-pipe wakes the loop at once, so an ack never waits
-for a poll interval.
+the loop executes; a self-pipe wakes the loop at once when it waits in
+``select`` (a busy loop executes them before it waits again), so an ack never
+waits for a poll interval.  The acks and nacks of one pass over the requests
+leave in one socket write, each its own frame (:class:`~ojs_kombu.amqp.framing.WriteBatch`).
 
 On a connection loss the loop reconnects with the back-off of DESIGN §9,
 re-declares the topology and re-registers its consumers with the same

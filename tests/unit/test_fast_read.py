@@ -199,3 +199,11 @@ def test_decode_gives_the_same_typed_error(change, code):
     expected = model_read({**json.loads(body), "attempt": 0})
     assert isinstance(expected, ValidationError)
     assert str(info.value) == str(expected)
+
+
+def test_a_subclass_is_built_by_the_model():
+    class Custom(Job):
+        note: str = "default"
+
+    job = Custom.from_json(json.dumps(CREATED), strict=False)
+    assert type(job) is Custom and job.note == "default"
