@@ -6,7 +6,9 @@
    pool of ``--pools``: ``prefork`` with ``-c 2`` and ``threads`` with ``-c 4``.
    The two transports alternate over ``--rounds`` (3) pairs per pool (``pairs.py``).
    Prints each drain rate, the worker's CPU time per task (the worker process and
-   its pool children; steadier than the rate on a shared machine) and, per pool,
+   its pool children; steadier than the rate on a shared machine; and the main
+   process's share: with prefork it reads the broker, feeds the pool and acks,
+   and is the bottleneck) and, per pool,
    the median ratio (target: OJS >= 1.0x).
 2. **Countdown.**  ``--eta-tasks`` (20,000) tasks with ``countdown=600`` are
    published, a worker runs for ``--eta-wait`` seconds, then its RSS and the
@@ -72,6 +74,15 @@ def _noop(i):
     return None
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` alone (from /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` and all its descendants (from /proc)."""
     try:
@@ -96,6 +107,7 @@ def run_worker(args) -> None:
     done = multiprocessing.Value("q", 0)
     first = multiprocessing.Value("d", 0.0, lock=False)
     cpu = multiprocessing.Value("d", 0.0, lock=False)
+    main_cpu = multiprocessing.Value("d", 0.0, lock=False)
 
     @signals.task_prerun.connect
     def started(**_):
@@ -103,6 +115,7 @@ def run_worker(args) -> None:
             with done.get_lock():
                 if first.value == 0.0:
                     cpu.value = tree_cpu_seconds(root)
+                    main_cpu.value = process_cpu_seconds(root)
                     first.value = time.perf_counter()
 
     @signals.task_postrun.connect
@@ -113,7 +126,8 @@ def run_worker(args) -> None:
         if last:
             elapsed = time.perf_counter() - first.value
             # The worker redirects sys.stdout to its logger: write to the pipe itself.
-            os.write(1, f"DRAINED {elapsed:.4f} {tree_cpu_seconds(root) - cpu.value:.4f}\n".encode())
+            total, main = tree_cpu_seconds(root) - cpu.value, process_cpu_seconds(root) - main_cpu.value
+            os.write(1, f"DRAINED {elapsed:.4f} {total:.4f} {main:.4f}\n".encode())
 
     print("READY", flush=True)
     app.worker_main(
@@ -188,11 +202,11 @@ def throughput(mode, url, management, args, pool) -> float:
         elapsed = publish(app, args.tasks)
         print(f"  {mode:5s} published {args.tasks} in {elapsed:.1f}s ({args.tasks / elapsed:,.0f}/s)")
         worker = spawn_worker(mode, url, queue, prefix, concurrency, args.prefetch, args.tasks, pool)
-        drained = cpu = None
+        drained = cpu = main_cpu = None
         try:
             for line in worker.stdout:
                 if line.startswith("DRAINED"):
-                    drained, cpu = (float(word) for word in line.split()[1:3])
+                    drained, cpu, main_cpu = (float(word) for word in line.split()[1:4])
                     break
         finally:
             stop_worker(worker)
@@ -201,7 +215,8 @@ def throughput(mode, url, management, args, pool) -> float:
         rate = args.tasks / drained
         print(
             f"  {mode:5s} drained   {args.tasks} in {drained:.2f}s ({rate:,.0f} tasks/s; "
-            f"worker CPU {cpu / args.tasks * 1e6:.0f} µs per task)"
+            f"worker CPU {cpu / args.tasks * 1e6:.0f} µs per task, of which the main process "
+            f"{main_cpu / args.tasks * 1e6:.0f} µs)"
         )
         return rate
     finally:

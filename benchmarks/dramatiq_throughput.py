@@ -7,7 +7,9 @@
    ``dramatiq.Worker(worker_threads=--threads)`` (drain rate: from the worker's
    start until the last message ran; 8 threads, as many as ``dramatiq -p 2 -t 4``
    has, in one process), over OjsBroker (confirms always on) and RabbitmqBroker
-   with and without ``confirm_delivery``.  The three sides rotate over
+   with and without ``confirm_delivery``; with each drain, the time until its first message ran
+   (start-up: connections, declarations) and the process's CPU per message (``os.times``, the
+   steadier figure on a loaded machine).  The three sides rotate over
    ``--rounds`` rounds (``pairs.py``); the median drain ratios are printed.
    Also the rate of ``OjsBroker.enqueue_many`` (pipelined confirms), once.
    Targets: OJS drain >= 1.0x stock with confirms and >= 0.9x stock without.
@@ -82,15 +84,25 @@ class Counter:
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.target = None
+        self.first: float | None = None  # perf_counter() when the first message ran
 
     def incr(self) -> None:
         with self.lock:
+            if self.first is None:
+                self.first = time.perf_counter()
             self.value += 1
             if self.value == self.target:
                 self.done.set()
 
 
-def throughput(kind: str, url: str, count: int, threads: int) -> tuple[float, float, str]:
+def cpu_seconds() -> float:
+    """This process's CPU time so far (user + system, every thread)."""
+    times = os.times()
+    return times.user + times.system
+
+
+def throughput(kind: str, url: str, count: int, threads: int) -> tuple[float, float, str, str]:
+    """(enqueue rate, drain rate, queue prefix, what the drain cost: start-up ms and CPU µs per message)."""
     name = f"bench{uuid.uuid4().hex[:8]}"
     broker = make_broker(kind, url, name)
     counter = Counter()
@@ -103,14 +115,18 @@ def throughput(kind: str, url: str, count: int, threads: int) -> tuple[float, fl
         noop.send(i)
     enqueue_rate = count / (time.perf_counter() - started)
     worker = dramatiq.Worker(broker, worker_threads=threads)
+    cpu = cpu_seconds()
     started = time.perf_counter()
     worker.start()
     if not counter.done.wait(600):
         sys.exit(f"{kind}: only {counter.value} of {count} messages ran")
     drain_rate = count / (time.perf_counter() - started)
+    cost = (
+        f"start-up {(counter.first - started) * 1000:.0f} ms, CPU {(cpu_seconds() - cpu) / count * 1e6:.0f} µs/message"
+    )
     worker.stop()
     broker.close()
-    return enqueue_rate, drain_rate, name
+    return enqueue_rate, drain_rate, name, cost
 
 
 def enqueue_many_rate(url: str, count: int) -> tuple[float, str]:
@@ -193,9 +209,9 @@ def main() -> None:
 
         def side(kind: str):
             def run() -> float:
-                enqueue, drain, name = throughput(kind, url, args.messages, args.threads)
+                enqueue, drain, name, cost = throughput(kind, url, args.messages, args.threads)
                 created.append(name)
-                print(f"  {kind:<13} enqueue (send() one by one) {enqueue:,.0f}/s", flush=True)
+                print(f"  {kind:<13} enqueue (send() one by one) {enqueue:,.0f}/s; drain: {cost}", flush=True)
                 return drain  # the rate compared
 
             return run

@@ -101,8 +101,35 @@ def _process_hub() -> tuple[Lifecycle, Activity]:
         return _lifecycle, _activity
 
 
+def request_job(request: Any) -> Job:
+    """The OJS job of a Celery worker ``Request``, found once per request.
+
+    The job the ``ojs://`` transport decoded from the delivery while it is unsettled
+    (no second construction), else :func:`job_of`; kept on the request for its later events.
+
+    Parameters:
+        request: a ``celery.worker.request.Request``.
+
+    Returns:
+        The job.
+    """
+    job: Job | None = getattr(request, "_ojs_job", None)
+    if job is None:
+        message: Any = getattr(request, "message", None)
+        delivered = getattr(getattr(message, "channel", None), "delivered_job", None)
+        if delivered is not None:
+            job = delivered(message.delivery_tag)
+        if job is None:
+            job = job_of(request)
+        try:
+            request._ojs_job = job
+        except AttributeError:  # a Request class with __slots__ (not ojs_celery's)
+            pass
+    return job
+
+
 def job_of(request: Any) -> Job:
-    """The OJS job of a Celery worker ``Request`` (id, type, queue and attempt; not validated).
+    """The OJS job of a Celery worker ``Request`` from its headers (id, type, queue and attempt; not validated).
 
     Parameters:
         request: a ``celery.worker.request.Request``.
@@ -142,11 +169,20 @@ def emit(request: Any, event: JobEventName, exc: BaseException | None = None) ->
         exc: the exception of a ``failed`` event.
     """
     try:
-        job = job_of(request)
+        job = request_job(request)
         error = failure_error(Failure.from_exception(exc)) if exc is not None else None
         worker_lifecycle().emit(event, job, job.attempt + 1, error=error)
     except Exception:  # events are observability: never in the way of settling the task
         logger.exception("could not emit the %s event of task %s", event, getattr(request, "id", "?"))
 
 
-__all__ = ["INFO_HOOK", "LIFECYCLE_HOOK", "emit", "job_info", "job_of", "worker_activity", "worker_lifecycle"]
+__all__ = [
+    "INFO_HOOK",
+    "LIFECYCLE_HOOK",
+    "emit",
+    "job_info",
+    "job_of",
+    "request_job",
+    "worker_activity",
+    "worker_lifecycle",
+]

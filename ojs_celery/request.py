@@ -46,6 +46,8 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
     _ojs_exhausted = False
     # Set once the attempt has an outcome other than success (its lifecycle events are emitted).
     _ojs_outcome = False
+    # The job its lifecycle events are about (ojs_celery.lifecycle.request_job).
+    _ojs_job = None
 
     def on_accepted(self, pid: int, time_accepted: float) -> Any:
         """The pool started the task: lifecycle ``started``."""

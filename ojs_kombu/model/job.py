@@ -20,6 +20,7 @@ whose ``field`` is a path such as ``"args[2].when"`` or ``"retry.max_interval"``
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid as _uuid
@@ -363,8 +364,9 @@ class Job(OjsModel):
         """The tolerant reading of a common envelope without pydantic, or None for the full validation.
 
         It runs on every delivery.  Only the plain fields (:data:`_FAST_KEYS`) are read here, each
-        with the check its validator applies, and the job is built like :meth:`create` builds
-        one; an envelope with any other key (``retry``, ``unique``, ``error``, ``state``, an
+        with the check its validator applies (a ``retry`` of scalars: the model's own reading,
+        cached), and the job is built like :meth:`create` builds
+        one; an envelope with any other key (``unique``, ``error``, ``state``, an
         unknown field ...) or a value this path does not accept as it stands (a float
         ``attempt``, an id that is not a string ...) returns None, so the model decides,
         and words any error itself.  The result equals what ``model_validate`` gives
@@ -520,6 +522,27 @@ def _fast_timestamp(value: Any) -> str:
     return checked
 
 
+#: The JSON values a retry policy read by :func:`_fast_retry` may hold (immutable: a cached policy's copies share them).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _fast_retry(value: Any) -> RetryPolicy:
+    """A ``retry`` object of scalars: the model's own reading of it, remembered (adapters send the
+    same few policies on every job: validating one costs more than the rest of the envelope)."""
+    if type(value) is not dict or not all(type(v) in _SCALARS for v in value.values()):
+        raise _Problem("not a dict of scalars")
+    # The type is part of the key: 1, 1.0 and True are equal (and hash alike) but read differently.
+    return _tolerant_retry(tuple((k, type(v), v) for k, v in value.items())).model_copy()
+
+
+@functools.lru_cache(maxsize=256)
+def _tolerant_retry(items: tuple[tuple[str, type, Any], ...]) -> RetryPolicy:
+    try:
+        return RetryPolicy.model_validate({k: v for k, _, v in items}, context=mode_context(strict=False))
+    except ValidationError:
+        raise _Problem("the model words the error") from None
+
+
 #: The fields :meth:`Job._read_common` reads, each with the check of its validator.
 _FAST_KEYS: dict[str, Any] = {
     "specversion": _fast_specversion,
@@ -531,6 +554,7 @@ _FAST_KEYS: dict[str, Any] = {
     "priority": _fast_int(-MAX_SAFE_INTEGER),
     "timeout": _fast_int(0),
     "attempt": _fast_int(0),
+    "retry": _fast_retry,
     **dict.fromkeys(
         ("scheduled_at", "expires_at", "created_at", "enqueued_at", "started_at", "completed_at"), _fast_timestamp
     ),

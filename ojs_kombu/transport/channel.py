@@ -424,6 +424,19 @@ class Channel(pyamqp.Channel):
             self._unsettled[raw.delivery_tag] = _Unsettled(delivery, job)
         return message
 
+    def delivered_job(self, delivery_tag: int) -> Job | None:
+        """The decoded job of a delivery this channel passed to the framework and that is not settled yet.
+
+        Parameters:
+            delivery_tag: the delivery's tag on this channel.
+
+        Returns:
+            The job (``attempt`` counts the executions before this one), or None for a
+            delivery that is not a job, is settled, or is being settled by the transport.
+        """
+        unsettled = self._unsettled.get(delivery_tag)
+        return None if unsettled is None else unsettled.job
+
     def _on_broker_cancel(self, amqp_queue: str, consumer_tag: str) -> None:
         METRICS.consumer_cancellations.labels(amqp_queue).inc()
         logger.warning(

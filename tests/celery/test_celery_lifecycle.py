@@ -6,6 +6,8 @@ The in-thread worker runs in this process, so its :func:`worker_lifecycle` is th
 from __future__ import annotations
 
 import threading
+import time
+from datetime import timedelta
 
 import pytest
 from support import wait_until
@@ -130,3 +132,25 @@ def test_celery_events_carry_the_jobs_enqueued_and_scheduled_times(celery_app, w
     assert started[now.id].enqueued_at is not None and started[now.id].enqueued_at <= started[now.id].at
     assert started[now.id].scheduled_at is None
     assert started[later.id].scheduled_at is not None and started[later.id].scheduled_at <= started[later.id].at
+
+
+def test_a_retried_tasks_queue_wait_starts_at_its_new_enqueue(celery_app, worker_factory):
+    """The events carry the delivered job's own ``enqueued_at`` (the transport's decoded job):
+    a retry's queue wait is measured from when the retry was enqueued, not from the first one."""
+    seen = []
+    worker_lifecycle().subscribe(lambda event: seen.append(event) if event.event == "started" else None)
+
+    @celery_app.task(name="lifecycle.retry_times", bind=True, max_retries=1, default_retry_delay=0)
+    def flaky(self):
+        if self.request.retries == 0:
+            time.sleep(0.2)  # the retry is enqueued at least this much later than the first attempt
+            raise self.retry(exc=KeyError("once"))
+        return 2
+
+    with worker_factory(celery_app):
+        result = flaky.delay()
+        assert result.get(timeout=30) == 2
+    first, second = [event for event in seen if event.job_id == result.id]
+    assert (first.attempt, second.attempt) == (1, 2)
+    assert first.enqueued_at is not None and second.enqueued_at is not None
+    assert second.enqueued_at - first.enqueued_at >= timedelta(seconds=0.2)

@@ -37,6 +37,8 @@ def test_a_consumer_declares_its_deleted_queue_again_and_keeps_consuming(ojs_bro
     management.wait_for_queue(queue, lambda q: q is not None and q.get("consumers") == 1)
     assert management.delete_queue(queue)  # the broker cancels the consumer (Basic.Cancel)
     management.wait_for_queue(queue, lambda q: q is not None and q.get("consumers") == 1, timeout=30)
+    # With the binding that delivers its scheduled jobs from the cascade (gone with the queue).
+    assert management.bindings(source=ojs_broker.cascade.delivery_exchange, destination=queue)
     work.send()
     assert done.wait(20)
 

@@ -212,6 +212,28 @@ def test_age_limit_drops_stale_messages_into_the_dlq(ojs_broker, start_worker):
     assert calls.calls == [2]
 
 
+def test_a_worker_consumes_without_declaring_the_scheduling_cascade(ojs_broker, start_worker, management, names):
+    # Start-up: the job queue, its DLQ and the cascade's delivery binding, not the cascade's 35 levels
+    # (~100 round trips); whoever schedules a job declares those first, and the job still arrives.
+    calls = Recorder()
+
+    @dramatiq.actor(queue_name="prompt")
+    def prompt(sent):
+        calls.add(time.time() - sent)
+
+    start_worker()
+    prompt.send(time.time())
+    calls.wait(1)
+    cascade = ojs_broker.cascade
+    bindings = management.bindings(source=cascade.delivery_exchange, destination=names.job_queue("prompt"))
+    assert [b["routing_key"] for b in bindings] == ["prompt"]
+    assert all(management.queue(cascade.queue(level)) is None for level in (0, cascade.levels - 1))
+    prompt.send_with_options(args=(time.time(),), delay=300)
+    (_, waited) = calls.wait(2, timeout=20)
+    assert waited >= 0.3
+    assert management.queue(cascade.queue(0)) is not None
+
+
 def test_delayed_message_is_never_early_and_never_held_unacked(ojs_broker, start_worker):
     calls = Recorder()
 
