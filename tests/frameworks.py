@@ -7,7 +7,7 @@ so the setup lives here and the conftests wrap it in fixtures.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -108,6 +108,23 @@ def new_dramatiq_worker(broker: OjsBroker, **options: Any) -> dramatiq.Worker:
     worker = dramatiq.Worker(broker, **options)
     worker.start()
     return worker
+
+
+@contextmanager
+def dramatiq_worker_starter(default_broker: OjsBroker) -> Iterator[Callable[..., dramatiq.Worker]]:
+    """``start(broker=default_broker, **options)``: a started ``dramatiq.Worker``; every one stopped on exit."""
+    workers: list[dramatiq.Worker] = []
+
+    def start(broker: OjsBroker | None = None, **options: Any) -> dramatiq.Worker:
+        worker = new_dramatiq_worker(broker or default_broker, **options)
+        workers.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in workers:
+            worker.stop(timeout=10_000)
 
 
 @contextmanager

@@ -263,14 +263,7 @@ class PrivateNode:
     @property
     def pki(self) -> TestPki:
         """The node's test CA, server and client certificates (made by :meth:`start` with ``tls=True``)."""
-        directory = self.dir / "tls"
-        return TestPki(
-            ca_cert=directory / "ca.pem",
-            server_cert=directory / "server.pem",
-            server_key=directory / "server.key",
-            client_cert=directory / "client.pem",
-            client_key=directory / "client.key",
-        )
+        return TestPki.in_dir(self.dir / "tls")
 
     @property
     def management_url(self) -> str:

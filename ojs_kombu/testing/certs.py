@@ -29,6 +29,17 @@ class TestPki:
     client_cert: Path
     client_key: Path
 
+    @classmethod
+    def in_dir(cls, directory: Path) -> TestPki:
+        """The files :func:`make_test_pki` writes into ``directory`` (made or not)."""
+        return cls(
+            ca_cert=directory / "ca.pem",
+            server_cert=directory / "server.pem",
+            server_key=directory / "server.key",
+            client_cert=directory / "client.pem",
+            client_key=directory / "client.key",
+        )
+
 
 def _openssl(*args: str, cwd: Path) -> None:
     done = subprocess.run(["openssl", *args], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
@@ -67,10 +78,4 @@ def make_test_pki(
     names = ",".join([f"DNS:{h}" for h in hosts] + [f"IP:{ip}" for ip in ips])
     _signed(directory, "server", "/CN=localhost", f"subjectAltName={names}\nextendedKeyUsage=serverAuth\n")
     _signed(directory, "client", "/CN=guest", "extendedKeyUsage=clientAuth\n")
-    return TestPki(
-        ca_cert=directory / "ca.pem",
-        server_cert=directory / "server.pem",
-        server_key=directory / "server.key",
-        client_cert=directory / "client.pem",
-        client_key=directory / "client.key",
-    )
+    return TestPki.in_dir(directory)

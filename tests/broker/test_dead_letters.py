@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pika
 import pytest
@@ -18,13 +20,13 @@ from ojs_kombu.wire.codec import CONTENT_TYPE, encode
 from ojs_kombu.wire.headers import Header
 
 
-@pytest.fixture
-def start_worker(amqp_url: str, prefix: str) -> Iterator[Callable[..., Worker]]:
-    """Start a worker on the test's prefix with the given handlers; stopped afterwards."""
+@contextmanager
+def worker_starter(amqp_url: str, prefix: str, **options: Any) -> Iterator[Callable[..., Worker]]:
+    """``start(**handlers)`` starts a worker on ``prefix`` (``Worker`` ``options`` added); all stopped on exit."""
     workers: list[Worker] = []
 
     def start(**handlers: Callable) -> Worker:
-        worker = Worker(amqp_url, prefix=prefix, concurrency=2, grace_period=5)
+        worker = Worker(amqp_url, prefix=prefix, concurrency=2, grace_period=5, **options)
         for job_type, handler in handlers.items():
             worker.handler(job_type.replace("__", "."), handler)
         worker.start()
@@ -32,9 +34,18 @@ def start_worker(amqp_url: str, prefix: str) -> Iterator[Callable[..., Worker]]:
         workers.append(worker)
         return worker
 
-    yield start
-    for worker in workers:
-        worker.stop(timeout=5)
+    try:
+        yield start
+    finally:
+        for worker in workers:
+            worker.stop(timeout=5)
+
+
+@pytest.fixture
+def start_worker(amqp_url: str, prefix: str) -> Iterator[Callable[..., Worker]]:
+    """Start a worker on the test's prefix with the given handlers; stopped afterwards."""
+    with worker_starter(amqp_url, prefix) as start:
+        yield start
 
 
 def publish_garbage(amqp_url: str, names: Names, message_id: str, *, exchange: str) -> None:

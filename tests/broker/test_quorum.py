@@ -67,20 +67,8 @@ test_replay_with_a_limit = dead_letters.test_replay_with_a_limit_stops_at_it_unl
 @pytest.fixture
 def start_worker(amqp_url: str, prefix: str) -> Iterator[Callable[..., Worker]]:
     """The dead letter tests' workers (``test_dead_letters.start_worker``), with quorum queues."""
-    workers: list[Worker] = []
-
-    def start(**handlers: Callable[..., Any]) -> Worker:
-        worker = Worker(amqp_url, prefix=prefix, concurrency=2, grace_period=5, queue_type="quorum")
-        for job_type, handler in handlers.items():
-            worker.handler(job_type.replace("__", "."), handler)
-        worker.start()
-        assert worker.wait_until_ready(15)
-        workers.append(worker)
-        return worker
-
-    yield start
-    for worker in workers:
-        worker.stop(timeout=5)
+    with dead_letters.worker_starter(amqp_url, prefix, queue_type="quorum") as start:
+        yield start
 
 
 def quorum_queue(management: Any, name: str) -> dict[str, Any]:

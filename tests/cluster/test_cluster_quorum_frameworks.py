@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import dramatiq
 import pytest
-from frameworks import global_ojs_broker, new_dramatiq_worker, running_worker
+from frameworks import dramatiq_worker_starter, global_ojs_broker, running_worker
 from quorum_fixtures import amqp_url, assert_replicated, management  # noqa: F401 - fixtures; first: sys.path
 
 # isort: split
@@ -43,16 +43,8 @@ def ojs_broker(amqp_url: str, prefix: str) -> Iterator[OjsBroker]:  # noqa: F811
 @pytest.fixture
 def start_worker(ojs_broker: OjsBroker) -> Iterator[Callable[..., dramatiq.Worker]]:
     """Started ``dramatiq.Worker``s (as ``tests/dramatiq/conftest.py``'s), stopped after the test."""
-    workers: list[dramatiq.Worker] = []
-
-    def start(broker: OjsBroker | None = None, **options) -> dramatiq.Worker:
-        worker = new_dramatiq_worker(broker or ojs_broker, **options)
-        workers.append(worker)
-        return worker
-
-    yield start
-    for worker in workers:
-        worker.stop(timeout=10_000)
+    with dramatiq_worker_starter(ojs_broker) as start:
+        yield start
 
 
 test_celery_self_retry_countdown = celery_quorum.test_self_retry_countdown_goes_through_the_retry_queue

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import dramatiq
 import pytest
-from frameworks import global_ojs_broker, new_dramatiq_worker
+from frameworks import dramatiq_worker_starter, global_ojs_broker
 
 from ojs_dramatiq import OjsBroker
 
@@ -21,13 +21,5 @@ def ojs_broker(amqp_url: str, prefix: str) -> Iterator[OjsBroker]:
 @pytest.fixture
 def start_worker(ojs_broker: OjsBroker) -> Iterator[Callable[..., dramatiq.Worker]]:
     """``start_worker(broker=ojs_broker, **options)``: a started ``dramatiq.Worker``, stopped after the test."""
-    workers: list[dramatiq.Worker] = []
-
-    def start(broker: OjsBroker | None = None, **options) -> dramatiq.Worker:
-        worker = new_dramatiq_worker(broker or ojs_broker, **options)
-        workers.append(worker)
-        return worker
-
-    yield start
-    for worker in workers:
-        worker.stop(timeout=10_000)
+    with dramatiq_worker_starter(ojs_broker) as start:
+        yield start
