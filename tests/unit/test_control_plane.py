@@ -90,27 +90,33 @@ def test_a_cancel_sets_the_event_asked_for_before_it():
     cancellations.leave(entry)
 
 
+def ask_while_cancelling(askers: int) -> list[threading.Event]:
+    """``askers`` threads ask a run for its event while another cancels it, all at once."""
+    cancellations = Cancellations("cooperative")
+    entry = cancellations.enter("job", "q")
+    barrier = threading.Barrier(askers + 1)
+    seen: list[threading.Event] = []
+
+    def ask() -> None:
+        barrier.wait()
+        seen.append(entry.cancelled)
+
+    def cancel() -> None:
+        barrier.wait()
+        cancellations.cancel("job")
+
+    threads = [threading.Thread(target=ask) for _ in range(askers)] + [threading.Thread(target=cancel)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    return seen
+
+
 def test_threads_asking_for_the_event_at_once_with_a_cancel_get_one_event_set():
     for _ in range(50):
-        cancellations = Cancellations("cooperative")
-        entry = cancellations.enter("job", "q")
-        barrier = threading.Barrier(5)
-        seen: list[threading.Event] = []
-
-        def ask() -> None:
-            barrier.wait()
-            seen.append(entry.cancelled)
-
-        def cancel() -> None:
-            barrier.wait()
-            cancellations.cancel("job")
-
-        threads = [threading.Thread(target=ask) for _ in range(4)] + [threading.Thread(target=cancel)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(5)
-        assert len({id(event) for event in seen}) == 1 and len(seen) == 4
+        seen = ask_while_cancelling(4)
+        assert len(seen) == 4 and len({id(event) for event in seen}) == 1
         assert seen[0].is_set()
 
 
