@@ -20,8 +20,9 @@ event               state
 Memory: the history keeps the last ``history`` finished jobs (default 10,000),
 one tuple each (its :class:`JobInfo` is built when INFO asks); measured about
 350 bytes per entry (the tuple, its 36-character id, two datetimes and its
-ordered-dict slot; queue, type and worker id are shared), plus the error message of a failed one: ~4 MB for the
-default window.  Past the bound the oldest entry goes.
+ordered-dict slot; queue, type and worker id are shared), plus the error
+message of a failed one: ~4 MB for the default window.  Past the bound the
+oldest entry goes.
 """
 
 from __future__ import annotations
