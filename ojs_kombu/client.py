@@ -109,7 +109,7 @@ class JobOptions(TypedDict, total=False):
     id: str | uuid.UUID | None
 
 
-@dataclass
+@dataclass(slots=True)
 class EnqueueResult:
     """The outcome of one job of :meth:`Client.enqueue_many`."""
 
@@ -994,53 +994,58 @@ class Client:
         return message, self.names.direct_exchange, job.queue
 
     def _publish_jobs(self, jobs: list[Job]) -> list[EnqueueResult]:
+        # Per job, only what must live until its confirm: a batch's objects outlive the young
+        # generations, and every one of them is scanned again by each full garbage collection.
         jobs = [with_trace_context(job) if isinstance(job, Job) else job for job in jobs]
         results: list[EnqueueResult | None] = [None] * len(jobs)
-        routes: dict[int, tuple[OutgoingMessage, datetime | None]] = {}
+        messages: dict[int, OutgoingMessage] = {}
+        delayed: dict[int, datetime] = {}  # the jobs whose scheduled_at lies ahead
         for index, job in enumerate(jobs):
             try:
-                routes[index] = self._encode(job)
+                messages[index], scheduled = self._encode(job)
             except ValidationError as exc:
                 results[index] = EnqueueResult(job, exc)
+            else:
+                if scheduled is not None:
+                    delayed[index] = scheduled
         if len(jobs) == 1 and results[0] is not None:
             results[0].unwrap()  # a single bad job: plain ValidationError
 
-        pending = list(routes)
+        pending = list(messages)
 
         def publish_pending(conn: Connection) -> None:
             nonlocal pending
             session = self._session(conn)
             if self.declare:
-                for queue in {jobs[i].queue for i in pending if routes[i][1] is None}:
+                for queue in {jobs[i].queue for i in pending if i not in delayed}:
                     self.topology.ensure_queue(conn.connection, queue)
-                for queue in {jobs[i].queue for i in pending if routes[i][1] is not None}:
+                for queue in {jobs[i].queue for i in pending if i in delayed}:
                     self.topology.ensure_scheduling(conn.connection, queue, self.cascade)
-            tickets = []
+            publish = session.publisher.publish
+            sent: list[int] = []
+            tickets: list[PublishTicket] = []
             try:
                 for index in pending:
                     job = jobs[index]
-                    message, scheduled = routes[index]
-                    message, exchange, key = self._destination(message, job, scheduled)
+                    message, exchange, key = self._destination(messages[index], job, delayed.get(index))
                     tickets.append(
-                        (
-                            index,
-                            session.publisher.publish(
-                                message,
-                                exchange=exchange,
-                                routing_key=key,
-                                queue=job.queue,
-                                job_id=job.id,
-                                confirm_timeout=self.confirm_timeout,
-                                flush=False,  # pipelined: written in batches, at the latest by wait()
-                            ),
+                        publish(
+                            message,
+                            exchange=exchange,
+                            routing_key=key,
+                            queue=job.queue,
+                            job_id=job.id,
+                            confirm_timeout=self.confirm_timeout,
+                            flush=False,  # pipelined: written in batches, at the latest by wait()
                         )
                     )
-                session.publisher.wait([t for _, t in tickets], self.confirm_timeout)
-                if any(isinstance(t.error, PublishNackedError) for _, t in tickets):
+                    sent.append(index)
+                session.publisher.wait(tickets, self.confirm_timeout)
+                if any(isinstance(t.error, PublishNackedError) for t in tickets):
                     self._renew_channel(conn)
             finally:
                 # Whatever was confirmed stays done, even if the connection dies now.
-                for index, ticket in tickets:
+                for index, ticket in zip(sent, tickets, strict=True):
                     if ticket.done:
                         results[index] = EnqueueResult(jobs[index], ticket.error)
                 pending = [i for i in pending if results[i] is None]
