@@ -109,7 +109,7 @@ class JobOptions(TypedDict, total=False):
     id: str | uuid.UUID | None
 
 
-@dataclass(slots=True)
+@dataclass
 class EnqueueResult:
     """The outcome of one job of :meth:`Client.enqueue_many`."""
 
@@ -1022,12 +1022,16 @@ class Client:
                 for queue in {jobs[i].queue for i in pending if i in delayed}:
                     self.topology.ensure_scheduling(conn.connection, queue, self.cascade)
             publish = session.publisher.publish
+            direct = self.names.direct_exchange
             sent: list[int] = []
             tickets: list[PublishTicket] = []
             try:
                 for index in pending:
                     job = jobs[index]
-                    message, exchange, key = self._destination(messages[index], job, delayed.get(index))
+                    if index in delayed:
+                        message, exchange, key = self._destination(messages[index], job, delayed[index])
+                    else:
+                        message, exchange, key = messages[index], direct, job.queue
                     tickets.append(
                         publish(
                             message,

@@ -138,9 +138,12 @@ def encode_properties(properties: Mapping[str, Any], headers: Mapping[str, Any] 
         ValueError: a short string (message id, type...) longer than 255 bytes.
     """
     key = _template_key(properties, headers)
+    try:
+        template = _templates.get(key) if key is not None else None
+    except TypeError:  # a list or dict among the properties: encode them every time
+        key = None
     if key is None:
         return _encode_all(properties, headers)
-    template = _templates.get(key)
     if template is None:
         template = _remember(_templates, key, _template(properties, headers))
     before, after = template
@@ -149,12 +152,13 @@ def encode_properties(properties: Mapping[str, Any], headers: Mapping[str, Any] 
 
 # Keyed by everything but the message id; bounded as the other memos.
 _templates: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
-_PLAIN_HEADER_VALUES = (str, int)  # exact types: True == 1.0 == 1 but each encodes differently
+_PLAIN_HEADER_VALUES = frozenset({str, int})  # exact types: True == 1.0 == 1 but each encodes differently
 
 
 def _template_key(properties: Mapping[str, Any], headers: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
-    """What the properties are, message id apart, as a hashable key; None when they cannot be one
-    (no message id, a headers value that is not a plain str / int, an unhashable value)."""
+    """What the properties are, message id apart, as a key; None when they cannot be one (no
+    message id, a headers value that is not a plain str / int).  The key may hold an unhashable
+    property value (a list...): the lookup then raises TypeError."""
     if type(properties) is not dict or properties.get("message_id") is None:
         return None
     rest = properties.copy()
@@ -169,12 +173,7 @@ def _template_key(properties: Mapping[str, Any], headers: Mapping[str, Any] | No
             if type(value) not in _PLAIN_HEADER_VALUES:
                 return None
         table = tuple(headers.items())
-    key = (tuple(rest.items()), table)
-    try:
-        hash(key)
-    except TypeError:  # a list or dict among the properties: encode them every time
-        return None
-    return key
+    return (tuple(rest.items()), table)
 
 
 def _template(properties: Mapping[str, Any], headers: Mapping[str, Any] | None) -> tuple[bytes, bytes]:

@@ -66,9 +66,12 @@ def test_jobs_of_a_batch_share_a_template_but_not_their_ids() -> None:
         assert encode_properties(message.properties, message.headers) == py_amqp(message.properties, message.headers)
 
 
-def test_properties_without_a_message_id_or_with_one_too_long() -> None:
+def test_properties_without_a_message_id_unhashable_or_with_an_id_too_long() -> None:
     properties = {k: v for k, v in BASE.items() if k != "message_id"}
     assert encode_properties(properties, {"k": 1}) == py_amqp(properties, {"k": 1})
+    # a table both in the properties and given apart (the one given wins): an unhashable key
+    both = {**BASE, "application_headers": {"ignored": 1}}
+    assert encode_properties(both, {"k": 1}) == py_amqp(BASE, {"k": 1})
     with pytest.raises(ValueError):
         encode_properties({**BASE, "message_id": "x" * 256}, {"k": 1})
 
