@@ -55,7 +55,7 @@ from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.metrics import METRICS
-from ojs_kombu.observability.tracing import with_trace_context
+from ojs_kombu.observability.tracing import current_trace_meta, with_trace_context
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.control import Cancellations, ControlReader
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
@@ -996,7 +996,8 @@ class Client:
     def _publish_jobs(self, jobs: list[Job]) -> list[EnqueueResult]:
         # Per job, only what must live until its confirm: a batch's objects outlive the young
         # generations, and every one of them is scanned again by each full garbage collection.
-        jobs = [with_trace_context(job) if isinstance(job, Job) else job for job in jobs]
+        if current_trace_meta():  # the caller's trace context, the same for every job of the batch
+            jobs = [with_trace_context(job) if isinstance(job, Job) else job for job in jobs]
         results: list[EnqueueResult | None] = [None] * len(jobs)
         messages: dict[int, OutgoingMessage] = {}
         delayed: dict[int, datetime] = {}  # the jobs whose scheduled_at lies ahead
