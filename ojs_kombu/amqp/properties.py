@@ -165,15 +165,14 @@ def _template_key(properties: Mapping[str, Any], headers: Mapping[str, Any] | No
     del rest["message_id"]
     if headers is None:
         headers = rest.pop("application_headers", None)
-    table: tuple[tuple[str, Any], ...] | None = None  # None: no table (an empty one is still sent)
-    if headers is not None:
-        if type(headers) is not dict:
+    if headers is None:
+        return (tuple(rest), tuple(rest.values()), None)  # None: no table (an empty one is still sent)
+    if type(headers) is not dict:
+        return None
+    for value in headers.values():
+        if type(value) not in _PLAIN_HEADER_VALUES:
             return None
-        for value in headers.values():
-            if type(value) not in _PLAIN_HEADER_VALUES:
-                return None
-        table = tuple(headers.items())
-    return (tuple(rest.items()), table)
+    return (tuple(rest), tuple(rest.values()), tuple(headers), tuple(headers.values()))  # flat: no pair tuples
 
 
 def _template(properties: Mapping[str, Any], headers: Mapping[str, Any] | None) -> tuple[bytes, bytes]:
