@@ -55,7 +55,7 @@ from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.metrics import METRICS
-from ojs_kombu.observability.tracing import with_trace_context
+from ojs_kombu.observability.tracing import current_trace_meta, with_trace_context
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.control import Cancellations, ControlReader
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
@@ -994,53 +994,63 @@ class Client:
         return message, self.names.direct_exchange, job.queue
 
     def _publish_jobs(self, jobs: list[Job]) -> list[EnqueueResult]:
-        jobs = [with_trace_context(job) if isinstance(job, Job) else job for job in jobs]
+        # Per job, only what must live until its confirm: a batch's objects outlive the young
+        # generations, and every one of them is scanned again by each full garbage collection.
+        if current_trace_meta():  # the caller's trace context, the same for every job of the batch
+            jobs = [with_trace_context(job) if isinstance(job, Job) else job for job in jobs]
         results: list[EnqueueResult | None] = [None] * len(jobs)
-        routes: dict[int, tuple[OutgoingMessage, datetime | None]] = {}
+        messages: dict[int, OutgoingMessage] = {}
+        delayed: dict[int, datetime] = {}  # the jobs whose scheduled_at lies ahead
         for index, job in enumerate(jobs):
             try:
-                routes[index] = self._encode(job)
+                messages[index], scheduled = self._encode(job)
             except ValidationError as exc:
                 results[index] = EnqueueResult(job, exc)
+            else:
+                if scheduled is not None:
+                    delayed[index] = scheduled
         if len(jobs) == 1 and results[0] is not None:
             results[0].unwrap()  # a single bad job: plain ValidationError
 
-        pending = list(routes)
+        pending = list(messages)
 
         def publish_pending(conn: Connection) -> None:
             nonlocal pending
             session = self._session(conn)
             if self.declare:
-                for queue in {jobs[i].queue for i in pending if routes[i][1] is None}:
+                for queue in {jobs[i].queue for i in pending if i not in delayed}:
                     self.topology.ensure_queue(conn.connection, queue)
-                for queue in {jobs[i].queue for i in pending if routes[i][1] is not None}:
+                for queue in {jobs[i].queue for i in pending if i in delayed}:
                     self.topology.ensure_scheduling(conn.connection, queue, self.cascade)
-            tickets = []
+            publish = session.publisher.publish
+            direct = self.names.direct_exchange
+            sent: list[int] = []
+            tickets: list[PublishTicket] = []
             try:
                 for index in pending:
                     job = jobs[index]
-                    message, scheduled = routes[index]
-                    message, exchange, key = self._destination(message, job, scheduled)
+                    if index in delayed:
+                        message, exchange, key = self._destination(messages[index], job, delayed[index])
+                    else:
+                        message, exchange, key = messages[index], direct, job.queue
                     tickets.append(
-                        (
-                            index,
-                            session.publisher.publish(
-                                message,
-                                exchange=exchange,
-                                routing_key=key,
-                                queue=job.queue,
-                                job_id=job.id,
-                                confirm_timeout=self.confirm_timeout,
-                                flush=False,  # pipelined: written in batches, at the latest by wait()
-                            ),
+                        publish(
+                            message,
+                            exchange=exchange,
+                            routing_key=key,
+                            queue=job.queue,
+                            job_id=job.id,
+                            confirm_timeout=self.confirm_timeout,
+                            flush=False,  # pipelined: written in batches, at the latest by wait()
                         )
                     )
-                session.publisher.wait([t for _, t in tickets], self.confirm_timeout)
-                if any(isinstance(t.error, PublishNackedError) for _, t in tickets):
+                    sent.append(index)
+                session.publisher.wait(tickets, self.confirm_timeout)
+                if any(isinstance(t.error, PublishNackedError) for t in tickets):
                     self._renew_channel(conn)
             finally:
                 # Whatever was confirmed stays done, even if the connection dies now.
-                for index, ticket in tickets:
+                for index, ticket in zip(sent, tickets, strict=True):
                     if ticket.done:
                         results[index] = EnqueueResult(jobs[index], ticket.error)
                 pending = [i for i in pending if results[i] is None]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from amqp.basic_message import Message
 from amqp.serialization import dumps
@@ -47,13 +47,14 @@ _OCTET = _LENGTH
 # Encoded short strings and table fields that repeat from message to message (table keys,
 # content type, job type, queue, attempt, created_at within one millisecond...).  Bounded:
 # when full a memo starts over, so unique values (message ids) cost a little, never memory.
+_V = TypeVar("_V")
 _MEMO_LIMIT = 4096
 _MEMO_MAX_VALUE = 64  # longer table values (error messages) are not memoised
 _memo: dict[str, bytes] = {}
 _fields: dict[tuple[str, str | int], bytes] = {}
 
 
-def _remember(memo: dict[Any, bytes], key: Any, encoded: bytes) -> bytes:
+def _remember(memo: dict[Any, _V], key: Any, encoded: _V) -> _V:
     if len(memo) >= _MEMO_LIMIT:
         memo.clear()
     memo[key] = encoded
@@ -122,6 +123,10 @@ def encode_table(table: Mapping[str, Any]) -> bytes:
 def encode_properties(properties: Mapping[str, Any], headers: Mapping[str, Any] | None = None) -> bytes:
     """Basic properties as they go in a content header frame: flags, then values.
 
+    Jobs of a batch differ in little but their ``message_id`` (the header values change at
+    most once per millisecond), so the bytes before and after the message id are kept per
+    distinct rest of the properties (:func:`_template_key`) and only the id is encoded anew.
+
     Parameters:
         properties: py-amqp property names to values; None values are left out.
         headers: the headers table, when it is not ``properties["application_headers"]``.
@@ -132,10 +137,64 @@ def encode_properties(properties: Mapping[str, Any], headers: Mapping[str, Any] 
     Raises:
         ValueError: a short string (message id, type...) longer than 255 bytes.
     """
+    key = _template_key(properties, headers)
+    try:
+        template = _templates.get(key) if key is not None else None
+    except TypeError:  # a list or dict among the properties: encode them every time
+        key = None
+    if key is None:
+        return _encode_all(properties, headers)
+    if template is None:
+        template = _remember(_templates, key, _template(properties, headers))
+    before, after = template
+    return before + _shortstr(properties["message_id"]) + after
+
+
+# Keyed by everything but the message id; bounded as the other memos.
+_templates: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+_PLAIN_HEADER_VALUES = frozenset({str, int})  # exact types: True == 1.0 == 1 but each encodes differently
+
+
+def _template_key(properties: Mapping[str, Any], headers: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+    """What the properties are, message id apart, as a key; None when they cannot be one (no
+    message id, a headers value that is not a plain str / int).  The key may hold an unhashable
+    property value (a list...): the lookup then raises TypeError."""
+    if type(properties) is not dict or properties.get("message_id") is None:
+        return None
+    rest = properties.copy()
+    del rest["message_id"]
+    if headers is None:
+        headers = rest.pop("application_headers", None)
+    if headers is None:
+        return (tuple(rest), tuple(rest.values()), None)  # None: no table (an empty one is still sent)
+    if type(headers) is not dict:
+        return None
+    for value in headers.values():
+        if type(value) not in _PLAIN_HEADER_VALUES:
+            return None
+    return (tuple(rest), tuple(rest.values()), tuple(headers), tuple(headers.values()))  # flat: no pair tuples
+
+
+def _template(properties: Mapping[str, Any], headers: Mapping[str, Any] | None) -> tuple[bytes, bytes]:
+    """The encoded properties around the message id: (flags and the fields before it, the fields after)."""
+    flags, parts = _encode_fields(properties, headers, _BEFORE_ID)
+    after_flags, after = _encode_fields(properties, headers, _AFTER_ID)
+    return _U16.pack(flags | _ID_FLAG | after_flags) + b"".join(parts), b"".join(after)
+
+
+def _encode_all(properties: Mapping[str, Any], headers: Mapping[str, Any] | None) -> bytes:
+    flags, parts = _encode_fields(properties, headers, _FLAGGED)
+    return _U16.pack(flags) + b"".join(parts)
+
+
+def _encode_fields(
+    properties: Mapping[str, Any], headers: Mapping[str, Any] | None, fields: tuple[tuple[str, str, int], ...]
+) -> tuple[int, list[bytes]]:
+    """The flag bits and encoded values of those of ``fields`` that are set."""
     flags = 0
     parts: list[bytes] = []
     get = properties.get
-    for name, kind, flag in _FLAGGED:
+    for name, kind, flag in fields:
         value: Any = headers if headers is not None and name == "application_headers" else get(name)
         if value is None:
             continue
@@ -150,7 +209,11 @@ def encode_properties(properties: Mapping[str, Any], headers: Mapping[str, Any] 
             parts.append(_U64.pack(int(value.timestamp()) if hasattr(value, "timestamp") else int(value)))
         else:
             parts.append(encode_table(value))
-    return _U16.pack(flags) + b"".join(parts)
+    return flags, parts
+
+
+_ID_INDEX = next(i for i, (name, _, _) in enumerate(_FLAGGED) if name == "message_id")
+_BEFORE_ID, _ID_FLAG, _AFTER_ID = _FLAGGED[:_ID_INDEX], _FLAGGED[_ID_INDEX][2], _FLAGGED[_ID_INDEX + 1 :]
 
 
 class WireMessage(Message):  # type: ignore[misc]  # py-amqp is untyped

@@ -46,7 +46,7 @@ def method_frame(channel_id: int, method_args: bytes) -> bytes:
     return _FRAME_HEADER.pack(_METHOD, channel_id, len(payload)) + payload + _FRAME_END
 
 
-def content_frames(channel_id: int, message: OutgoingMessage, frame_max: int) -> list[bytes]:
+def content_frames(channel_id: int, message: OutgoingMessage, frame_max: int) -> bytes:
     """The content header frame and the body frames of ``message``, as py-amqp splits them.
 
     Parameters:
@@ -56,23 +56,25 @@ def content_frames(channel_id: int, message: OutgoingMessage, frame_max: int) ->
             ``frame_max - 8`` bytes.
 
     Returns:
-        The frames in wire order (no body frame for an empty body).
+        The frames in wire order, joined (no body frame for an empty body).
 
     Raises:
         ValueError: a property does not fit its AMQP type (a short string over 255 bytes).
     """
     body = message.body
+    size = len(body)
     properties = encode_properties(message.properties, message.headers)
-    frames = [
-        _CONTENT_HEADER.pack(_HEADER, channel_id, 12 + len(properties), _BASIC_CLASS, 0, len(body))
-        + properties
-        + _FRAME_END
-    ]
+    header = (
+        _CONTENT_HEADER.pack(_HEADER, channel_id, 12 + len(properties), _BASIC_CLASS, 0, size) + properties + _FRAME_END
+    )
     chunk = frame_max - 8
-    for start in range(0, len(body), chunk):
+    if size <= chunk:  # the common case: one body frame, or none
+        return header + _FRAME_HEADER.pack(_BODY, channel_id, size) + body + _FRAME_END if size else header
+    frames = [header]
+    for start in range(0, size, chunk):
         part = body[start : start + chunk]
         frames.append(_FRAME_HEADER.pack(_BODY, channel_id, len(part)) + part + _FRAME_END)
-    return frames
+    return b"".join(frames)
 
 
 class PublishBuffer:
@@ -105,8 +107,8 @@ class PublishBuffer:
         """
         content = content_frames(self.channel_id, message, self.connection.frame_max)
         self._frames.append(method)
-        self._frames += content
-        self._size += len(method) + sum(map(len, content))
+        self._frames.append(content)
+        self._size += len(method) + len(content)
 
     def flush(self) -> None:
         """Write every buffered frame with one socket write.

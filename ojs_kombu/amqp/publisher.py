@@ -201,7 +201,11 @@ class ConfirmedPublisher:
 
     def _settle(self, delivery_tag: int, multiple: bool) -> list[PublishTicket]:
         if multiple:
-            tags = [t for t in self._unconfirmed if t <= delivery_tag]
+            tags = []
+            for tag in self._unconfirmed:  # in publish order, so ascending: stop at the first one after
+                if tag > delivery_tag:
+                    break
+                tags.append(tag)
         else:
             tags = [delivery_tag] if delivery_tag in self._unconfirmed else []
         return [self._unconfirmed.pop(tag) for tag in tags]

@@ -52,6 +52,7 @@ SPEC_VERSION = "1.0"
 MAX_BACKTRACE_LINES = 50
 """Most lines ``error.backtrace`` may hold (error.schema.json)."""
 
+_object_setattr = object.__setattr__  # past pydantic's __setattr__ (its validation), as pydantic does
 _URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s]*")
 
 
@@ -320,12 +321,10 @@ class Job(OjsModel):
     def _trusted(cls, values: dict[str, Any]) -> Job:
         # What model_construct does, minus its per-field Python loop (Job.create is hot).
         job = cls.__new__(cls)
-        fields = _JOB_TEMPLATE.copy()  # declaration order, which to_dict keeps
-        fields.update(values)
-        object.__setattr__(job, "__dict__", fields)
-        object.__setattr__(job, "__pydantic_fields_set__", set(values))
-        object.__setattr__(job, "__pydantic_extra__", {})
-        object.__setattr__(job, "__pydantic_private__", None)
+        _object_setattr(job, "__dict__", {**_JOB_TEMPLATE, **values})  # declaration order, which to_dict keeps
+        _object_setattr(job, "__pydantic_fields_set__", set(values))
+        _object_setattr(job, "__pydantic_extra__", {})
+        _object_setattr(job, "__pydantic_private__", None)
         return job
 
     # -- reading
