@@ -330,6 +330,32 @@ class Topology:
             self._cascade_queues.update(s.name for s in specs if isinstance(s, QueueSpec))
         self.declare(connection, [*self.queue_specs(queue), *specs, cascade.queue_binding(queue)])
 
+    def consumable_specs(self, queue: str, cascade: Cascade) -> list[Spec]:
+        """What a consumer of ``queue`` needs: the job queue with its DLQ (:meth:`queue_specs`), the
+        cascade's delivery exchange and the binding that delivers ``queue``'s scheduled jobs."""
+        return [*self.queue_specs(queue), ExchangeSpec(cascade.delivery_exchange), cascade.queue_binding(queue)]
+
+    def ensure_consumable(self, connection: Connection, queue: str, cascade: Cascade) -> None:
+        """Lazily declare what consuming ``queue`` needs (:meth:`consumable_specs`), not the cascade.
+
+        Whoever *schedules* a job (the Client, a retry or an early delivery settled by a
+        worker, the ``ojs://`` transport) declares the cascade first
+        (:meth:`ensure_scheduling`), so a consumer skips its levels: about a hundred round
+        trips of start-up.  The delivery binding is declared with the queue, and again
+        whenever the queue is (after :meth:`forget`, e.g. the queue was deleted), so jobs
+        waiting in the cascade for it still arrive.
+
+        Parameters:
+            connection: an open py-amqp connection.
+            queue: the OJS queue consumed.
+            cascade: the scheduling cascade of this prefix.
+
+        Raises:
+            TopologyConflictError: an entity exists with other arguments (see :meth:`declare`).
+            AccessRefusedError: the user may not declare it (403).
+        """
+        self.declare(connection, self.consumable_specs(queue, cascade))
+
     def ensure_events(self, connection: Connection, *, force: bool = False) -> None:
         """Declare the events exchange and stream (lazily, or again with ``force``).
 
