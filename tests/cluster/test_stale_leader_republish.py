@@ -10,7 +10,7 @@ the new leader is being elected are dead-lettered, not every retry from then on.
 The retry queue is led by the node killed; the first jobs fail right after the kill.  Measured
 on 3.10.8: without the fresh channel, 40 of 40 retries dead-lettered (3 runs); with it, 8 then
 none (the jobs failing more than ~1 s after the kill).  Whether the first retries meet the stale
-leader depends on the election's timing (2 of 4 earlier runs with the fix saw no nack at all);
+leader depends on the election's timing (without the held jobs, 2 of 3 runs saw no nack);
 the assertion holds either way with the fix, and fails whenever it happens without it.
 """
 
