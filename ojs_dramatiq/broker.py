@@ -51,7 +51,7 @@ from dramatiq.message import Message
 from dramatiq.middleware import Middleware, Retries
 from kombu.connection import Connection
 
-from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.urls import BrokerUrls
 from ojs_kombu.client import Client
@@ -60,14 +60,13 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for
 from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, ladder_ms
-from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.activity import worker_lifecycle
 from ojs_kombu.runtime.consumer import Consumer as AmqpConsumer
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler
-from ojs_kombu.wire.entities import ExchangeSpec, QueueOptions, Spec
+from ojs_kombu.wire.entities import QueueOptions
 
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
 from .errors import dramatiq_error, dramatiq_errors
@@ -597,10 +596,7 @@ class OjsBroker(dramatiq.Broker):
         except NotFound:
             pass  # never declared: nothing to purge
         finally:
-            try:
-                channel.close()
-            except Exception:  # noqa: BLE001 - closed by the broker after a 404
-                pass
+            close_quietly(channel)  # closed by the broker after a 404
 
     def _with_admin(self, operation: Callable[[Connection], T]) -> T:
         """Run ``operation(conn)`` on the inspection connection, reconnecting (to the next node of a
@@ -651,11 +647,6 @@ def _connection(
     return translation.url, translation.heartbeat
 
 
-def _delivery_specs(cascade: Cascade, ojs_queue: str) -> list[Spec]:
-    """The scheduling cascade's delivery exchange and its binding to ``ojs_queue``'s job queue."""
-    return [ExchangeSpec(cascade.delivery_exchange), cascade.queue_binding(ojs_queue)]
-
-
 class OjsMessageProxy(RunningMessage):
     """A message delivered by :class:`OjsBroker`: the Dramatiq message, plus the OJS job
     (``ojs_job``, ``attempt`` = executions before this one), the AMQP delivery and the
@@ -681,13 +672,9 @@ class _OjsConsumer(Consumer):
     (re)connection it first replays the queue's control stream into the broker's
     cancellations and paused queues.
 
-    Before it consumes it declares the job queue (with its DLQ) and the binding that delivers
-    the queue's scheduled jobs from the scheduling cascade (:func:`_delivery_specs`), not the
-    cascade's 35 levels: about a hundred round trips (0.2–0.4 s of start-up) that consuming
-    never needs, since whoever schedules a job (``delay=``, a retry through the cascade, an
-    early delivery) declares the cascade first.  The binding is declared again when the queue
-    is (after a broker cancel, e.g. the queue was deleted): the jobs waiting in the cascade
-    for it still arrive.
+    Before it consumes it declares what consuming needs, not the scheduling cascade
+    (:meth:`Topology.ensure_consumable <ojs_kombu.amqp.topology.Topology.ensure_consumable>`):
+    whoever schedules a job (``delay=``, a retry, an early delivery) declares the cascade first.
     """
 
     def __init__(self, broker: OjsBroker, queue_name: str, prefetch: int, timeout: int):
@@ -706,9 +693,7 @@ class _OjsConsumer(Consumer):
             prefetch,
             self._on_delivery,
             topology=topology,
-            declare=lambda conn: topology.declare(
-                conn, [*topology.queue_specs(ojs_queue), *_delivery_specs(cascade, ojs_queue)]
-            ),
+            declare=lambda conn: topology.ensure_consumable(conn, ojs_queue, cascade),
             control=ControlReader(
                 broker.names,
                 topology,

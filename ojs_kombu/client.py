@@ -46,7 +46,6 @@ from ojs_kombu.errors import (
     DecodeError,
     OjsError,
     PublishError,
-    PublishNackedError,
     ValidationError,
 )
 from ojs_kombu.model.info import JobInfo
@@ -1045,9 +1044,8 @@ class Client:
                         )
                     )
                     sent.append(index)
+                # After a nack the publisher moves to a fresh channel (RabbitMQ 3.10's stale quorum leader).
                 session.publisher.wait(tickets, self.confirm_timeout)
-                if any(isinstance(t.error, PublishNackedError) for t in tickets):
-                    self._renew_channel(conn)
             finally:
                 # Whatever was confirmed stays done, even if the connection dies now.
                 for index, ticket in zip(sent, tickets, strict=True):
@@ -1089,19 +1087,6 @@ class Client:
             # An idle pooled connection has sent no heartbeats; the broker may have
             # closed it.  Start afresh rather than find out on the next publish.
             self._drop(conn)
-
-    @staticmethod
-    def _renew_channel(conn: Connection) -> None:
-        """Publish on a fresh channel from now on.
-
-        After a node loss, a channel that first published to a quorum queue while its leader
-        was being elected keeps the dead leader (RabbitMQ 3.10: the queue record was stale) and
-        every later publish to that queue is nacked; a new channel reads the current leader.
-        """
-        session: _Session | None = getattr(conn, "_ojs_session", None)
-        conn._ojs_session = None  # type: ignore[attr-defined]
-        if session is not None:
-            session.publisher.close()
 
     @staticmethod
     def _drop(conn: Connection) -> None:

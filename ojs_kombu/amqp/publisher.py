@@ -11,6 +11,13 @@ delivery tags of confirm mode), and resolves each one from the broker's
 * Nack -> :class:`PublishNackedError`;
 * no answer before the deadline -> :class:`PublishTimeoutError`.
 
+After a ``Basic.Nack`` the publisher moves to a fresh channel for its next publish, once
+every publish of the old channel is settled: on RabbitMQ 3.10 a channel that published to a
+quorum queue while its leader was being elected keeps the dead leader, and every later
+publish of that channel to the queue is nacked (``docs/cluster.md``); a new channel reads
+the current leader.  The Client, the consumers' republishes (retries, early deliveries, dead
+letters) and the ``ojs://`` transport all publish through this class, so all follow that rule.
+
 A channel is never shared between threads: one publisher per pooled connection.
 A pipelined batch (``publish(..., flush=False)``) is buffered and written with one
 socket write per :data:`~ojs_kombu.amqp.publish_buffer.FLUSH_BYTES` (see
@@ -73,17 +80,35 @@ class ConfirmedPublisher:
 
     def __init__(self, connection: Connection, *, window: int = 1000):
         self.connection = connection
-        self.channel = connection.channel()
+        self.window = window
+        self._unconfirmed: dict[int, PublishTicket] = {}
+        self._buffered: dict[str, int] = {}  # queue -> publishes in the buffer, counted when written
+        self._open_channel()
+
+    def _open_channel(self) -> None:
+        """Publish on a new channel in confirm mode from now on (its delivery tags start at 1)."""
+        self.channel = self.connection.channel()
         self.channel.confirm_select()
         self.channel.events["basic_ack"].add(self._on_ack)
         self.channel.events["basic_nack"].add(self._on_nack)
         self.channel.events["basic_return"].add(self._on_return)
-        self.window = window
-        self._methods: dict[tuple[str, str], tuple[bytes, bytes]] = {}  # method args and frame
+        self._methods: dict[tuple[str, str], tuple[bytes, bytes]] = {}  # method args and frame (channel id)
         self._last_tag = 0
-        self._unconfirmed: dict[int, PublishTicket] = {}
-        self._buffer = PublishBuffer(connection, self.channel.channel_id)
-        self._buffered: dict[str, int] = {}  # queue -> publishes in the buffer, counted when written
+        self._buffer = PublishBuffer(self.connection, self.channel.channel_id)
+        self._nacked = False  # a Basic.Nack arrived on this channel: renew it (see the module docstring)
+
+    def _renew_channel(self) -> None:
+        """Close the nacked channel and open a fresh one; only when none of its publishes is pending."""
+        old = self.channel
+        # Its tags would match the new channel's tickets: nothing it still says may reach them.
+        for event, handler in (
+            ("basic_ack", self._on_ack),
+            ("basic_nack", self._on_nack),
+            ("basic_return", self._on_return),
+        ):
+            old.events[event].discard(handler)
+        close_quietly(old)
+        self._open_channel()
 
     @property
     def is_open(self) -> bool:
@@ -127,6 +152,8 @@ class ConfirmedPublisher:
             ValueError: a property does not fit its AMQP type.
             OSError and py-amqp's connection errors: the connection failed.
         """
+        if self._nacked and not self._unconfirmed:
+            self._renew_channel()
         # Straight to the frames: py-amqp's basic_publish may be its one-at-a-time
         # confirm wrapper, and its plain version polls the socket before every publish.
         key = (exchange, routing_key)
@@ -217,6 +244,7 @@ class ConfirmedPublisher:
             ticket.settle(ticket.returned)
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        self._nacked = True
         for ticket in self._settle(delivery_tag, multiple):
             METRICS.nacked_publish(ticket.queue)
             ticket.settle(

