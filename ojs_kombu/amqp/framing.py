@@ -30,17 +30,21 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Callable
 from struct import Struct
 
 from amqp import Connection
 from amqp.exceptions import UnexpectedFrame
 from amqp.transport import TCPTransport
 
+from ojs_kombu.amqp.delivery import DELIVER_SIGNATURE, RawDelivery, read_delivery
+
 #: Bytes asked of the socket per ``recv``: many deliveries' worth.
 RECV_SIZE = 65536
 
 _HEADER = Struct(">BHI")  # frame type, channel, payload size
 _FRAME_END = 0xCE
+_METHOD_FRAME = 1
 _EMPTY = b""
 # Not blocking, whatever the socket's mode: fill() runs only after select() said readable.
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
@@ -64,10 +68,25 @@ class FrameReader:
         self._transport = transport
         self._recv = transport.sock.recv
         self._on_frame = connection.on_inbound_frame
+        self._connection = connection
+        self._deliveries_channel = -1  # no channel: every frame goes to py-amqp
+        self._on_delivery: Callable[[RawDelivery], bool] | None = None
         self._buf = _EMPTY
         self._pos = 0  # bytes of _buf already consumed
         # From now on drain_events() / read_frame() read through our buffer too.
         transport._read = self._read
+
+    def decode_deliveries(self, channel: int, on_delivery: Callable[[RawDelivery], bool]) -> None:
+        """Decode the deliveries of ``channel`` directly (:func:`~ojs_kombu.amqp.delivery.read_delivery`)
+        and hand them to ``on_delivery`` instead of py-amqp's frame handler.
+
+        Parameters:
+            channel: the consuming channel's number.
+            on_delivery: called with each complete delivery; returns False to leave that
+                delivery to py-amqp after all (e.g. an unknown consumer tag).
+        """
+        self._deliveries_channel = channel
+        self._on_delivery = on_delivery
 
     @property
     def buffered(self) -> int:
@@ -124,11 +143,33 @@ class FrameReader:
             end = pos + 7 + size
             if end >= len(buf):
                 return count  # partial frame: the rest comes with a later fill()
+            if (
+                channel == self._deliveries_channel
+                and frame_type == _METHOD_FRAME
+                and buf.startswith(DELIVER_SIGNATURE, pos + 7)
+                and self._deliver(buf, pos)
+            ):
+                count += 1
+                continue
             self._pos = end + 1
             if buf[end] != _FRAME_END:
                 raise UnexpectedFrame(f"Received frame_end {buf[end]:#04x} while expecting 0xce")
             on_frame((frame_type, channel, buf[pos + 7 : end]))
             count += 1
+
+    def _deliver(self, buf: bytes, pos: int) -> bool:
+        """The delivery at ``pos`` decoded directly and consumed, if it can be (see :meth:`decode_deliveries`)."""
+        found = read_delivery(buf, pos)
+        if found is None:
+            return False
+        delivery, end, frames = found
+        assert self._on_delivery is not None  # set with the channel
+        self._pos = end  # before the handler runs, as for any frame
+        if not self._on_delivery(delivery):
+            self._pos = pos
+            return False
+        self._connection.bytes_recv += frames  # what py-amqp's frame handler counts (heartbeats)
+        return True
 
     def _take_pushback(self) -> None:
         # py-amqp's read_frame puts the bytes of a frame it could not finish (socket.timeout)
