@@ -45,6 +45,8 @@ RECV_SIZE = 65536
 _HEADER = Struct(">BHI")  # frame type, channel, payload size
 _FRAME_END = 0xCE
 _METHOD_FRAME = 1
+# A Basic.Ack / Basic.Nack frame: header, class, method, delivery-tag, the flags octet, frame end.
+_SETTLE_FRAME = Struct(">BHIHHQBB")
 _EMPTY = b""
 # Not blocking, whatever the socket's mode: fill() runs only after select() said readable.
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
@@ -229,6 +231,7 @@ class WriteBatch:
     """
 
     def __init__(self, connection: Connection) -> None:
+        self._connection = connection
         self._write = connection.transport.write
         self._held: list[bytes] = []
         self._holding = False
@@ -244,6 +247,22 @@ class WriteBatch:
             self._held.append(bytes(data))
         else:
             self._write(data)
+
+    def settle(self, channel: int, method: tuple[int, int], delivery_tag: int) -> None:
+        """Write a ``Basic.Ack`` or ``Basic.Nack`` frame of one delivery, its flags all off.
+
+        The same bytes py-amqp's ``basic_ack(tag, multiple=False)`` / ``send_method(Basic.Nack,
+        "Lbb", (tag, False, False))`` write (``multiple=false``, binding §5.3; no requeue: a
+        nack dead-letters), without their generic argument encoding and promise; counted
+        for heartbeats like every frame.
+
+        Parameters:
+            channel: the delivery's channel number.
+            method: ``amqp.spec.Basic.Ack`` or ``amqp.spec.Basic.Nack``.
+            delivery_tag: the delivery's tag.
+        """
+        self.write(_SETTLE_FRAME.pack(_METHOD_FRAME, channel, 13, method[0], method[1], delivery_tag, 0, _FRAME_END))
+        self._connection.bytes_sent += 1
 
     def flush(self) -> None:
         """Stop holding; send what was held with one write (raises what ``transport.write`` raises)."""

@@ -659,17 +659,24 @@ class Consumer:
         self._nack(delivery)
 
     def _ack(self, delivery: Delivery) -> None:
-        assert self._channel is not None  # only settled while connected (same generation)
-        self._channel.basic_ack(delivery.delivery_tag, multiple=False)
+        self._send_settle(spec.Basic.Ack, delivery)
         self._metric(METRICS.messages_acked, delivery.queue).inc()
         self._settled(delivery.queue)
 
     def _nack(self, delivery: Delivery) -> None:
-        assert self._channel is not None  # only settled while connected (same generation)
-        # py-amqp has no basic_nack: send the real method (requeue=False -> dead-lettered).
-        self._channel.send_method(spec.Basic.Nack, "Lbb", (delivery.delivery_tag, False, False))
+        # Basic.Nack(requeue=False): dead-lettered (py-amqp has no basic_nack).
+        self._send_settle(spec.Basic.Nack, delivery)
         self._metric(METRICS.messages_nacked, delivery.queue).inc()
         self._settled(delivery.queue)
+
+    def _send_settle(self, method: tuple[int, int], delivery: Delivery) -> None:
+        """One ``Basic.Ack`` / ``Basic.Nack(requeue=False)`` frame, ``multiple=False`` (binding §5.3)."""
+        channel = self._channel
+        assert channel is not None  # only settled while connected (same generation)
+        if self._writes is not None and channel.is_open:
+            self._writes.settle(channel.channel_id, method, delivery.delivery_tag)
+        else:  # py-amqp raises what a closed channel raises
+            channel.send_method(method, "Lbb", (delivery.delivery_tag, False, False))
 
     def _settled(self, queue: str) -> None:
         self._unacked[queue] = max(0, self._unacked.get(queue, 0) - 1)
