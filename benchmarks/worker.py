@@ -10,7 +10,8 @@ Each rate is jobs / seconds from the first delivery to the last one, so
 connecting, declaring and loading are not counted.  The sides alternate over
 ``--rounds`` pairs (see ``pairs.py``); prints each rate, the per-round ratios and
 their median (target Worker >= 0.9x pika), and each side's process CPU per job
-(``os.times``, first to last delivery).  Everything is declared under a unique
+(``os.times``, first to last delivery); for the Worker also its split between the
+consumer thread and the handler threads (Linux: ``/proc/self/task``).  Everything is declared under a unique
 prefix and deleted afterwards.
 """
 
@@ -55,11 +56,31 @@ def load(client: Client, jobs: list[Job]) -> None:
         sys.exit(f"{failed} jobs were not enqueued")
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's threads, summed per name prefix
+    (``ojs-consumer``, ``ojs-handler``); empty where ``/proc`` is missing."""
+    names = {thread.native_id: thread.name.rstrip("0123456789").rstrip("-") for thread in threading.enumerate()}
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    totals: dict[str, float] = {}
+    for task in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        name = names.get(int(task))
+        try:
+            with open(f"/proc/self/task/{task}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue  # the thread ended
+        if name is not None:
+            totals[name] = totals.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return totals
+
+
 class Clock:
     """First and last event times, and a count; ``done`` is set at ``expected`` events."""
 
     def __init__(self, expected: int):
         self.expected = expected
+        self.threads_first: dict[str, float] = {}
+        self.threads_last: dict[str, float] = {}
         self.count = 0
         self.first = self.last = 0.0
         self.cpu_first = self.cpu_last = 0.0
@@ -73,10 +94,12 @@ class Clock:
             if not self.count:
                 self.first = now
                 self.cpu_first = _cpu()
+                self.threads_first = thread_cpu()
             self.count += 1
             self.last = now
             if self.count == self.expected:
                 self.cpu_last = _cpu()
+                self.threads_last = thread_cpu()
                 self.done.set()
 
     @property
@@ -105,7 +128,12 @@ def bench_worker(worker: Worker, count: int) -> float:
             sys.exit(f"the worker ran {clock.count} of {count} jobs")
     finally:
         worker.stop(timeout=10)
-    print(f"    Worker: {clock.cpu_us:.0f} µs of process CPU per job", flush=True)
+    split = ", ".join(
+        f"{name} threads {(clock.threads_last[name] - clock.threads_first.get(name, 0.0)) / count * 1e6:.0f}"
+        for name in ("ojs-consumer", "ojs-handler")
+        if name in clock.threads_last
+    )
+    print(f"    Worker: {clock.cpu_us:.0f} µs of process CPU per job ({split})", flush=True)
     return clock.rate
 
 

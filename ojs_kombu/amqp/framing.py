@@ -30,17 +30,23 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Callable
 from struct import Struct
 
 from amqp import Connection
 from amqp.exceptions import UnexpectedFrame
 from amqp.transport import TCPTransport
 
+from ojs_kombu.amqp.delivery import DELIVER_SIGNATURE, RawDelivery, read_delivery
+
 #: Bytes asked of the socket per ``recv``: many deliveries' worth.
 RECV_SIZE = 65536
 
 _HEADER = Struct(">BHI")  # frame type, channel, payload size
 _FRAME_END = 0xCE
+_METHOD_FRAME = 1
+# A Basic.Ack / Basic.Nack frame: header, class, method, delivery-tag, the flags octet, frame end.
+_SETTLE_FRAME = Struct(">BHIHHQBB")
 _EMPTY = b""
 # Not blocking, whatever the socket's mode: fill() runs only after select() said readable.
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
@@ -64,10 +70,25 @@ class FrameReader:
         self._transport = transport
         self._recv = transport.sock.recv
         self._on_frame = connection.on_inbound_frame
+        self._connection = connection
+        self._deliveries_channel = -1  # no channel: every frame goes to py-amqp
+        self._on_delivery: Callable[[RawDelivery], bool] | None = None
         self._buf = _EMPTY
         self._pos = 0  # bytes of _buf already consumed
         # From now on drain_events() / read_frame() read through our buffer too.
         transport._read = self._read
+
+    def decode_deliveries(self, channel: int, on_delivery: Callable[[RawDelivery], bool]) -> None:
+        """Decode the deliveries of ``channel`` directly (:func:`~ojs_kombu.amqp.delivery.read_delivery`)
+        and hand them to ``on_delivery`` instead of py-amqp's frame handler.
+
+        Parameters:
+            channel: the consuming channel's number.
+            on_delivery: called with each complete delivery; returns False to leave that
+                delivery to py-amqp after all (e.g. an unknown consumer tag).
+        """
+        self._deliveries_channel = channel
+        self._on_delivery = on_delivery
 
     @property
     def buffered(self) -> int:
@@ -124,11 +145,33 @@ class FrameReader:
             end = pos + 7 + size
             if end >= len(buf):
                 return count  # partial frame: the rest comes with a later fill()
+            if (
+                channel == self._deliveries_channel
+                and frame_type == _METHOD_FRAME
+                and buf.startswith(DELIVER_SIGNATURE, pos + 7)
+                and self._deliver(buf, pos)
+            ):
+                count += 1
+                continue
             self._pos = end + 1
             if buf[end] != _FRAME_END:
                 raise UnexpectedFrame(f"Received frame_end {buf[end]:#04x} while expecting 0xce")
             on_frame((frame_type, channel, buf[pos + 7 : end]))
             count += 1
+
+    def _deliver(self, buf: bytes, pos: int) -> bool:
+        """The delivery at ``pos`` decoded directly and consumed, if it can be (see :meth:`decode_deliveries`)."""
+        found = read_delivery(buf, pos)
+        if found is None:
+            return False
+        delivery, end, frames = found
+        assert self._on_delivery is not None  # set with the channel
+        self._pos = end  # before the handler runs, as for any frame
+        if not self._on_delivery(delivery):
+            self._pos = pos
+            return False
+        self._connection.bytes_recv += frames  # what py-amqp's frame handler counts (heartbeats)
+        return True
 
     def _take_pushback(self) -> None:
         # py-amqp's read_frame puts the bytes of a frame it could not finish (socket.timeout)
@@ -188,6 +231,7 @@ class WriteBatch:
     """
 
     def __init__(self, connection: Connection) -> None:
+        self._connection = connection
         self._write = connection.transport.write
         self._held: list[bytes] = []
         self._holding = False
@@ -203,6 +247,22 @@ class WriteBatch:
             self._held.append(bytes(data))
         else:
             self._write(data)
+
+    def settle(self, channel: int, method: tuple[int, int], delivery_tag: int) -> None:
+        """Write a ``Basic.Ack`` or ``Basic.Nack`` frame of one delivery, its flags all off.
+
+        The same bytes py-amqp's ``basic_ack(tag, multiple=False)`` / ``send_method(Basic.Nack,
+        "Lbb", (tag, False, False))`` write (``multiple=false``, binding §5.3; no requeue: a
+        nack dead-letters), without their generic argument encoding and promise; counted
+        for heartbeats like every frame.
+
+        Parameters:
+            channel: the delivery's channel number.
+            method: ``amqp.spec.Basic.Ack`` or ``amqp.spec.Basic.Nack``.
+            delivery_tag: the delivery's tag.
+        """
+        self.write(_SETTLE_FRAME.pack(_METHOD_FRAME, channel, 13, method[0], method[1], delivery_tag, 0, _FRAME_END))
+        self._connection.bytes_sent += 1
 
     def flush(self) -> None:
         """Stop holding; send what was held with one write (raises what ``transport.write`` raises)."""

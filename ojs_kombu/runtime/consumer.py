@@ -55,6 +55,7 @@ from amqp.channel import Channel
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import safe_url
+from ojs_kombu.amqp.delivery import RawDelivery
 from ojs_kombu.amqp.errors import raise_if_permanent
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.framing import FrameReader, WriteBatch
@@ -335,6 +336,8 @@ class Consumer:
         channel.auto_decode = False
         channel.basic_qos(0, self.prefetch, False)
         self._channel = channel
+        if self._reader is not None:
+            self._reader.decode_deliveries(channel.channel_id, self._on_raw_delivery)
         self._consumer_tags.clear()
         self._queue_by_tag.clear()
         self._recancelled.clear()  # a new channel consumes every queue; a pending re-consume would double it
@@ -464,12 +467,43 @@ class Consumer:
         self._wake_pending = False
 
     def _on_message(self, message: Message) -> None:
+        """A delivery read by py-amqp (TLS, or what the direct decoder leaves to it)."""
         info = message.delivery_info
-        properties = dict(message.properties)
-        headers = dict(properties.pop("application_headers", None) or {})
         amqp_queue = self._queue_by_tag.get(info["consumer_tag"], "")
-        queue = self.queues.get(amqp_queue, amqp_queue)
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
+        self._deliver(
+            amqp_queue,
+            dict(message.properties),
+            body,
+            info["delivery_tag"],
+            bool(info["redelivered"]),
+            info["exchange"],
+            info["routing_key"],
+        )
+
+    def _on_raw_delivery(self, raw: RawDelivery) -> bool:
+        """A delivery decoded by the frame reader; False (left to py-amqp) for a consumer tag we do not know."""
+        amqp_queue = self._queue_by_tag.get(raw.consumer_tag)
+        if amqp_queue is None:
+            return False
+        self._deliver(
+            amqp_queue, raw.properties, raw.body, raw.delivery_tag, raw.redelivered, raw.exchange, raw.routing_key
+        )
+        return True
+
+    def _deliver(
+        self,
+        amqp_queue: str,
+        properties: dict[str, Any],
+        body: bytes,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+    ) -> None:
+        """Count one delivery of ``amqp_queue`` and hand it to ``on_delivery`` (``properties`` is ours to change)."""
+        headers = dict(properties.pop("application_headers", None) or {})
+        queue = self.queues.get(amqp_queue, amqp_queue)
         self._metric(METRICS.messages_consumed, queue).inc()
         self._unacked[queue] = self._unacked.get(queue, 0) + 1
         self._window_changed = True
@@ -478,10 +512,10 @@ class Consumer:
                 body=body,
                 properties=properties,
                 headers=headers,
-                delivery_tag=info["delivery_tag"],
-                redelivered=bool(info["redelivered"]),
-                exchange=info["exchange"],
-                routing_key=info["routing_key"],
+                delivery_tag=delivery_tag,
+                redelivered=redelivered,
+                exchange=exchange,
+                routing_key=routing_key,
                 queue=queue,
                 generation=self._generation,
             )
@@ -625,17 +659,24 @@ class Consumer:
         self._nack(delivery)
 
     def _ack(self, delivery: Delivery) -> None:
-        assert self._channel is not None  # only settled while connected (same generation)
-        self._channel.basic_ack(delivery.delivery_tag, multiple=False)
+        self._send_settle(spec.Basic.Ack, delivery)
         self._metric(METRICS.messages_acked, delivery.queue).inc()
         self._settled(delivery.queue)
 
     def _nack(self, delivery: Delivery) -> None:
-        assert self._channel is not None  # only settled while connected (same generation)
-        # py-amqp has no basic_nack: send the real method (requeue=False -> dead-lettered).
-        self._channel.send_method(spec.Basic.Nack, "Lbb", (delivery.delivery_tag, False, False))
+        # Basic.Nack(requeue=False): dead-lettered (py-amqp has no basic_nack).
+        self._send_settle(spec.Basic.Nack, delivery)
         self._metric(METRICS.messages_nacked, delivery.queue).inc()
         self._settled(delivery.queue)
+
+    def _send_settle(self, method: tuple[int, int], delivery: Delivery) -> None:
+        """One ``Basic.Ack`` / ``Basic.Nack(requeue=False)`` frame, ``multiple=False`` (binding §5.3)."""
+        channel = self._channel
+        assert channel is not None  # only settled while connected (same generation)
+        if self._writes is not None and channel.is_open:
+            self._writes.settle(channel.channel_id, method, delivery.delivery_tag)
+        else:  # py-amqp raises what a closed channel raises
+            channel.send_method(method, "Lbb", (delivery.delivery_tag, False, False))
 
     def _settled(self, queue: str) -> None:
         self._unacked[queue] = max(0, self._unacked.get(queue, 0) - 1)

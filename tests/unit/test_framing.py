@@ -283,3 +283,24 @@ def test_write_batch_copies_py_amqps_reused_buffer():
         connection.frame_writer(1, channel, sig, args, content)
     batch.flush()
     assert bytes(sink.data) == encode(frames)
+
+
+@pytest.mark.parametrize("tag", [1, 255, 2**32 + 7, 2**64 - 1])
+def test_write_batch_settle_writes_py_amqps_ack_and_nack_frames(tag):
+    connection, sink, batch = batched_connection()
+    batch.hold()
+    batch.settle(5, spec.Basic.Ack, tag)
+    batch.settle(5, spec.Basic.Nack, tag)
+    assert sink.writes == 0
+    batch.flush()
+    assert sink.writes == 1
+    # What Channel.basic_ack(tag, multiple=False) and send_method(Nack, "Lbb", (tag, False, False)) write.
+    assert bytes(sink.data) == encode(
+        [
+            (5, spec.Basic.Ack, dumps("Lb", (tag, False)), None),
+            (5, spec.Basic.Nack, dumps("Lbb", (tag, False, False)), None),
+        ]
+    )
+    assert connection.bytes_sent == 2  # counted for heartbeats
+    batch.settle(5, spec.Basic.Ack, tag)  # not holding: written at once
+    assert sink.writes == 2
