@@ -94,7 +94,14 @@ from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.activity import worker_lifecycle
 from ojs_kombu.runtime.consumer import Consumer, Delivery
-from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
+from ojs_kombu.runtime.control import (
+    Cancellations,
+    CancelRunning,
+    ControlReader,
+    PausedQueues,
+    RunningEntry,
+    record_cancelled,
+)
 from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler, failure_error
@@ -115,16 +122,19 @@ class RunningJob(Job):
     """The job a handler is running, as :func:`current_job` returns it: a :class:`Job` plus
     :attr:`cancelled`."""
 
-    _cancelled: threading.Event = PrivateAttr(default_factory=threading.Event)
+    _run: RunningEntry | None = PrivateAttr(default=None)
 
     @property
     def cancelled(self) -> threading.Event:
         """Set (within ~1 s of ``Client.cancel``) when the job has been cancelled; a handler may poll it."""
-        return self._cancelled
+        run = self._run
+        if run is None:  # made by hand, not by a Worker: nothing will cancel it
+            run = self._run = RunningEntry(self.id, self.queue, threading.get_ident())
+        return run.cancelled  # made when first asked for: most runs never look
 
     @classmethod
-    def of(cls, job: Job, attempt: int, cancelled: threading.Event) -> RunningJob:
-        """``job`` at execution ``attempt``, with the ``cancelled`` event of its run.
+    def of(cls, job: Job, attempt: int, run: RunningEntry) -> RunningJob:
+        """``job`` at execution ``attempt``, in the Worker's ``run`` of it.
 
         A copy of ``job``'s validated state, built the way pydantic's ``model_copy`` builds one
         (no validation, no default factories: this runs per job).
@@ -132,7 +142,8 @@ class RunningJob(Job):
         Parameters:
             job: the job as decoded.
             attempt: this execution, 1-based.
-            cancelled: the run's event (:class:`~ojs_kombu.runtime.control.RunningEntry`).
+            run: the run's entry in :class:`~ojs_kombu.runtime.control.Cancellations` (its
+                ``cancelled`` event).
 
         Returns:
             The running job.
@@ -141,7 +152,7 @@ class RunningJob(Job):
         object.__setattr__(running, "__dict__", {**job.__dict__, "attempt": attempt})
         object.__setattr__(running, "__pydantic_fields_set__", job.__pydantic_fields_set__ | {"attempt"})
         object.__setattr__(running, "__pydantic_extra__", dict(job.__pydantic_extra__ or {}))
-        object.__setattr__(running, "__pydantic_private__", {"_cancelled": cancelled})
+        object.__setattr__(running, "__pydantic_private__", {"_run": run})
         return running
 
 
@@ -670,7 +681,7 @@ class Worker:
         self.lifecycle.emit("started", job, attempt)
         try:
             with self.cancellations.running(job.id, job.queue) as entry:
-                token = _current_job.set(RunningJob.of(job, attempt, entry.cancelled))
+                token = _current_job.set(RunningJob.of(job, attempt, entry))
                 with job_span(job, attempt):
                     handler(*job.args, **job.kwargs)
         except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
