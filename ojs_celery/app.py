@@ -46,8 +46,8 @@ from celery.exceptions import ImproperlyConfigured
 from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.transport import register_aliases
 
-from .control import ON_CANCEL_HOOK, CancelStep
-from .lifecycle import INFO_HOOK, LIFECYCLE_HOOK
+from .control import ON_CANCEL_HOOK, TRANSPORT_LIFECYCLE_HOOK, CancelStep
+from .lifecycle import INFO_HOOK
 from .presence import PresenceStep
 from .request import REQUEST, STOCK_REQUEST
 
@@ -150,7 +150,7 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
                 conf[key] = value
         _refuse_pickle(conf)
         options = conf.get("broker_transport_options") or {}
-        hooks = {"on_cancel": ON_CANCEL_HOOK, "lifecycle": LIFECYCLE_HOOK, "info": INFO_HOOK}
+        hooks = {"on_cancel": ON_CANCEL_HOOK, "lifecycle": TRANSPORT_LIFECYCLE_HOOK, "info": INFO_HOOK}
         if any(key not in options for key in hooks):
             conf["broker_transport_options"] = {**hooks, **options}
         return conf
