@@ -34,16 +34,20 @@ are set up here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import celery
+from celery.app.amqp import AMQP as CeleryAMQP
 from celery.exceptions import ImproperlyConfigured
 
 from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.transport import register_aliases
 
-from .control import ON_CANCEL_HOOK, CancelStep
-from .lifecycle import INFO_HOOK, LIFECYCLE_HOOK
+from .control import ON_CANCEL_HOOK, TRANSPORT_LIFECYCLE_HOOK, CancelStep
+from .lifecycle import INFO_HOOK
 from .presence import PresenceStep
 from .request import REQUEST, STOCK_REQUEST
 
@@ -70,6 +74,50 @@ _BACKENDS = {"ojs": "ojs", "ojss": "ojss"}
 _REFUSED_CONTENT = ("pickle", "application/x-python-serialize", "yaml", "application/x-yaml")
 
 
+#: The ``(countdown, eta)`` of the task message being built by :meth:`Celery.send_task` (see :class:`AMQP`).
+_SCHEDULE: ContextVar[tuple[Any, Any] | None] = ContextVar("ojs_celery_schedule", default=None)
+
+
+@contextmanager
+def _scheduled(countdown: Any, eta: Any) -> Iterator[None]:
+    token = _SCHEDULE.set((countdown, eta) if countdown or eta else None)
+    try:
+        yield
+    finally:
+        _SCHEDULE.reset(token)
+
+
+class AMQP(CeleryAMQP):  # type: ignore[misc]  # Celery is untyped
+    """``app.amqp`` of :class:`Celery`: task messages get the countdown/ETA :meth:`Celery.send_task` kept aside.
+
+    Celery ≥ 5.5's ``send_task`` reroutes a countdown or ETA task to its native delayed
+    delivery (the ``celery_delayed_*`` exchanges, or a warning per call on a direct exchange)
+    whenever one of ``task_queues`` is declared ``x-queue-type: quorum``, and Celery 5.7 has no
+    setting to turn that off.  On ``ojs://`` a countdown is an OJS ``scheduled_at`` that the
+    transport routes into the scheduling cascade, whatever the queue type: so the app hands
+    ``send_task`` no countdown, and the message gets it here.
+    """
+
+    def as_task_v2(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Celery's protocol 2 task message, with the countdown/ETA of the ``send_task`` in progress."""
+        return super().as_task_v2(task_id, name, *_with_schedule(args, kwargs), **kwargs)
+
+    def as_task_v1(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Celery's protocol 1 task message, with the countdown/ETA of the ``send_task`` in progress."""
+        return super().as_task_v1(task_id, name, *_with_schedule(args, kwargs), **kwargs)
+
+
+def _with_schedule(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """``as_task_v*``'s positional arguments after ``name`` (``args, kwargs, countdown, eta, ...``), scheduled."""
+    schedule = _SCHEDULE.get()
+    if schedule is None:
+        return args
+    if len(args) >= 4:
+        return (*args[:2], *schedule, *args[4:])
+    kwargs["countdown"], kwargs["eta"] = schedule
+    return args
+
+
 class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
     """A Celery app on the OJS wire; see the module documentation.
 
@@ -80,6 +128,7 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
     """
 
     task_cls = "ojs_celery.task:Task"
+    amqp_cls = "ojs_celery.app:AMQP"
     control_cls = "ojs_celery.control:Control"
 
     def __init__(self, main: str | None = None, *args: Any, broker_backend: str | None = None, **kwargs: Any) -> None:
@@ -101,7 +150,7 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
                 conf[key] = value
         _refuse_pickle(conf)
         options = conf.get("broker_transport_options") or {}
-        hooks = {"on_cancel": ON_CANCEL_HOOK, "lifecycle": LIFECYCLE_HOOK, "info": INFO_HOOK}
+        hooks = {"on_cancel": ON_CANCEL_HOOK, "lifecycle": TRANSPORT_LIFECYCLE_HOOK, "info": INFO_HOOK}
         if any(key not in options for key in hooks):
             conf["broker_transport_options"] = {**hooks, **options}
         return conf
@@ -117,8 +166,13 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
         *more: Any,
         **options: Any,
     ) -> Any:
-        """As :meth:`celery.Celery.send_task`, with a UUIDv7 task id by default."""
-        return super().send_task(name, args, kwargs, countdown, eta, task_id or new_job_id(), *more, **options)
+        """As :meth:`celery.Celery.send_task`, with a UUIDv7 task id by default.
+
+        ``countdown`` and ``eta`` reach the task message (an OJS ``scheduled_at``: the
+        scheduling cascade) without Celery's native delayed delivery seeing them (see :class:`AMQP`).
+        """
+        with _scheduled(countdown, eta):
+            return super().send_task(name, args, kwargs, None, None, task_id or new_job_id(), *more, **options)
 
     def _install_request(self, sender: Any = None, **_: Any) -> None:
         # Tasks declared with their own base= class keep Celery's stock Request otherwise.
@@ -144,4 +198,4 @@ def _refuse_pickle(conf: Any) -> None:
             raise ImproperlyConfigured(f"{key} includes {refused}: the OJS wire is JSON only (pickle is refused)")
 
 
-__all__ = ["Celery", "OJS_DEFAULTS"]
+__all__ = ["AMQP", "Celery", "OJS_DEFAULTS"]

@@ -29,6 +29,16 @@ Settings (``app.conf``):
 The revoke happens in every process where a worker of this app runs (a
 :class:`CancelStep` registers each worker), in the worker's consumer thread.
 
+**A dropped task is REVOKED.**  Celery never sees a job the transport dropped on
+delivery, so the transport's lifecycle (the transport option ``lifecycle``,
+:func:`transport_lifecycle`) records it as Celery records a revoked task it
+meets: ``REVOKED`` (``TaskRevokedError("revoked")``) in the result backend of each
+worker's app in this process (:func:`record_revoked`), so ``AsyncResult(id).state``
+does not stay ``PENDING``; a chord member's chord fails as in stock Celery.  Skipped
+as stock Celery skips it (``ignore_result`` without ``store_errors_even_if_ignored``),
+and for ``rpc://``, whose result goes to the caller's reply queue: the dropped
+job does not carry it.
+
 **A Celery revoke reaches OJS.**  :class:`Control` (``app.control``, also what
 ``AsyncResult.revoke()`` calls) publishes an OJS cancel (confirmed) for each id
 to the control stream of every job queue of the app: every queue of
@@ -42,6 +52,7 @@ broker.  Ids must be the OJS job ids: ``ojs_celery.Celery`` task ids are (UUIDv7
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterable
@@ -49,18 +60,30 @@ from typing import Any
 
 from celery import bootsteps
 from celery.app import control as celery_control
+from celery.app.task import Context
+from celery.backends.base import DisabledBackend
+from celery.backends.rpc import RPCBackend
 from celery.platforms import signals as celery_signals
 from celery.utils.functional import maybe_list
 from celery.worker import state as worker_state
 
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import ojs_queue_for
+from ojs_kombu.runtime.lifecycle import JobEvent, JobEventName, Lifecycle, Subscriber
 from ojs_kombu.transport.channel import BROADCAST_EXCHANGE_TYPES
 from ojs_kombu.transport.state import ConnectionState
+
+from .lifecycle import worker_lifecycle
+from .protocol import CeleryCodec
 
 logger = logging.getLogger(__name__)
 
 #: The transport option :class:`ojs_celery.Celery` sets so the transport calls :func:`on_cancel`.
 ON_CANCEL_HOOK = "ojs_celery.control:on_cancel"
+#: The transport option ``lifecycle`` :class:`ojs_celery.Celery` sets: :func:`transport_lifecycle`.
+TRANSPORT_LIFECYCLE_HOOK = "ojs_celery.control:transport_lifecycle"
+#: The reason stock Celery records for a revoked task it discards.
+REVOKED_REASON = "revoked"
 CANCEL_TERMINATE_SETTING = "ojs_cancel_terminate"
 CANCEL_SIGNAL_SETTING = "ojs_cancel_signal"
 DEFAULT_CANCEL_SIGNAL = "SIGTERM"
@@ -100,6 +123,7 @@ class WorkerCanceller:
 
 _cancellers: list[WorkerCanceller] = []
 _lock = threading.Lock()
+_CODEC = CeleryCodec()
 
 
 def on_cancel(job_id: str) -> None:
@@ -115,6 +139,83 @@ def on_cancel(job_id: str) -> None:
         cancellers = list(_cancellers)
     for canceller in cancellers:
         canceller.cancel(job_id)
+
+
+def dropped_request(job: Job) -> Context:
+    """The Celery request context of a job the transport dropped (what the task message would have said).
+
+    Parameters:
+        job: the dropped job.
+
+    Returns:
+        A :class:`celery.app.task.Context` with the task's id, name, headers (group, chord
+        ...), arguments and its message's ``reply_to``/``correlation_id`` if the job has them.
+    """
+    body, properties, headers = _CODEC.from_job(job, {}, {})
+    args, kwargs, embed = json.loads(body)
+    return Context({**headers, **embed, **properties, "args": args, "kwargs": kwargs})
+
+
+def record_revoked(job: Job) -> None:
+    """Record ``job`` (dropped on delivery, never seen by Celery) as ``REVOKED`` (see the module docstring).
+
+    In the result backend of the app of each worker of this process; a failing backend is
+    logged (the job is settled already).
+
+    Parameters:
+        job: the dropped job.
+    """
+    with _lock:
+        apps = {id(c.worker.app): c.worker.app for c in _cancellers}
+    if not apps:
+        return
+    request = dropped_request(job)
+    for app in apps.values():
+        backend = app.backend
+        if isinstance(backend, (DisabledBackend, RPCBackend)):
+            continue
+        task = app.tasks.get(request.task)
+        if task is not None and task.ignore_result and not task.store_errors_even_if_ignored:
+            continue
+        try:
+            backend.mark_as_revoked(request.id, REVOKED_REASON, request=request)
+        except Exception:
+            logger.exception("could not record the dropped task %s as REVOKED", request.id)
+
+
+class DroppedTaskLifecycle(Lifecycle):
+    """The transport's lifecycle: events go to :func:`~ojs_celery.lifecycle.worker_lifecycle`, and a
+    job dropped on delivery (``cancelled``, the only ``cancelled`` the transport emits) is
+    recorded REVOKED (:func:`record_revoked`).
+
+    Parameters:
+        hub: where the events go (default: this process's :func:`~ojs_celery.lifecycle.worker_lifecycle`).
+    """
+
+    def __init__(self, hub: Lifecycle | None = None):
+        self.hub = hub or worker_lifecycle()
+        super().__init__(self.hub.worker_id)
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Subscribe to the hub."""
+        self.hub.subscribe(subscriber)
+
+    def emit(
+        self, event: JobEventName, job: Job, attempt: int, *, error: dict[str, Any] | None = None
+    ) -> JobEvent | None:
+        """Record a ``cancelled`` job REVOKED, then emit ``event`` on the hub (see :meth:`Lifecycle.emit`)."""
+        if event == "cancelled":
+            record_revoked(job)
+        return self.hub.emit(event, job, attempt, error=error)
+
+
+def transport_lifecycle() -> Lifecycle:
+    """The transport option ``lifecycle`` of :class:`ojs_celery.Celery` (called per channel).
+
+    Returns:
+        A :class:`DroppedTaskLifecycle` on this process's worker lifecycle.
+    """
+    return DroppedTaskLifecycle()
 
 
 class CancelStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
@@ -235,9 +336,15 @@ __all__ = [
     "CANCEL_TERMINATE_SETTING",
     "CancelStep",
     "Control",
+    "DroppedTaskLifecycle",
     "ON_CANCEL_HOOK",
+    "REVOKED_REASON",
+    "TRANSPORT_LIFECYCLE_HOOK",
     "WorkerCanceller",
     "cancel_queues",
+    "dropped_request",
     "on_cancel",
     "publish_cancels",
+    "record_revoked",
+    "transport_lifecycle",
 ]

@@ -28,6 +28,7 @@ from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.transport.queues import ExchangeDeclaration
 from ojs_kombu.transport.settlement import ChannelSettlement, delivery_of, is_envelope
 from ojs_kombu.transport.state import ConnectionState
 from ojs_kombu.wire.codec import decode
@@ -43,6 +44,8 @@ BROADCAST_EXCHANGE_TYPES = frozenset({"fanout", "topic", "headers"})
 
 #: AMQP names that already belong to the binding (any prefix): used as they are.
 _OJS_NAME_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_\-.]*\.)?ojs\.")
+#: Exchanges always declared when asked: the binding's own and the broker's ``amq.*``.
+_OWN_EXCHANGE_RE = re.compile(rf"{_OJS_NAME_RE.pattern}|^amq\.")
 
 
 @dataclass
@@ -146,14 +149,36 @@ class Channel(pyamqp.Channel):
         arguments: dict[str, Any] | None = None,
         argsig: str = "BssbbbbbF",
     ) -> Any:
-        """Declare an exchange as usual, remembering its type (see :meth:`queue_declare`).
+        """Declare an exchange, remembering its type (see :meth:`queue_declare`).
 
+        A durable direct exchange (Celery's task exchange ``celery`` & co.) is declared only when
+        something needs it (:meth:`_declare_deferred`): the job queues bound to it are routed
+        through ``ojs.exchange.direct``, so it would be an unprefixed exchange nobody uses.
         A passive declaration carries the type the caller expects: it counts too.
         """
         if exchange and type:
             self.ojs.queues.exchange_types[exchange] = type
             self._exchange_type = type
+        if passive:
+            self._declare_deferred(exchange)
+        elif exchange and type == "direct" and durable and not auto_delete and not _OWN_EXCHANGE_RE.match(exchange):
+            self.ojs.queues.deferred_exchanges[exchange] = ExchangeDeclaration(type, durable, auto_delete, arguments)
+            return None
         return super().exchange_declare(exchange, type, passive, durable, auto_delete, nowait, arguments, argsig)
+
+    def _declare_deferred(self, exchange: str) -> None:
+        """Declare ``exchange`` now if its declaration was held back (see :meth:`exchange_declare`)."""
+        declaration = self.ojs.queues.deferred_exchanges.pop(exchange, None)
+        if declaration is not None:
+            super().exchange_declare(
+                exchange,
+                declaration.type,
+                False,
+                declaration.durable,
+                declaration.auto_delete,
+                False,
+                declaration.arguments,
+            )
 
     def queue_declare(
         self,
@@ -208,6 +233,7 @@ class Channel(pyamqp.Channel):
             self._make_plain(queue)
             ojs_queue = None
         if ojs_queue is None or exchange == state.names.direct_exchange:
+            self._declare_deferred(exchange)
             return super().queue_bind(
                 queue if ojs_queue is None else state.names.job_queue(ojs_queue),
                 exchange,
@@ -283,6 +309,8 @@ class Channel(pyamqp.Channel):
         if target is not None and exchange not in state.ojs_exchanges:
             exchange, routing_key = state.names.direct_exchange, target
             state.ensure_queue(target)
+        elif exchange in state.queues.deferred_exchanges:
+            self._declare_deferred(exchange)
         confirm = self.connection.confirm_publish
         if confirm and not self._confirm_selected:  # type: ignore[has-type]  # py-amqp's attribute
             self._confirm_selected = True

@@ -17,6 +17,21 @@ from typing import Any
 from ojs_kombu.wire.entities import QueueOptions
 
 
+@dataclass(frozen=True)
+class ExchangeDeclaration:
+    """A framework's declaration of a direct exchange, held back until something needs the exchange.
+
+    Attributes:
+        type: the exchange type (``"direct"``).
+        durable, auto_delete, arguments: as the framework declared them.
+    """
+
+    type: str
+    durable: bool
+    auto_delete: bool
+    arguments: dict[str, Any] | None
+
+
 @dataclass
 class QueueMap:
     """The job queues of one prefix.
@@ -28,6 +43,10 @@ class QueueMap:
             plain queue again, see :meth:`Channel.queue_bind <ojs_kombu.transport.channel.Channel.queue_bind>`).
         bindings: ``(exchange, routing_key)`` -> the framework queue bound with it (direct exchanges only).
         exchange_types: exchange name -> type, as declared through the transport.
+        deferred_exchanges: durable direct exchanges a framework declared and nothing used yet
+            (a task exchange such as Celery's ``celery``: job queues are routed through
+            ``ojs.exchange.direct`` instead, so it is only declared when a plain queue is bound
+            to it or a message is published to it as it is).
     """
 
     queues: dict[str, str] = field(default_factory=dict)
@@ -35,6 +54,7 @@ class QueueMap:
     arguments: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     bindings: dict[tuple[str, str], str] = field(default_factory=dict)
     exchange_types: dict[str, str] = field(default_factory=dict)
+    deferred_exchanges: dict[str, ExchangeDeclaration] = field(default_factory=dict)
 
     def forget(self, name: str) -> None:
         """Stop treating framework queue ``name`` as a job queue (its bindings go too)."""
@@ -71,4 +91,4 @@ def live_prefixes() -> list[str]:
         return list(_QUEUE_MAPS.keys())
 
 
-__all__ = ["QueueMap", "live_prefixes", "queue_map"]
+__all__ = ["ExchangeDeclaration", "QueueMap", "live_prefixes", "queue_map"]

@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from celery.exceptions import TaskRevokedError
+from celery import chord
+from celery.exceptions import ChordError, TaskRevokedError
 from celery.worker import state as worker_state
 from prometheus_client import REGISTRY
 from support import message_count, raw_channel, wait_until
@@ -237,3 +238,49 @@ def test_a_worker_started_while_paused_does_not_consume(celery_app, recorder, wo
         client.resume("celery")
         assert waiting.get(timeout=30) == "waiting"
     assert recorder.ran == ["waiting"]
+
+
+def test_a_task_dropped_on_delivery_is_revoked_in_the_result_backend(
+    celery_redis_app, worker_factory, client, amqp_url, names
+):
+    """Dropped by the transport, never seen by Celery: REVOKED in the result backend, as stock Celery records it."""
+    ran: list[str] = []
+
+    @celery_redis_app.task(name="cancel.dropped")
+    def record(tag):
+        ran.append(tag)
+        return tag
+
+    doomed = record.delay("doomed")
+    client.cancel(doomed.id, queue="celery")
+    dropped = _dropped_pending()
+    assert doomed.state == "PENDING"
+    with worker_factory(celery_redis_app):
+        assert record.delay("after").get(timeout=30) == "after"  # queued behind the doomed one
+        wait_until(lambda: _dropped_pending() == dropped + 1, 10, message="the drop")
+    assert ran == ["after"]
+    assert doomed.state == "REVOKED"
+    with pytest.raises(TaskRevokedError):
+        doomed.get(timeout=5)
+    _assert_settled(amqp_url, names)
+
+
+def test_a_chord_member_dropped_on_delivery_fails_its_chord(celery_redis_app, worker_factory, client):
+    """As in stock Celery, a revoked header task fails the chord (its REVOKED counts as the member's part)."""
+    app = celery_redis_app
+
+    @app.task(name="cancel.add")
+    def add(x, y):
+        return x + y
+
+    @app.task(name="cancel.total")
+    def total(values):
+        return sum(values)
+
+    doomed_id = new_job_id()
+    body = chord([add.s(1, 1), add.s(2, 2).set(task_id=doomed_id)])(total.s())
+    client.cancel(doomed_id, queue="celery")
+    with worker_factory(app):
+        error = body.get(timeout=30, propagate=False)
+    assert body.state == "FAILURE" and isinstance(error, ChordError), (body.state, error)
+    assert app.AsyncResult(doomed_id).state == "REVOKED"

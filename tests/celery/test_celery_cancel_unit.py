@@ -8,7 +8,7 @@ import pytest
 from kombu import Exchange, Queue
 
 from ojs_celery import Celery
-from ojs_celery.control import ON_CANCEL_HOOK, cancel_queues
+from ojs_celery.control import ON_CANCEL_HOOK, TRANSPORT_LIFECYCLE_HOOK, DroppedTaskLifecycle, cancel_queues
 from ojs_celery.lifecycle import INFO_HOOK, LIFECYCLE_HOOK, worker_lifecycle
 from ojs_kombu.transport.control import HookedCancellations
 from ojs_kombu.transport.settings import Settings
@@ -44,6 +44,8 @@ def test_on_cancel_option_is_imported_from_a_path_or_refused():
 def test_lifecycle_option_gives_a_lifecycle_or_is_refused():
     assert Settings.from_options({"lifecycle": LIFECYCLE_HOOK}).load_lifecycle() is worker_lifecycle()
     assert Settings.from_options({}).load_lifecycle() is None
+    transport = Settings.from_options({"lifecycle": TRANSPORT_LIFECYCLE_HOOK}).load_lifecycle()
+    assert isinstance(transport, DroppedTaskLifecycle) and transport.hub is worker_lifecycle()
     with pytest.raises(TypeError, match="must give a Lifecycle"):
         Settings.from_options({"lifecycle": "os.path:sep"}).load_lifecycle()
 
@@ -54,7 +56,7 @@ def test_the_app_installs_the_hook_and_keeps_the_users_transport_options():
         assert app.conf.broker_transport_options == {
             "prefix": "p",
             "on_cancel": ON_CANCEL_HOOK,
-            "lifecycle": LIFECYCLE_HOOK,
+            "lifecycle": TRANSPORT_LIFECYCLE_HOOK,
             "info": INFO_HOOK,
         }
     finally:
