@@ -49,8 +49,9 @@ from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import Cancellations, RunningEntry
 from ojs_kombu.runtime.lifecycle import Lifecycle
 
-_current_cancelled: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
-    "ojs_dramatiq_current_cancelled", default=None
+#: The run of the calling actor (its event is made only if the actor asks: most never do).
+_current_run: contextvars.ContextVar[RunningEntry | None] = contextvars.ContextVar(
+    "ojs_dramatiq_current_run", default=None
 )
 
 
@@ -61,10 +62,10 @@ def current_cancelled() -> threading.Event:
     Raises:
         OjsError: outside an actor run by a worker of an :class:`~ojs_dramatiq.OjsBroker`.
     """
-    event = _current_cancelled.get()
-    if event is None:
+    run = _current_run.get()
+    if run is None:
         raise OjsError("current_cancelled() is only available inside an actor run from an OjsBroker")
-    return event
+    return run.cancelled
 
 
 class RunningMessage(MessageProxy):
@@ -80,7 +81,7 @@ class RunningMessage(MessageProxy):
         self.ojs_delivery = delivery
         self.running: RunningEntry | None = None  # while a worker thread runs it
         self._cancellations: Cancellations | None = None  # the broker's, while a worker thread runs it
-        self._cancelled_token: contextvars.Token[threading.Event | None] | None = None
+        self._run_token: contextvars.Token[RunningEntry | None] | None = None
 
     @property
     def execution(self) -> int:
@@ -126,9 +127,9 @@ class OjsRunning(Middleware):
         entry = self.cancellations.enter(job.id, job.queue, aliases=(message.message_id,))
         message.running = entry
         message._cancellations = self.cancellations
-        message._cancelled_token = _current_cancelled.set(entry.cancelled)
+        message._run_token = _current_run.set(entry)
         self._by_thread[thread_id] = message
-        if entry.cancelled.is_set():
+        if entry.is_cancelled:
             raise SkipMessage(f"message {message.message_id} was cancelled")
         self.lifecycle.emit("started", job, message.execution)
 
@@ -140,7 +141,7 @@ class OjsRunning(Middleware):
             return
         assert message.running is not None
         job, execution = message.ojs_job, message.execution
-        if message.running.cancelled.is_set():
+        if message.running.is_cancelled:
             message.settle_cancelled("running")
             if exception is not None:
                 # Dramatiq's own way to say "do not retry this": Retries fails the message instead
@@ -158,7 +159,7 @@ class OjsRunning(Middleware):
         if not isinstance(message, RunningMessage) or not self._leave(message):
             return
         assert message.running is not None
-        if message.running.cancelled.is_set():
+        if message.running.is_cancelled:
             message.settle_cancelled("pending")
 
     def _leave(self, message: RunningMessage) -> bool:
@@ -168,12 +169,12 @@ class OjsRunning(Middleware):
             return False
         self.cancellations.leave(entry)
         self._by_thread.pop(entry.thread_id, None)
-        token, message._cancelled_token = message._cancelled_token, None
+        token, message._run_token = message._run_token, None
         if token is not None:
             try:
-                _current_cancelled.reset(token)
+                _current_run.reset(token)
             except ValueError:  # left from another context (a stale run): nothing to restore
-                _current_cancelled.set(None)
+                _current_run.set(None)
         return True
 
 

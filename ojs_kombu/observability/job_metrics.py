@@ -193,11 +193,12 @@ class JobMetrics:
         outcome.inc()
 
     def _first_start(self, series: _Series, event: JobEventLike) -> None:
-        ready = max((t for t in (event.enqueued_at, event.scheduled_at) if t is not None), default=None)
+        enqueued, scheduled = event.enqueued_at, event.scheduled_at
+        ready = enqueued if scheduled is None or (enqueued is not None and enqueued > scheduled) else scheduled
         if ready is not None:
             series.queue_wait.observe(_seconds(event.at, ready))
-        if event.scheduled_at is not None:
-            series.lateness.observe(_seconds(event.at, event.scheduled_at))
+        if scheduled is not None:
+            series.lateness.observe(_seconds(event.at, scheduled))
 
     def _series_of(self, queue: str, job_type: str) -> _Series:
         series = self._series.get((queue, job_type))

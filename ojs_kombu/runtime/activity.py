@@ -18,23 +18,27 @@ event               state
 ==================  ==================================================================
 
 Memory: the history keeps the last ``history`` finished jobs (default 10,000),
-one :class:`JobInfo` each; measured about 350 bytes per entry (the slotted info,
-its 36-character id, two datetimes and its ordered-dict slot; queue, type and
-worker id are shared), plus the error message of a failed one: ~4 MB for the
+one tuple each (its :class:`JobInfo` is built when INFO asks); measured about
+350 bytes per entry (the tuple, its 36-character id, two datetimes and its
+ordered-dict slot; queue, type and worker id are shared), plus the error message of a failed one: ~4 MB for the
 default window.  Past the bound the oldest entry goes.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
-from dataclasses import replace
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.info import JobInfo, JobState
 from ojs_kombu.observability.job_metrics import JOB_METRICS
 from ojs_kombu.runtime.lifecycle import JobEvent, Lifecycle
 from ojs_kombu.wire.events import ActiveJob
+
+logger = logging.getLogger(__name__)
 
 #: Default size of the recent-history window (finished jobs kept for INFO).
 DEFAULT_HISTORY = 10_000
@@ -49,10 +53,26 @@ _FINISHED: dict[str, JobState] = {
 }
 
 
+class _Finished(NamedTuple):
+    """A finished job as the history keeps it: the fields of its :class:`JobInfo` but the id
+    (built only when INFO or the presence asks: most entries are never looked up)."""
+
+    queue: str
+    type: str
+    state: JobState
+    worker_id: str
+    attempt: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: dict[str, Any] | None
+
+
 class Activity:
     """The jobs a worker runs now and the last ``history`` it finished; thread-safe.
 
     Use :meth:`record` as a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` subscriber.
+    Recording is per job and cheap: a running job is its ``started`` event, a finished one
+    a tuple; the :class:`JobInfo` is built when asked for.
 
     Parameters:
         history: how many finished jobs to remember (at least 1).
@@ -65,8 +85,8 @@ class Activity:
         if isinstance(history, bool) or not isinstance(history, int) or history < 1:
             raise ValidationError(f"history must be a positive integer, got {history!r}", field="history")
         self.history = history
-        self._running: dict[str, JobInfo] = {}
-        self._finished: OrderedDict[str, JobInfo] = OrderedDict()
+        self._running: dict[str, JobEvent] = {}  # by lowercase id: its ``started`` event
+        self._finished: OrderedDict[str, _Finished] = OrderedDict()
         self._lock = threading.Lock()
 
     def record(self, event: JobEvent) -> None:
@@ -78,31 +98,26 @@ class Activity:
         job_id = event.job_id.lower()
         with self._lock:
             if event.event == "started":
-                self._running[job_id] = JobInfo(
-                    job_id, event.queue, event.job_type, "active", event.worker_id, event.attempt, event.at
-                )
+                self._running[job_id] = event
                 return
             state = _FINISHED[event.event]
             running = self._running.pop(job_id, None)
-            previous = running or self._finished.get(job_id)
-            if event.event in ("retried", "dead-lettered") and previous is not None and previous.finished:
+            finished = self._finished.pop(job_id, None) if running is None else None
+            if event.event in ("retried", "dead-lettered") and finished is not None:
                 # The settling of a failure already recorded: keep its times and error.
-                info = replace(previous, state=state, attempt=event.attempt)
+                record = finished._replace(state=state, attempt=event.attempt)
             else:
-                started = previous.started_at if previous is not None and previous.attempt == event.attempt else None
-                info = JobInfo(
-                    job_id,
-                    event.queue,
-                    event.job_type,
-                    state,
-                    event.worker_id,
-                    event.attempt,
-                    started,
-                    event.at,
-                    event.error,
+                if running is not None:
+                    started = running.at if running.attempt == event.attempt else None
+                else:
+                    started = (
+                        finished.started_at if finished is not None and finished.attempt == event.attempt else None
+                    )
+                record = _Finished(
+                    event.queue, event.job_type, state, event.worker_id, event.attempt, started, event.at, event.error
                 )
             self._finished.pop(job_id, None)
-            self._finished[job_id] = info  # most recent last
+            self._finished[job_id] = record  # most recent last
             while len(self._finished) > self.history:
                 self._finished.popitem(last=False)
 
@@ -114,13 +129,19 @@ class Activity:
         """
         job_id = job_id.lower()
         with self._lock:
-            return self._running.get(job_id) or self._finished.get(job_id)
+            running = self._running.get(job_id)
+            finished = self._finished.get(job_id) if running is None else None
+        if running is not None:
+            return _info(job_id, _active_fields(running))
+        return None if finished is None else _info(job_id, finished)
 
     def active(self) -> list[JobInfo]:
         """The jobs running now, oldest start first."""
         with self._lock:
-            running = list(self._running.values())
-        return sorted(running, key=lambda info: info.started_at.timestamp() if info.started_at else 0.0)
+            running = list(self._running.items())
+        running.sort(key=lambda item: item[1].at.timestamp())
+        infos = (_info(job_id, _active_fields(event)) for job_id, event in running)
+        return [info for info in infos if info is not None]
 
     def active_jobs(self) -> list[ActiveJob]:
         """The jobs running now as a worker presence lists them (the provider of a
@@ -135,6 +156,21 @@ class Activity:
         """How many jobs are known (running and in the history window)."""
         with self._lock:
             return len(self._running.keys() | self._finished.keys())
+
+
+def _active_fields(started: JobEvent) -> tuple[str, str, JobState, str, int, datetime]:
+    """The :class:`JobInfo` fields but the id of a job running since its ``started`` event."""
+    return started.queue, started.job_type, "active", started.worker_id, started.attempt, started.at
+
+
+def _info(job_id: str, fields: tuple[Any, ...]) -> JobInfo | None:
+    """The info of ``job_id``; None (logged) when its events carried a field INFO cannot answer
+    with (an adapter's unvalidated job): as if the job were unknown here."""
+    try:
+        return JobInfo(job_id, *fields)
+    except ValidationError:
+        logger.warning("job %s: its lifecycle events make no valid INFO answer", job_id, exc_info=True)
+        return None
 
 
 def worker_lifecycle(worker_id: str | None = None) -> tuple[Lifecycle, Activity]:

@@ -134,21 +134,65 @@ class CancelledIds:
 
 @dataclass(eq=False)
 class RunningEntry:
-    """A job a handler thread is running: its ``cancelled`` event and its thread."""
+    """A job a handler thread is running: its ``cancelled`` event and its thread.
+
+    The event is made when first asked for (a ``threading.Event`` costs 2 µs, and most runs
+    are never cancelled nor look): :attr:`is_cancelled` is the flag the worker reads.
+
+    Parameters:
+        job_id: the job's id (lowercase).
+        queue: its OJS queue (logs).
+        thread_id: the handler's thread.
+        aliases: other ids a cancel may name it by (a Dramatiq message id).
+        lock: guards the flag, the event and the fields a cancel reads (the
+            :class:`Cancellations`' own lock; default: a new one).
+    """
 
     job_id: str
     queue: str
     thread_id: int
-    cancelled: threading.Event = field(default_factory=threading.Event)
     interrupted: bool = False
     active: bool = True  # False once the handler has returned: never interrupt it after
     interruptible: bool = True  # False once the handler has ended, before its run is left (see Cancellations.ended)
     aliases: tuple[str, ...] = ()  # other ids a cancel may name it by (a Dramatiq message id)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _is_cancelled: bool = field(default=False, init=False, repr=False)
+    _event: threading.Event | None = field(default=None, init=False, repr=False)
 
     @property
     def keys(self) -> tuple[str, ...]:
         """Every id a cancel of this job may carry."""
         return (self.job_id, *self.aliases)
+
+    @property
+    def is_cancelled(self) -> bool:
+        """Whether the job has been cancelled (what :attr:`cancelled` says, without making it)."""
+        return self._is_cancelled
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """The run's ``cancelled`` event (``current_job().cancelled``, Dramatiq's
+        ``current_cancelled()``): set when the job is cancelled, the same object for the whole run.
+
+        Returns:
+            The event, set already when the job was cancelled before it was first asked for.
+        """
+        event = self._event
+        if event is None:
+            with self.lock:
+                event = self._event
+                if event is None:
+                    event = threading.Event()
+                    if self._is_cancelled:
+                        event.set()
+                    self._event = event
+        return event
+
+    def _set_cancelled(self) -> None:
+        """Mark the run cancelled (the caller holds :attr:`lock`)."""
+        self._is_cancelled = True
+        if self._event is not None:
+            self._event.set()
 
 
 class Cancellations:
@@ -172,7 +216,7 @@ class Cancellations:
         self.mode = mode
         self.ids = CancelledIds(limit)
         self._running: dict[str, list[RunningEntry]] = {}
-        self._lock = threading.Lock()  # guards _running and every RunningEntry's active/interrupted
+        self._lock = threading.Lock()  # guards _running and every RunningEntry (its lock): flags, event
 
     def is_cancelled(self, job_id: str) -> bool:
         """Whether ``job_id`` has been cancelled."""
@@ -184,9 +228,9 @@ class Cancellations:
         self.ids.add(job_id)
         with self._lock:
             for entry in self._running.get(job_id, ()):
-                if entry.cancelled.is_set():
+                if entry.is_cancelled:
                     continue
-                entry.cancelled.set()
+                entry._set_cancelled()
                 if self.mode == "interrupt" and entry.active and entry.interruptible:
                     entry.interrupted = _raise_in_thread(entry.thread_id, Cancelled)
                 logger.info(
@@ -222,13 +266,20 @@ class Cancellations:
         Returns:
             The entry, its ``cancelled`` event set already when the job was cancelled before.
         """
-        keys = [k.lower() for k in aliases if k.lower() != job_id.lower()]
-        entry = RunningEntry(job_id.lower(), queue, threading.get_ident(), aliases=tuple(dict.fromkeys(keys)))
+        job_id = job_id.lower()
+        keys = [k.lower() for k in aliases]
+        entry = RunningEntry(
+            job_id,
+            queue,
+            threading.get_ident(),
+            aliases=tuple(dict.fromkeys(k for k in keys if k != job_id)),
+            lock=self._lock,
+        )
         with self._lock:
             for key in entry.keys:
                 self._running.setdefault(key, []).append(entry)
-        if any(key in self.ids for key in entry.keys):
-            entry.cancelled.set()
+            if any(key in self.ids for key in entry.keys):
+                entry._set_cancelled()
         return entry
 
     def leave(self, entry: RunningEntry) -> None:

@@ -107,6 +107,33 @@ def test_history_is_bounded_oldest_first(hub):
     assert len(activity) == 4  # running jobs are not bounded by the history (the concurrency bounds them)
 
 
+def test_a_failure_settled_later_keeps_its_times_and_error(hub):
+    lifecycle, activity = hub
+    j = job()
+    lifecycle.emit("started", j, 1)
+    lifecycle.emit("failed", j, 1, error=FAILURE)
+    failed = activity.lookup(j.id)
+    lifecycle.emit("dead-lettered", j, 1)
+    info = activity.lookup(j.id)
+    assert failed is not None and info is not None
+    assert info.state == "discarded" and info.error == FAILURE
+    assert (info.started_at, info.finished_at) == (failed.started_at, failed.finished_at)
+    assert info.started_at is not None and info.finished_at is not None
+
+
+def test_events_info_cannot_answer_with_leave_the_job_unknown(hub, caplog):
+    """An adapter's unvalidated job (an empty type) makes no JobInfo: INFO and the presence
+    treat it as unknown (logged), never raise."""
+    lifecycle, activity = hub
+    bad = Job.model_construct(id="j-bad", type="", queue="reports", args=[])
+    lifecycle.emit("started", bad, 1)
+    assert activity.lookup("j-bad") is None
+    assert activity.active() == [] and activity.active_jobs() == []
+    lifecycle.emit("succeeded", bad, 1)
+    assert activity.lookup("j-bad") is None
+    assert "no valid INFO answer" in caplog.text
+
+
 def test_history_must_be_positive():
     with pytest.raises(ValidationError):
         Activity(history=0)

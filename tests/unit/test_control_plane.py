@@ -67,6 +67,59 @@ def test_cancel_before_start_sets_the_event_at_registration():
         assert entry.cancelled.is_set()
 
 
+def test_a_runs_event_is_made_when_first_asked_for_and_carries_an_earlier_cancel():
+    """The flag says it without the event; the event, made later, is set already and stays the same."""
+    cancellations = Cancellations("cooperative")
+    entry = cancellations.enter("job", "q")
+    assert entry.is_cancelled is False
+    cancellations.cancel("job")
+    assert entry.is_cancelled is True
+    event = entry.cancelled
+    assert isinstance(event, threading.Event) and event.is_set()
+    assert entry.cancelled is event
+    cancellations.leave(entry)
+
+
+def test_a_cancel_sets_the_event_asked_for_before_it():
+    cancellations = Cancellations("cooperative")
+    entry = cancellations.enter("job", "q")
+    event = entry.cancelled
+    assert not event.is_set()
+    cancellations.cancel("job")
+    assert event.is_set() and entry.is_cancelled
+    cancellations.leave(entry)
+
+
+def ask_while_cancelling(askers: int) -> list[threading.Event]:
+    """``askers`` threads ask a run for its event while another cancels it, all at once."""
+    cancellations = Cancellations("cooperative")
+    entry = cancellations.enter("job", "q")
+    barrier = threading.Barrier(askers + 1)
+    seen: list[threading.Event] = []
+
+    def ask() -> None:
+        barrier.wait()
+        seen.append(entry.cancelled)
+
+    def cancel() -> None:
+        barrier.wait()
+        cancellations.cancel("job")
+
+    threads = [threading.Thread(target=ask) for _ in range(askers)] + [threading.Thread(target=cancel)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    return seen
+
+
+def test_threads_asking_for_the_event_at_once_with_a_cancel_get_one_event_set():
+    for _ in range(50):
+        seen = ask_while_cancelling(4)
+        assert len(seen) == 4 and len({id(event) for event in seen}) == 1
+        assert seen[0].is_set()
+
+
 def test_interrupt_raises_cancelled_in_a_busy_thread_and_never_after_it_left():
     cancellations = Cancellations("interrupt")
     started, outcome = threading.Event(), []

@@ -164,3 +164,19 @@ def test_a_malformed_timestamp_of_an_unvalidated_job_never_fails_the_event() -> 
     lifecycle.emit("started", job, 1)
 
     assert [(e.event, e.enqueued_at, e.scheduled_at) for e in seen] == [("started", None, None)]
+
+
+def test_only_a_started_event_carries_the_jobs_moments() -> None:
+    """Queue wait and lateness are measured at the start: the other events skip parsing them."""
+    seen: list[JobEvent] = []
+    lifecycle = Lifecycle("w1")
+    lifecycle.subscribe(seen.append)
+    job = Job.create("email.send", [], queue="email", scheduled_at=timedelta(seconds=-2))
+
+    for name in ("started", "succeeded"):
+        lifecycle.emit(name, job, 1)
+
+    assert [(e.event, e.enqueued_at is not None, e.scheduled_at is not None) for e in seen] == [
+        ("started", True, True),
+        ("succeeded", False, False),
+    ]
