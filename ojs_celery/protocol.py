@@ -36,6 +36,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.ids import JOB_ID_RE, new_job_id
 from ojs_kombu.model.job import Job
@@ -44,7 +46,7 @@ from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy
 from ojs_kombu.model.timefmt import format_timestamp
 from ojs_kombu.policy.retry import Failure, record_failure
 from ojs_kombu.wire.codec import CONTENT_ENCODING, OutgoingMessage, encode
-from ojs_kombu.wire.headers import DEATH_HEADERS, Header, error_headers
+from ojs_kombu.wire.headers import DEATH_HEADERS, Header, error_headers, strip_death_headers
 
 #: Celery header carrying the envelope fields Celery does not model, inside Celery only.
 ENVELOPE_HEADER = "ojs_envelope"
@@ -175,7 +177,7 @@ class CeleryCodec:
         celery_id = celery_meta.get("id") or job.id
         task_headers: dict[str, Any] = {
             # The delivery's own headers first (x-ojs-attempt & co.: visible to the task).
-            **{k: v for k, v in headers.items() if k not in DEATH_HEADERS},
+            **strip_death_headers(headers),
             "lang": "py",
             "root_id": celery_id,
             "parent_id": None,
@@ -204,7 +206,7 @@ class CeleryCodec:
         task_headers[ENVELOPE_HEADER] = envelope
         embed = {key: None for key in _EMBED_KEYS}
         embed.update(celery_meta.get("embed") or {})
-        body = json.dumps([job.args, kwargs, embed], ensure_ascii=False).encode("utf-8")
+        body = _task_body([job.args, kwargs, embed])
         task_properties = {k: v for k, v in properties.items() if k != "application_headers" and v is not None}
         task_properties.update(
             content_type=JSON_CONTENT_TYPE,
@@ -213,6 +215,19 @@ class CeleryCodec:
             reply_to=properties.get("reply_to") or "",
         )
         return body, task_properties, task_headers
+
+
+def _task_body(payload: list[Any]) -> bytes:
+    """A Celery protocol 2 body ``[args, kwargs, embed]`` as JSON.
+
+    Written by ``orjson`` (a tenth of the cost of ``json`` in the worker's main process,
+    which converts every delivery); integers beyond 64 bits, which a tolerantly read job
+    may hold, go through ``json``.
+    """
+    try:
+        return orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        return json.dumps(payload, ensure_ascii=False).encode("utf-8")
 
 
 def _carried(job: Job) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class ConnectionState:
         self._ensured: set[Hashable] = set()
         self._control: ConnectionControl | None = None
         self._paused_version = 0
+        self._codec: TaskCodec | None = None
         #: The channels consuming job queues (each has ``apply_pauses``).
         self.job_channels: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -67,8 +68,11 @@ class ConnectionState:
 
     @property
     def codec(self) -> TaskCodec:
-        """The task message codec."""
-        return self.settings.load_codec()
+        """The task message codec (loaded on first use: ``ojs_celery`` needs Celery only then)."""
+        codec = self._codec
+        if codec is None:
+            codec = self._codec = self.settings.load_codec()
+        return codec
 
     @property
     def publisher(self) -> ConfirmedPublisher:

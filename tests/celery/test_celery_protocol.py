@@ -124,3 +124,24 @@ def test_pickle_is_refused():
         CeleryCodec(Tasks()).to_job(
             b"\x80\x04", {**properties, "content_type": "application/x-python-serialize"}, headers, "reports"
         )
+
+
+def test_a_job_with_an_integer_beyond_64_bits_still_becomes_a_task_body():
+    # The body is written by orjson, which refuses integers beyond 64 bits: a tolerantly
+    # read job may hold one (another producer's), and json writes it instead.
+    envelope = {
+        "specversion": "1.0",
+        "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f",
+        "type": "reports.build_pdf",
+        "queue": "reports",
+        "args": [2**70, "é", 1.5],
+        "meta": {"kwargs": {"n": -(2**65)}},
+        "attempt": 0,
+    }
+    job = decode(json.dumps(envelope).encode(), {"content_type": "application/openjobspec+json"}, {})
+    body, _, _ = CeleryCodec(Tasks()).from_job(job, {}, {})
+    assert json.loads(body) == [
+        [2**70, "é", 1.5],
+        {"n": -(2**65)},
+        {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+    ]
