@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections.abc import Iterator
 
@@ -75,4 +76,25 @@ def test_after_the_pause_a_new_one_can_start():
         pass
     with GcPause():
         assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_during_a_pause_gets_its_collector_back_and_can_pause():
+    read_end, write_end = os.pipe()
+    with GcPause():
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running the parent's cleanup
+            try:
+                enabled = gc.isenabled()
+                with GcPause():
+                    paused = not gc.isenabled()
+                os.write(write_end, f"{int(enabled)}{int(paused)}{int(gc.isenabled())}".encode())
+            finally:
+                os._exit(0)
+    os.close(write_end)
+    report = os.read(read_end, 16)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    assert report == b"111"
     assert gc.isenabled()
