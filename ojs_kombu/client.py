@@ -48,6 +48,7 @@ from ojs_kombu.errors import (
     PublishError,
     ValidationError,
 )
+from ojs_kombu.gc_pause import GcPause
 from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_queue_name
@@ -88,6 +89,10 @@ DEFAULT_REPLAY_WINDOW = 100
 #: A worker whose latest presence is older than this many seconds is not listed by ``workers()``
 #: (three presence intervals).
 DEFAULT_STALE_AFTER = 15.0
+
+#: ``enqueue_many`` pauses the cyclic garbage collector for batches of at least this many jobs
+#: (:mod:`ojs_kombu.gc_pause`); a smaller batch's objects hardly outlive a young collection.
+GC_PAUSE_MIN_JOBS = 1000
 
 # Timestamp offsets of a stream point at chunks: start reading a little earlier, filter by body times.
 _STREAM_OFFSET_SLACK = timedelta(seconds=1)
@@ -993,6 +998,14 @@ class Client:
         return message, self.names.direct_exchange, job.queue
 
     def _publish_jobs(self, jobs: list[Job]) -> list[EnqueueResult]:
+        if len(jobs) < GC_PAUSE_MIN_JOBS:
+            return self._publish_batch(jobs)
+        # All of a large batch's objects live until its confirms: collections meanwhile would
+        # only scan them (see ojs_kombu.gc_pause).  The pause lasts the batch, retries included.
+        with GcPause():
+            return self._publish_batch(jobs)
+
+    def _publish_batch(self, jobs: list[Job]) -> list[EnqueueResult]:
         # Per job, only what must live until its confirm: a batch's objects outlive the young
         # generations, and every one of them is scanned again by each full garbage collection.
         if current_trace_meta():  # the caller's trace context, the same for every job of the batch

@@ -3,6 +3,7 @@ batches still reach the queue complete and in order, confirmed, and counted once
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import kombu
@@ -83,3 +84,31 @@ def test_a_job_on_a_reserved_queue_is_refused_every_time(client, names):
         results = client.enqueue_many([reserved, Job.create("a.b", [2], queue="fine"), unhashable])
         assert [type(r.error) for r in results] == [ValidationError, type(None), ValidationError]
         assert results[0].error is not None and results[0].error.field == "queue"
+
+
+def test_a_large_batch_runs_without_collections_and_restores_the_collector(amqp_url, prefix):
+    from ojs_kombu.client import GC_PAUSE_MIN_JOBS
+
+    collections: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    with Client(amqp_url, prefix=prefix) as client:
+        client.declare_queue("paused")
+        jobs = [Job.create("bulk.job", [i], queue="paused") for i in range(2 * GC_PAUSE_MIN_JOBS)]
+        assert gc.isenabled()
+        gc.callbacks.append(count)
+        try:
+            results = client.enqueue_many(jobs)
+        finally:
+            gc.callbacks.remove(count)
+        assert [r.error for r in results] == [None] * len(jobs)
+        assert collections == []  # thousands of objects allocated, no collection scanned them
+        assert gc.isenabled()
+        # A broken batch restores it too: the connection refused, every job failed.
+        with Client("amqp://guest:guest@127.0.0.1:1//", publish_timeout=0.2, connect_retries=0) as broken:
+            failed = broken.enqueue_many(jobs)
+        assert all(r.error is not None for r in failed)
+        assert gc.isenabled()
