@@ -158,17 +158,37 @@ def loads(data: str | bytes | bytearray | memoryview, *, strip_bom: bool = False
     Raises:
         JsonTextError: invalid UTF-8, a byte order mark, invalid JSON, or nesting too deep for the parser.
     """
+    return loads_native(data, strip_bom=strip_bom)[0]
+
+
+def loads_native(data: str | bytes | bytearray | memoryview, *, strip_bom: bool = False) -> tuple[Any, bool]:
+    """:func:`loads`, and whether the value is known to be JSON-native without a walk.
+
+    Parameters:
+        data: the text, or its UTF-8 encoding.
+        strip_bom: as for :func:`loads`.
+
+    Returns:
+        ``(value, native)``: ``native`` is True when orjson read the text, so every part of
+        ``value`` passes ``ensure_json_native(value, allow_large_ints=True)`` by construction
+        (exact built-in types, string keys, no lone surrogate, finite floats, integers within
+        64 bits, fewer than :data:`MAX_JSON_DEPTH` levels); False when Python's json read it.
+
+    Raises:
+        JsonTextError: as :func:`loads`.
+    """
     value = _loads_orjson(data)
     if value is _UNREAD:
-        return _loads_json(data, strip_bom=strip_bom)
-    return value
+        return _loads_json(data, strip_bom=strip_bom), False
+    return value, True
 
 
 _UNREAD: Any = object()
 
-_MAX_FAST_OPENINGS = 256
+_MAX_FAST_OPENINGS = MAX_JSON_DEPTH
 """Texts with this many ``[``/``{`` go to Python's json: orjson nests to 1024, Python's json raises
-RecursionError near 1000 minus the caller's stack; below this, neither limit can be reached."""
+RecursionError near 1000 minus the caller's stack; below this, neither limit can be reached
+(nor :data:`MAX_JSON_DEPTH`, which :func:`loads_native` relies on)."""
 
 _LONG_DIGITS = b"0" * 19
 """orjson reads an integer beyond 64 bits as a float; every integer with fewer digits fits in 64 bits."""
@@ -236,4 +256,12 @@ dumps: Callable[[Any], str] = json.JSONEncoder(separators=(",", ":"), ensure_asc
 """``dumps(value) -> str``: compact JSON text of a JSON-native value (not ASCII-escaped: encode it as UTF-8)."""
 
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_SAFE_INTEGER", "JsonTextError", "dumps", "ensure_json_native", "loads"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_SAFE_INTEGER",
+    "JsonTextError",
+    "dumps",
+    "ensure_json_native",
+    "loads",
+    "loads_native",
+]

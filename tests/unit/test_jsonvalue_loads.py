@@ -13,8 +13,19 @@ from typing import Any
 
 import pytest
 
-from ojs_kombu.model.jsonvalue import _UNREAD, JsonTextError, _loads_json, _loads_orjson, loads
+from ojs_kombu.errors import DecodeError, ValidationError
+from ojs_kombu.model.job import Job
+from ojs_kombu.model.jsonvalue import (
+    _UNREAD,
+    JsonTextError,
+    _loads_json,
+    _loads_orjson,
+    ensure_json_native,
+    loads,
+    loads_native,
+)
 from ojs_kombu.testing.schema import fixtures_dir
+from ojs_kombu.wire.codec import decode, encode
 
 FIXTURES = sorted((fixtures_dir() / "valid").glob("*.json")) + sorted((fixtures_dir() / "invalid").glob("*.json"))
 
@@ -144,6 +155,9 @@ def assert_same_reading(data: str | bytes) -> None:
                 assert got[1] == want[1]
             else:
                 assert same(got[1], want[1]), (data[:80], strip_bom, got, want)
+                value, native = loads_native(form, strip_bom=strip_bom)
+                if native:  # what Job._read_common(native=True) relies on to skip its walk
+                    ensure_json_native(value, "value", allow_large_ints=True)
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -225,3 +239,52 @@ def test_generated_documents_read_the_same() -> None:
         raw = envelope.encode("utf-8")
         at = rng.randrange(len(raw))
         assert_same_reading(raw[:at] + bytes([rng.randrange(256)]) + raw[at + 1 :])
+
+
+#: args/meta values the tolerant read's walk refuses or that only Python's json reads.
+ODD_PAYLOADS = [
+    '"\\ud800"',
+    '{"\\udc00": 1}',
+    "1e400",
+    "[-1e400]",
+    "18446744073709551616",
+    "[9007199254740993]",
+    "[" * 254 + "]" * 254,
+    "[" * 255 + "]" * 255,
+    "[" * 256 + "]" * 256,
+    "[" * 300 + "]" * 300,
+    '{"a":' * 260 + "1" + "}" * 260,
+    '[1, "\u00e9", {"k": [true, null, -0.0]}]',
+]
+
+
+@pytest.mark.parametrize("payload", ODD_PAYLOADS, ids=range(len(ODD_PAYLOADS)))
+@pytest.mark.parametrize("field", ["args", "meta"])
+def test_a_native_read_skips_no_check_of_args_and_meta(payload: str, field: str, monkeypatch: Any) -> None:
+    """The envelope reads (job or typed error) as it does when only Python's json reads text."""
+    message = encode(Job.create("email.send", ["a"], meta={"m": 1}))
+    text = message.body.decode("utf-8")
+    value = f"[{payload}]" if field == "args" else f'{{"x": {payload}}}'
+    body = text.replace('"args":["a"]' if field == "args" else '"meta":{"m":1}', f'"{field}":{value}').encode()
+    assert body != message.body
+
+    def readings() -> list[Any]:
+        out = []
+        for read in (
+            lambda: Job.from_json(body, strict=False),
+            lambda: decode(body, message.properties, message.headers),
+        ):
+            try:
+                out.append(read())
+            except (ValidationError, DecodeError) as exc:
+                out.append((type(exc), str(exc), exc.field, getattr(exc, "code", None)))
+        return out
+
+    got = readings()
+    monkeypatch.setattr("ojs_kombu.model.jsonvalue._loads_orjson", lambda data: _UNREAD)
+    assert got == readings()
+
+
+def test_the_consumer_reads_a_common_envelope_natively() -> None:
+    body = encode(Job.create("email.send", ["a", {"b": [1.5]}], meta={"m": 1})).body
+    assert loads_native(body)[1] is True
