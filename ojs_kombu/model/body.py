@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ojs_kombu.model.jsonvalue import JsonTextError, loads
+from ojs_kombu.model.jsonvalue import JsonTextError, loads_native
 
 MAX_ENVELOPE_BYTES = 1024 * 1024
 """Largest envelope accepted or produced, in UTF-8 bytes (ojs-json-format: support up to 1 MiB)."""
@@ -30,14 +30,20 @@ class BodyError(ValueError):
 
 
 def parse_envelope(data: str | bytes | bytearray | memoryview, *, tolerant: bool) -> dict[str, Any]:
-    """Decode an envelope's JSON text into a dict, without validating its fields.
+    """Decode an envelope's JSON text into a dict, without validating its fields: :func:`read_envelope`'s dict."""
+    return read_envelope(data, tolerant=tolerant)[0]
+
+
+def read_envelope(data: str | bytes | bytearray | memoryview, *, tolerant: bool) -> tuple[dict[str, Any], bool]:
+    """Decode an envelope's JSON text into a dict, without validating its fields, and say if it is JSON-native.
 
     Parameters:
         data: JSON text, or its UTF-8 encoding.
         tolerant: strip a leading byte order mark instead of refusing it (the consumer path, DESIGN §2).
 
     Returns:
-        The decoded JSON object.
+        The decoded JSON object, and whether its values are JSON-native by construction
+        (see :func:`ojs_kombu.model.jsonvalue.loads_native`).
 
     Raises:
         BodyError: over :data:`MAX_ENVELOPE_BYTES` (``envelope_too_large``), not UTF-8 or not JSON
@@ -52,12 +58,12 @@ def parse_envelope(data: str | bytes | bytearray | memoryview, *, tolerant: bool
     elif len(data) > MAX_ENVELOPE_BYTES:
         raise BodyError(f"is {len(data)} bytes, over the {MAX_ENVELOPE_BYTES}-byte limit", "envelope_too_large")
     try:
-        obj = loads(data, strip_bom=tolerant)
+        obj, native = loads_native(data, strip_bom=tolerant)
     except JsonTextError as exc:
         raise BodyError(str(exc), "decode_error") from None
     if not isinstance(obj, dict):
         raise BodyError(f"must be a JSON object, got a JSON {type(obj).__name__}", "invalid_envelope")
-    return obj
+    return obj, native
 
 
-__all__ = ["MAX_ENVELOPE_BYTES", "BodyError", "BodyErrorCode", "parse_envelope"]
+__all__ = ["MAX_ENVELOPE_BYTES", "BodyError", "BodyErrorCode", "parse_envelope", "read_envelope"]

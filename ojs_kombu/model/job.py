@@ -38,7 +38,7 @@ from ojs_kombu.model._problems import convert_pydantic_error as _convert
 from ojs_kombu.model._problems import public_error as _public
 from ojs_kombu.model._problems import short_repr as _short
 from ojs_kombu.model.base import OjsModel, is_tolerant, mode_context
-from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, parse_envelope
+from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, read_envelope
 from ojs_kombu.model.fields import Int, JobState, NonEmptyStr, Timestamp, int_field, json_int, tuple_to_list
 from ojs_kombu.model.ids import EXAMPLE_JOB_ID, JOB_ID_RE, UUID_RE, job_id_argument
 from ojs_kombu.model.jsonvalue import MAX_SAFE_INTEGER, _walk, dumps
@@ -330,7 +330,9 @@ class Job(OjsModel):
     # -- reading
 
     @classmethod
-    def from_json(cls, data: str | bytes | bytearray | memoryview | dict[str, Any], *, strict: bool = True) -> Job:
+    def from_json(
+        cls, data: str | bytes | bytearray | memoryview | dict[str, Any], *, strict: bool = True, native: bool = False
+    ) -> Job:
         """Read an envelope from JSON text, UTF-8 bytes or an already decoded dict.
 
         ``strict=True`` applies the schema's rules.  ``strict=False`` is the consumer
@@ -340,6 +342,16 @@ class Job(OjsModel):
         integers beyond ±(2**53-1) are accepted, and so is a leading byte order mark.
         Both refuse bodies over :data:`MAX_ENVELOPE_BYTES`, invalid UTF-8 and invalid JSON.
 
+        Parameters:
+            data: the envelope.
+            strict: the mode.
+            native: ``data`` is a dict that :func:`~ojs_kombu.model.body.read_envelope` read and
+                called native (so ``args`` and ``meta`` need no second JSON-native check); ignored
+                for text, whose reading says it itself.
+
+        Returns:
+            The job.
+
         Raises:
             ValidationError: the text is not an envelope, or the envelope breaks a rule of the mode.
         """
@@ -347,19 +359,19 @@ class Job(OjsModel):
             obj: Any = data
         elif isinstance(data, (str, bytes, bytearray, memoryview)):
             try:
-                obj = parse_envelope(data, tolerant=not strict)
+                obj, native = read_envelope(data, tolerant=not strict)
             except BodyError as exc:
                 raise ValidationError(f"envelope {exc}") from None
         else:
             raise ValidationError(f"expected JSON text, UTF-8 bytes or a dict, got {type(data).__name__}")
         if not strict and cls is Job:  # a subclass may add fields or private state: the model builds it
-            job = cls._read_common(obj)
+            job = cls._read_common(obj, native=native)
             if job is not None:
                 return job
         return cls.model_validate(obj, context=mode_context(strict=strict))
 
     @classmethod
-    def _read_common(cls, data: dict[str, Any]) -> Job | None:
+    def _read_common(cls, data: dict[str, Any], *, native: bool = False) -> Job | None:
         """The tolerant reading of a common envelope without pydantic, or None for the full validation.
 
         It runs on every delivery.  Only the plain fields (:data:`_FAST_KEYS`) are read here, each
@@ -373,14 +385,17 @@ class Job(OjsModel):
 
         Parameters:
             data: the decoded envelope (not modified; ``args``/``meta`` are copied, as pydantic copies them).
+            native: ``args``/``meta`` are JSON-native by construction (read by orjson, see
+                :func:`~ojs_kombu.model.jsonvalue.loads_native`): their walk would find nothing, skip it.
 
         Returns:
             The job, or None.
         """
         values: dict[str, Any] = {"specversion": SPEC_VERSION}
+        checks = _NATIVE_FAST_KEYS if native else _FAST_KEYS
         try:
             for key, value in data.items():
-                check = _FAST_KEYS.get(key)
+                check = checks.get(key)
                 if check is None:
                     return None  # not a plain field: the model reads it
                 if value is None:
@@ -491,18 +506,28 @@ def _fast_text(check: Any) -> Any:
     return read
 
 
-def _fast_list(value: Any) -> list[Any]:
+def _native_list(value: Any) -> list[Any]:
     if type(value) is not list:
         raise _Problem("not a list")
-    _walk(value, True, 0)
     return list(value)
 
 
-def _fast_dict(value: Any) -> dict[str, Any]:
+def _native_dict(value: Any) -> dict[str, Any]:
     if type(value) is not dict:
         raise _Problem("not a dict")
-    _walk(value, True, 0)
     return dict(value)
+
+
+def _fast_list(value: Any) -> list[Any]:
+    copied = _native_list(value)
+    _walk(copied, True, 0)
+    return copied
+
+
+def _fast_dict(value: Any) -> dict[str, Any]:
+    copied = _native_dict(value)
+    _walk(copied, True, 0)
+    return copied
 
 
 def _fast_int(minimum: int) -> Any:
@@ -558,6 +583,8 @@ _FAST_KEYS: dict[str, Any] = {
         ("scheduled_at", "expires_at", "created_at", "enqueued_at", "started_at", "completed_at"), _fast_timestamp
     ),
 }
+#: The same for an envelope read natively (``Job._read_common(native=True)``): ``args``/``meta`` unwalked.
+_NATIVE_FAST_KEYS: dict[str, Any] = {**_FAST_KEYS, "args": _native_list, "meta": _native_dict}
 _REQUIRED = frozenset({"id", "type", "queue", "args"})
 
 

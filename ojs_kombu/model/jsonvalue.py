@@ -17,6 +17,8 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
+import orjson
+
 from ojs_kombu.model._problems import Problem, public_error, short_repr
 
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -141,6 +143,10 @@ class JsonTextError(ValueError):
 def loads(data: str | bytes | bytearray | memoryview, *, strip_bom: bool = False) -> Any:
     """Parse JSON text as RFC 8259 defines it: ``NaN`` and ``Infinity``, which Python's json accepts, are refused.
 
+    orjson reads the text when it is sure to give what Python's json gives (:func:`_loads_orjson`);
+    any other text, and any text orjson refuses, is read by Python's json, whose result or error
+    is the answer: the two paths never differ.
+
     Parameters:
         data: the text, or its UTF-8 encoding.
         strip_bom: drop a leading byte order mark instead of refusing it (ojs-json-format forbids it;
@@ -152,6 +158,73 @@ def loads(data: str | bytes | bytearray | memoryview, *, strip_bom: bool = False
     Raises:
         JsonTextError: invalid UTF-8, a byte order mark, invalid JSON, or nesting too deep for the parser.
     """
+    return loads_native(data, strip_bom=strip_bom)[0]
+
+
+def loads_native(data: str | bytes | bytearray | memoryview, *, strip_bom: bool = False) -> tuple[Any, bool]:
+    """:func:`loads`, and whether the value is known to be JSON-native without a walk.
+
+    Parameters:
+        data: the text, or its UTF-8 encoding.
+        strip_bom: as for :func:`loads`.
+
+    Returns:
+        ``(value, native)``: ``native`` is True when orjson read the text, so every part of
+        ``value`` passes ``ensure_json_native(value, allow_large_ints=True)`` by construction
+        (exact built-in types, string keys, no lone surrogate, finite floats, integers within
+        64 bits, fewer than :data:`MAX_JSON_DEPTH` levels); False when Python's json read it.
+
+    Raises:
+        JsonTextError: as :func:`loads`.
+    """
+    value = _loads_orjson(data)
+    if value is _UNREAD:
+        return _loads_json(data, strip_bom=strip_bom), False
+    return value, True
+
+
+_UNREAD: Any = object()
+
+_MAX_FAST_OPENINGS = MAX_JSON_DEPTH
+"""Texts with this many ``[``/``{`` go to Python's json: orjson nests to 1024, Python's json raises
+RecursionError near 1000 minus the caller's stack; below this, neither limit can be reached
+(nor :data:`MAX_JSON_DEPTH`, which :func:`loads_native` relies on)."""
+
+_LONG_DIGITS = b"0" * 19
+"""orjson reads an integer beyond 64 bits as a float; every integer with fewer digits fits in 64 bits."""
+
+# Digits read as "0", openings as "[", everything else as " ": one C pass finds both risks above.
+_MARKS = bytes(48 if 48 <= byte <= 57 else 91 if byte in (91, 123) else 32 for byte in range(256))
+
+
+def _loads_orjson(data: str | bytes | bytearray | memoryview) -> Any:
+    """orjson's reading of ``data``, or ``_UNREAD`` where it could differ from :func:`_loads_json`'s.
+
+    orjson refuses (so Python's json reads) a BOM, invalid UTF-8, lone surrogates, ``NaN``,
+    ``Infinity`` and numbers that overflow to infinity; a long digit run (an integer beyond
+    64 bits, which orjson would read as a float) and deep nesting are screened out here.
+    ``tests/unit/test_jsonvalue_loads.py`` holds the two readings equal.
+    """
+    if isinstance(data, str):
+        try:
+            raw: bytes | bytearray = data.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: Python's json reads it
+            return _UNREAD
+    elif isinstance(data, memoryview):
+        raw = bytes(data)
+    else:
+        raw = data
+    marks = raw.translate(_MARKS)
+    if _LONG_DIGITS in marks or marks.count(b"[") >= _MAX_FAST_OPENINGS:
+        return _UNREAD
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _UNREAD
+
+
+def _loads_json(data: str | bytes | bytearray | memoryview, *, strip_bom: bool = False) -> Any:
+    """:func:`loads` by Python's json alone: the reference reading (and the fallback)."""
     if isinstance(data, str):
         text = data
     else:
@@ -183,4 +256,12 @@ dumps: Callable[[Any], str] = json.JSONEncoder(separators=(",", ":"), ensure_asc
 """``dumps(value) -> str``: compact JSON text of a JSON-native value (not ASCII-escaped: encode it as UTF-8)."""
 
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_SAFE_INTEGER", "JsonTextError", "dumps", "ensure_json_native", "loads"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_SAFE_INTEGER",
+    "JsonTextError",
+    "dumps",
+    "ensure_json_native",
+    "loads",
+    "loads_native",
+]

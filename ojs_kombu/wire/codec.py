@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from ojs_kombu.errors import DecodeError, ValidationError
-from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, parse_envelope
+from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, read_envelope
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.policies import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp
@@ -139,7 +139,7 @@ def decode(
     if encoding and encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
         raise DecodeError(f"content encoding {encoding!r} is not UTF-8", code="unsupported_content_encoding")
     try:
-        data = parse_envelope(body, tolerant=True)
+        data, native = read_envelope(body, tolerant=True)
     except BodyError as exc:
         raise DecodeError(f"body {exc}", code=exc.code) from None
     _fill_from_properties(data, properties, headers)
@@ -147,7 +147,7 @@ def decode(
     if attempt is not None:
         data["attempt"] = attempt - 1
     try:
-        job = Job.from_json(data, strict=False)
+        job = Job.from_json(data, strict=False, native=native)
     except ValidationError as exc:
         raise DecodeError(str(exc), code="invalid_envelope", field=exc.field) from None
     max_attempts = _int_header(headers, Header.MAX_ATTEMPTS, minimum=0)
