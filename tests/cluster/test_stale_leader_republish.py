@@ -35,9 +35,9 @@ pytestmark = pytest.mark.broker
 
 QUEUE = "stale"
 RETRY_AFTER = timedelta(seconds=60)  # the retries stay in their queue while the test counts them
-JOBS = 40
+LATE_JOBS = 12  # jobs enqueued once a new leader must answer: without the fix, each is dead-lettered
 HELD = 4  # jobs running at the kill, failing just after it
-SPACING = 0.15  # seconds between two failing jobs: the stream spans the election and after
+SPACING = 0.15  # seconds between two failing jobs: the stream spans the election and after it
 RECOVERED_AFTER = 4.0  # seconds after the kill by which a new leader answers (loaded machine)
 
 
@@ -84,10 +84,15 @@ def test_retries_after_the_retry_queue_leader_is_lost_are_nacked_only_during_the
         killed = True
         killed_at = time.monotonic()
         kill_done.set()
-        for _ in range(JOBS - HELD):
+        # The stream's length is set by the clock, not a count: it runs until LATE_JOBS have been
+        # enqueued after RECOVERED_AFTER (a fixed count ended too soon on a fast machine).
+        jobs, late_enqueued = HELD, 0
+        while late_enqueued < LATE_JOBS:
             client.enqueue("flaky", queue=QUEUE, retry=policy)
-            time.sleep(SPACING)
-        wait_until(lambda: len(failed) == JOBS, timeout=30, message="every first attempt")
+            jobs += 1
+            late_enqueued += time.monotonic() > killed_at + RECOVERED_AFTER
+            time.sleep(SPACING)  # pacing the stream over the election, not a synchronisation
+        wait_until(lambda: len(failed) == jobs, timeout=30, message="every first attempt")
 
         def counts() -> tuple[int, int]:
             found = client.queue_counts([retry_queue, dead_letter_queue])
@@ -96,12 +101,12 @@ def test_retries_after_the_retry_queue_leader_is_lost_are_nacked_only_during_the
 
         def settled() -> tuple[int, int] | None:
             found = counts()
-            return found if sum(found) == JOBS else None  # each retried or dead-lettered, none lost
+            return found if sum(found) == jobs else None  # each retried or dead-lettered, none lost
 
         retried, dead = wait_until(settled, timeout=30, message="every failed job retried or dead-lettered")
         late = sum(1 for at in failed.values() if at > killed_at + RECOVERED_AFTER)
-        print(f"\nstale leader: {JOBS} failed first attempts, {retried} retried, {dead} dead-lettered, {late} late")
-        assert late >= 10, "the stream ended too soon after the kill"
+        print(f"\nstale leader: {jobs} failed first attempts, {retried} retried, {dead} dead-lettered, {late} late")
+        assert late >= LATE_JOBS, "a job enqueued after RECOVERED_AFTER failed before it"
         # Without the fresh channel every retry after the first nack was nacked too.
         assert retried >= late
     finally:
