@@ -981,19 +981,40 @@ class Client:
 
     # -- publishing ----------------------------------------------------------------------------
 
-    def _encode(self, job: Job) -> tuple[OutgoingMessage, datetime | None]:
-        """Encode ``job``; also return its ``scheduled_at`` when that lies ahead (checked against the range)."""
+    @staticmethod
+    def _check(job: Job) -> datetime | None:
+        """Check ``job`` before it is encoded: a Job, its queue's name, its ``scheduled_at`` range.
+
+        Returns:
+            Its ``scheduled_at`` when that lies ahead, else None.
+
+        Raises:
+            ValidationError: not a Job, a bad queue name, or a ``scheduled_at`` out of range.
+        """
         if not isinstance(job, Job):
             raise ValidationError(f"expected an ojs_kombu.Job, got {type(job).__name__}", field="job")
         if type(job.queue) is str:
             _validated_queue_name(job.queue)
         else:  # a job built without validation: not hashable, maybe
             validate_queue_name(job.queue)
-        message = encode(job, app_id=self.app_id)
         scheduled = job.scheduled_datetime
         if scheduled is None or check_delay(delay_ms_until(scheduled)) == 0:
-            return message, None
-        return message, scheduled
+            return None
+        return scheduled
+
+    def _encoded(self, job: Job) -> OutgoingMessage:
+        """``job`` as its AMQP message.
+
+        Raises:
+            ValidationError: the envelope is too large, or a job built without validation
+                holds a value JSON cannot carry.
+        """
+        try:
+            return encode(job, app_id=self.app_id)
+        except (TypeError, ValueError) as exc:  # ValidationError is a ValueError: re-raised as it is
+            if isinstance(exc, ValidationError):
+                raise
+            raise ValidationError(f"job {job.id} cannot be encoded as JSON: {exc}", field="args") from exc
 
     def _destination(
         self, message: OutgoingMessage, job: Job, scheduled: datetime | None
@@ -1020,11 +1041,15 @@ class Client:
         if current_trace_meta():  # the caller's trace context, the same for every job of the batch
             jobs = [with_trace_context(job) if isinstance(job, Job) else job for job in jobs]
         results: list[EnqueueResult | None] = [None] * len(jobs)
+        # Jobs are checked now and encoded as they are published, so the broker works on the
+        # first ones while the rest are encoded; an encoded message is kept for a resend.
         messages: dict[int, OutgoingMessage] = {}
         delayed: dict[int, datetime] = {}  # the jobs whose scheduled_at lies ahead
         for index, job in enumerate(jobs):
             try:
-                messages[index], scheduled = self._encode(job)
+                scheduled = self._check(job)
+                if len(jobs) == 1:
+                    messages[index] = self._encoded(job)
             except ValidationError as exc:
                 results[index] = EnqueueResult(job, exc)
             else:
@@ -1033,7 +1058,7 @@ class Client:
         if len(jobs) == 1 and results[0] is not None:
             results[0].unwrap()  # a single bad job: plain ValidationError
 
-        pending = list(messages)
+        pending = [i for i, result in enumerate(results) if result is None]
 
         def publish_pending(conn: Connection) -> None:
             nonlocal pending
@@ -1050,10 +1075,17 @@ class Client:
             try:
                 for index in pending:
                     job = jobs[index]
+                    message = messages.get(index)
+                    if message is None:
+                        try:
+                            message = messages[index] = self._encoded(job)
+                        except ValidationError as exc:
+                            results[index] = EnqueueResult(job, exc)
+                            continue
                     if index in delayed:
-                        message, exchange, key = self._destination(messages[index], job, delayed[index])
+                        message, exchange, key = self._destination(message, job, delayed[index])
                     else:
-                        message, exchange, key = messages[index], direct, job.queue
+                        exchange, key = direct, job.queue
                     tickets.append(
                         publish(
                             message,

@@ -78,6 +78,17 @@ def test_enqueue_many_with_an_oversized_job_keeps_the_others(client, names):
     assert message_count(client.url, names.job_queue("mixed")) == 2
 
 
+def test_enqueue_many_with_a_job_json_cannot_carry_keeps_the_others(client, names):
+    # A job copied without validation may hold a value JSON cannot carry: its encode (done as the
+    # batch is published) fails with a typed error for that job alone, after the jobs before it.
+    broken = Job.create("a.b", [2], queue="mixed").model_copy(update={"args": [{1, 2}]})
+    jobs = [Job.create("a.b", [1], queue="mixed"), broken, Job.create("a.b", [3], queue="mixed")]
+    results = client.enqueue_many(jobs)
+    assert [r.ok for r in results] == [True, False, True]
+    assert isinstance(results[1].error, ValidationError) and "cannot be encoded as JSON" in str(results[1].error)
+    assert message_count(client.url, names.job_queue("mixed")) == 2
+
+
 def test_emitted_envelopes_validate_against_the_schema(client, names):
     variants = [
         dict(),
