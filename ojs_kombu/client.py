@@ -1011,9 +1011,9 @@ class Client:
         """
         try:
             return encode(job, app_id=self.app_id)
-        except (TypeError, ValueError) as exc:  # ValidationError is a ValueError: re-raised as it is
-            if isinstance(exc, ValidationError):
-                raise
+        except ValidationError:
+            raise
+        except (TypeError, ValueError) as exc:  # what the JSON encoder raises
             raise ValidationError(f"job {job.id} cannot be encoded as JSON: {exc}", field="args") from exc
 
     def _destination(

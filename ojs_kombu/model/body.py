@@ -29,11 +29,6 @@ class BodyError(ValueError):
         self.code: BodyErrorCode = code
 
 
-def parse_envelope(data: str | bytes | bytearray | memoryview, *, tolerant: bool) -> dict[str, Any]:
-    """Decode an envelope's JSON text into a dict, without validating its fields: :func:`read_envelope`'s dict."""
-    return read_envelope(data, tolerant=tolerant)[0]
-
-
 def read_envelope(data: str | bytes | bytearray | memoryview, *, tolerant: bool) -> tuple[dict[str, Any], bool]:
     """Decode an envelope's JSON text into a dict, without validating its fields, and say if it is JSON-native.
 
@@ -66,4 +61,4 @@ def read_envelope(data: str | bytes | bytearray | memoryview, *, tolerant: bool)
     return obj, native
 
 
-__all__ = ["MAX_ENVELOPE_BYTES", "BodyError", "BodyErrorCode", "parse_envelope", "read_envelope"]
+__all__ = ["MAX_ENVELOPE_BYTES", "BodyError", "BodyErrorCode", "read_envelope"]
