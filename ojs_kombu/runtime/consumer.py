@@ -3,8 +3,10 @@
 A :class:`Consumer` owns one AMQP connection with two channels: a consuming
 channel (``Basic.Qos(prefetch, global=False)`` then ``Basic.Consume(no_ack=False)``
 per queue) and a publishing channel in confirm mode for the retry path.  Its
-loop runs in one thread, the only thread that ever touches the connection
-(AMQP-028).  Handler threads settle deliveries through thread-safe requests
+loop runs in one thread, the only thread that touches the connection (AMQP-028),
+except while that thread lends it for a job it runs itself: then a stand-in thread
+runs the loop's passes (:meth:`Consumer.serve`, :mod:`~ojs_kombu.runtime.handover`),
+one thread at a time.  Handler threads settle deliveries through thread-safe requests
 (:meth:`Consumer.ack`, :meth:`Consumer.nack`, :meth:`Consumer.republish`) that
 the loop executes; a self-pipe wakes the loop at once when it waits in
 ``select`` (a busy loop executes them before it waits again), so an ack never
@@ -118,6 +120,9 @@ class Consumer:
         on_delivery: called in the loop thread with each :class:`Delivery`; must not block.
         topology: re-declared after every reconnect, and for re-consuming after a cancel.
         declare: called with the kombu connection after (re)connecting, before consuming.
+        on_pass: called in the loop's thread after each pass of the loop (after the pass's
+            deliveries went to ``on_delivery``); it may run jobs, lending the connection to a
+            stand-in meanwhile (:mod:`~ojs_kombu.runtime.handover`).
         control: reads the control queues on a third channel; after every (re)connection
             it has caught up with them before any job queue is consumed.
     """
@@ -138,6 +143,7 @@ class Consumer:
         connection_name: str = "ojs_kombu worker",
         transport_options: dict[str, Any] | None = None,
         ssl: Any = None,
+        on_pass: Callable[[], None] | None = None,
     ):
         self.url = url
         self.queues = dict(queues)
@@ -182,6 +188,12 @@ class Consumer:
         self.reconnections = 0
         self.cancellations = 0
         self.connected = threading.Event()
+        self._attempt = 0  # consecutive failed connections
+        self._reconnect_at = 0.0  # monotonic: not before (the back-off of a connection lost in serve)
+        self._sock: Any = None  # the connection's socket, for the passes
+        self._interval = 1.0  # the longest a pass waits in select
+        self._next_heartbeat_check = 0.0
+        self.on_pass = on_pass
 
     # -- thread-safe requests ------------------------------------------------------------------
 
@@ -218,6 +230,15 @@ class Consumer:
     def stop(self) -> None:
         """End the loop after it has executed the requests already made."""
         self._stop.set()
+        self._wake()
+
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    def wake(self) -> None:
+        """Make a pass waiting in ``select`` return now (thread-safe)."""
         self._wake()
 
     def connection_factory(self) -> Connection:
@@ -261,7 +282,6 @@ class Consumer:
 
     def run(self) -> None:
         """Consume until :meth:`stop`; reconnect on connection loss."""
-        attempt = 0
         with self._pipe_lock:
             if self._closed:
                 raise OjsError("the consumer is closed")
@@ -270,29 +290,9 @@ class Consumer:
             while not self._stop.is_set():
                 try:
                     self._connect()
-                    attempt = 0
-                    self._failover.succeeded()  # after re-declaring and re-consuming: a node that fails those counts
                     self._loop()
                 except self._kombu.connection_errors + self._kombu.channel_errors as exc:
-                    lost = safe_url(self._failover.current)
-                    self._disconnect()
-                    raise_if_permanent(exc, url=self.url)  # 403 / 530: retrying cannot help
-                    if self._stop.is_set():
-                        break
-                    attempt += 1
-                    if self.connect_retries is not None and attempt > self.connect_retries:
-                        raise
-                    delay = self._failover.failed(self._kombu)  # the next node; back-off once per full rotation
-                    self.reconnections += 1
-                    METRICS.reconnected()
-                    logger.warning(
-                        "consumer connection to %s lost (%s); reconnecting to %s in %.1fs",
-                        lost,
-                        exc,
-                        safe_url(self._failover.current),
-                        delay,
-                    )
-                    self._stop.wait(delay)
+                    self._stop.wait(self._lost(exc))
         finally:
             self._drain_requests_after_disconnect()
             self._disconnect()
@@ -300,6 +300,59 @@ class Consumer:
                 self._running = False
                 if self._closed:
                     self._release_pipe()
+
+    def serve(self, until: Callable[[], bool], on_pass: Callable[[], None] | None = None) -> None:
+        """Run the loop's passes in the calling thread until ``until()`` is true or :meth:`stop`.
+
+        For a thread the loop's own thread has lent the connection to while it runs a job
+        (:class:`~ojs_kombu.runtime.handover.Handover`): one thread at a time uses the
+        connection.  A lost connection is re-established here, as :meth:`run` would; :meth:`wake`
+        makes a waiting pass return, so ``until`` is looked at again.
+
+        Parameters:
+            until: checked before every pass.
+            on_pass: called after every pass (instead of the consumer's :attr:`on_pass`).
+
+        Raises:
+            Exception: what :meth:`run` would end with (a permanent refusal, ``connect_retries``
+                spent, a bug); the loop's own thread re-raises it when it takes the connection back.
+        """
+        while not until() and not self._stop.is_set():
+            try:
+                if self._channel is None:
+                    if (wait := self._reconnect_at - time.monotonic()) > 0:
+                        self._stop.wait(min(wait, 0.05))  # the back-off, looking at until() meanwhile
+                        continue
+                    self._connect()
+                    self._begin_passes()
+                self._pass()
+                if on_pass is not None:
+                    on_pass()
+            except self._kombu.connection_errors + self._kombu.channel_errors as exc:
+                self._reconnect_at = time.monotonic() + self._lost(exc)
+
+    def _lost(self, exc: BaseException) -> float:
+        """After a connection or channel error: disconnect; the back-off before connecting again
+        (DESIGN §9), or re-raise when retrying cannot help or ``connect_retries`` is spent."""
+        lost = safe_url(self._failover.current)
+        self._disconnect()
+        raise_if_permanent(exc, url=self.url)  # 403 / 530: retrying cannot help
+        if self._stop.is_set():
+            return 0.0
+        self._attempt += 1
+        if self.connect_retries is not None and self._attempt > self.connect_retries:
+            raise exc
+        delay = self._failover.failed(self._kombu)  # the next node; back-off once per full rotation
+        self.reconnections += 1
+        METRICS.reconnected()
+        logger.warning(
+            "consumer connection to %s lost (%s); reconnecting to %s in %.1fs",
+            lost,
+            exc,
+            safe_url(self._failover.current),
+            delay,
+        )
+        return delay
 
     def close(self) -> None:
         """Release the wake-up pipe; requests made afterwards are dropped (the broker redelivers).
@@ -320,6 +373,8 @@ class Consumer:
         self._wake_r = self._wake_w = -1
 
     def _connect(self) -> None:
+        if (wait := self._reconnect_at - time.monotonic()) > 0:
+            self._stop.wait(wait)  # what is left of the back-off of a connection a stand-in lost
         self._failover.connect(self._kombu)
         connection = self._kombu.connection
         # Plain TCP: buffered reads (framing.py).  TLS keeps py-amqp's read path.
@@ -347,6 +402,8 @@ class Consumer:
                     self._consume(amqp_queue)
         self._paused_version = -1
         self._apply_pauses()  # logs what is paused; consumes nothing more
+        self._attempt = 0
+        self._failover.succeeded()  # after re-declaring and re-consuming: a node that fails those counts
         METRICS.connections_active.inc()
         METRICS.channels_opened(self._channel_count)
         self.connected.set()  # after the gauges: a caller woken by it reads them up to date
@@ -380,39 +437,69 @@ class Consumer:
             pass
 
     def _loop(self) -> None:
-        connection = self._kombu.connection
-        sock = connection.sock
-        reader = self._reader
-        interval = min(1.0, self.heartbeat / 4) if self.heartbeat else 1.0
-        next_heartbeat_check = 0.0
+        self._begin_passes()
         while not self._stop.is_set():
-            if self._cancel_wanted.is_set() and self._consuming.is_set():
-                self._cancel_all()
-            self._execute_requests()
-            self._reconsume_cancelled()
-            if self.control is not None:
-                self.control.maintain(connection)
-                self._apply_pauses()
-            if reader is not None:
-                # Frames may already be buffered (read by a drain_events, e.g. while waiting for
-                # confirms): they do not make the socket readable, so do not wait in select then.
-                if not reader.has_frame() and sock in self._wait(sock, interval):
-                    reader.fill()
-                reader.dispatch()
-            else:
-                if not self._has_buffered(sock):
-                    self._wait(sock, interval)
-                self._read_available(connection)
-            # Once per interval, not per pass (a busy loop makes thousands): py-amqp's tick wants
-            # about two per heartbeat, and the loop never waits longer than the interval.
-            if self.heartbeat and (now := time.monotonic()) >= next_heartbeat_check:
-                self._kombu.heartbeat_check()
-                next_heartbeat_check = now + interval
-            if self._window_changed:
-                self._record_window()
+            self._pass()
+            if self.on_pass is not None and self._channel is not None:
+                self.on_pass()  # may lend the connection to a stand-in (serve) until it returns
+            if self._channel is None:
+                return  # the stand-in lost the connection and re-raised nothing: connect again
+        if self._channel is not None:  # a stand-in may have closed it for good at stop (shutdown)
+            self._finish()
+
+    def _begin_passes(self) -> None:
+        connection = self._kombu.connection
+        self._sock = connection.sock
+        self._interval = min(1.0, self.heartbeat / 4) if self.heartbeat else 1.0
+        self._next_heartbeat_check = 0.0
+
+    def _pass(self) -> None:
+        """One pass of the loop: settle requests, control, then wait for and dispatch frames."""
+        connection = self._kombu.connection
+        sock = self._sock
+        reader = self._reader
+        if self._cancel_wanted.is_set() and self._consuming.is_set():
+            self._cancel_all()
+        self._execute_requests()
+        self._reconsume_cancelled()
+        if self.control is not None:
+            self.control.maintain(connection)
+            self._apply_pauses()
+        if reader is not None:
+            # Frames may already be buffered (read by a drain_events, e.g. while waiting for
+            # confirms): they do not make the socket readable, so do not wait in select then.
+            if not reader.has_frame() and sock in self._wait(sock, self._interval):
+                reader.fill()
+            reader.dispatch()
+        else:
+            if not self._has_buffered(sock):
+                self._wait(sock, self._interval)
+            self._read_available(connection)
+        # Once per interval, not per pass (a busy loop makes thousands): py-amqp's tick wants
+        # about two per heartbeat, and the loop never waits longer than the interval.
+        if self.heartbeat and (now := time.monotonic()) >= self._next_heartbeat_check:
+            self._kombu.heartbeat_check()
+            self._next_heartbeat_check = now + self._interval
+        if self._window_changed:
+            self._record_window()
+
+    def _finish(self) -> None:
+        """The end of consuming: execute the last requests, wait for republishes to settle."""
         self._execute_requests()
         if self._publisher is not None:
             self._publisher.wait_all(timeout=10)  # republishes settle (ack or nack) before we go
+
+    def shutdown(self) -> None:
+        """After :meth:`stop`, from the thread that holds the connection when the loop's own thread
+        cannot come back to it (a job outlived the grace period): settle what was asked, close.
+
+        The broker then redelivers the deliveries still unsettled, as after a lost connection.
+        """
+        if self._channel is not None:
+            try:
+                self._finish()
+            finally:
+                self._disconnect()
 
     def _wait(self, sock: Any, interval: float) -> list[Any]:
         """Wait in ``select`` until the socket is readable, a request or :meth:`_wake` arrives, or

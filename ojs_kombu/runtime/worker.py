@@ -40,9 +40,16 @@ handler raised ``SystemExit`` or             a failed attempt like any exception
 ``KeyboardInterrupt``                        then the worker shuts down gracefully (see below)
 ===========================================  ===================================================
 
-Threads: one thread runs the :class:`~ojs_kombu.runtime.consumer.Consumer` loop (the
-only user of the connection); ``concurrency`` handler threads run jobs and hand
-their outcomes back to it.  ``Basic.Qos(prefetch=concurrency, global=False)``.
+Threads: one thread runs the :class:`~ojs_kombu.runtime.consumer.Consumer` loop;
+``concurrency`` handler threads run jobs and hand their outcomes back to it.
+``Basic.Qos(prefetch=concurrency, global=False)``.  While jobs are short (they return
+within a millisecond without waiting), the consumer thread runs them itself, after
+each pass of its loop: handing a job to another thread costs more than such a job.
+A job that waits (I/O, sleep) or runs longer sends the next jobs to the handler threads
+(for at least 0.1 s, until they are all idle); and a job that runs on the consumer thread for more than 10 ms lends the
+connection to a stand-in thread, which serves it (heartbeats, cancels, acks, new
+deliveries, to the handler threads) until the job returns
+(:mod:`~ojs_kombu.runtime.handover`).  ``inline=False`` runs every job on a handler thread.
 
 What a worker knows about its jobs: :attr:`Worker.lifecycle` emits the lifecycle
 events of every job it handles (started, succeeded, failed, retried,
@@ -74,6 +81,7 @@ import queue as queue_module
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
@@ -102,6 +110,7 @@ from ojs_kombu.runtime.control import (
     RunningEntry,
     record_cancelled,
 )
+from ojs_kombu.runtime.handover import Handover
 from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler, failure_error
@@ -113,6 +122,14 @@ logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: A job run on the consumer thread is short if it waited (wall-clock time beyond its thread's
+#: CPU time) less than this many seconds and did not outlast the hand-over's patience.
+INLINE_MAX_WAIT = 0.001
+
+#: Seconds the jobs go to the handler threads after a job that was not short; then one runs
+#: on the consumer thread again, to look, once no handler thread runs a job.
+POOL_SPELL = 0.1
 
 #: What ``signal.signal`` takes and returns.
 _SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -228,6 +245,8 @@ class Worker:
             (default): no endpoint (the metrics are recorded either way, for an exporter of the
             application's own).
         metrics_host: the interface the metrics endpoint binds (default loopback only).
+        inline: run short jobs on the consumer thread (see the module's "Threads"); ``False``
+            hands every job to a handler thread.
 
     Raises:
         ValidationError: a queue name, the concurrency, ``dead_letter_mode`` or ``metrics_port`` is invalid.
@@ -257,6 +276,7 @@ class Worker:
         events_options: EventsOptions | None = None,
         metrics_port: int | None = None,
         metrics_host: str = DEFAULT_METRICS_HOST,
+        inline: bool = True,
     ):
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
@@ -293,6 +313,10 @@ class Worker:
         self._transport_options = transport_options
         self._handlers: dict[str, Callable[..., object]] = {}
         self._work: queue_module.SimpleQueue[Delivery | None] = queue_module.SimpleQueue()  # cheaper hand-off
+        self.inline = inline
+        self._ready: deque[Delivery] = deque()  # delivered in this pass of the loop, not started
+        self._inline_off_until = 0.0  # monotonic: until then, jobs go to the handler threads
+        self._long_jobs = 0  # jobs in a row that were not short, run on the consumer thread
         self._draining = threading.Event()
         self._in_flight = 0
         self._unsettled = 0  # received and not yet settled (acked, republished, handed back ...)
@@ -335,7 +359,10 @@ class Worker:
             connection_name=self._consumer_name(),
             ssl=self._ssl,
             transport_options=self._transport_options,
+            on_pass=self._run_ready,
         )
+        self._handover = Handover(self.consumer, self._to_pool)
+        self._slots = threading.Semaphore(self.concurrency)  # jobs running at once, on any thread
         self.settler = Settler(
             self.consumer,
             self.names,
@@ -450,6 +477,7 @@ class Worker:
                 thread = threading.Thread(target=self._work_loop, name=f"ojs-handler-{index}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
+            self._handover.start()
             self._consumer_thread = threading.Thread(target=self._run_consumer, name="ojs-consumer", daemon=True)
             self._consumer_thread.start()
             self._beacon = Beacon(
@@ -525,8 +553,10 @@ class Worker:
             )
         for _ in self._threads:
             self._work.put(None)
-        self.consumer.stop()
-        consumer_thread.join(timeout=max(5.0, deadline - time.monotonic()))
+        self.consumer.stop()  # a stand-in serving for a job outliving the grace period closes the connection
+        if not self._handover.lent:  # else the consumer thread runs that job: it ends when the job returns
+            consumer_thread.join(timeout=max(5.0, deadline - time.monotonic()))
+        self._handover.stop()
         for thread in self._threads:
             thread.join(timeout=0.5)
         self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
@@ -617,40 +647,108 @@ class Worker:
     def _receive(self, delivery: Delivery) -> None:
         with self._in_flight_lock:
             self._unsettled += 1
-        self._work.put(delivery)
+        self._ready.append(delivery)  # run or handed out after the pass (_run_ready)
+
+    def _run_ready(self) -> None:
+        """After each pass of the consumer loop, in the consumer thread: run the pass's
+        deliveries here while jobs are short, else hand them to the handler threads."""
+        ready = self._ready
+        while ready:
+            if not self.inline or (self._inline_off_until and not self._may_look()):
+                self._to_pool()
+                return
+            try:
+                delivery = ready.popleft()
+            except IndexError:  # stop() handed it back meanwhile
+                return
+            self._run_inline(delivery)
+
+    def _run_inline(self, delivery: Delivery) -> None:
+        """Run ``delivery``'s job in the consumer thread, the connection lent to the stand-in meanwhile."""
+        handover = self._handover
+        started, cpu = time.monotonic(), time.thread_time()
+        handover.lend()
+        try:
+            self._handle(delivery)
+        finally:
+            handover.reclaim()
+        took = time.monotonic() - started
+        if took <= handover.patience and took - (time.thread_time() - cpu) <= INLINE_MAX_WAIT:
+            self._long_jobs = 0
+        else:
+            # Two in a row: one alone may have waited for the CPU (another process, the GIL).
+            self._long_jobs += 1
+            if self._long_jobs >= 2 or took > handover.patience:
+                self._inline_off_until = started + took + POOL_SPELL
+                self._long_jobs = 0
+
+    def _may_look(self) -> bool:
+        """After the spell of a job that was not short: whether a job may run here again, to look.
+
+        Only with no job running on a handler thread: a job here would wait for the GIL
+        meanwhile, and look like one that waits.
+        """
+        if time.monotonic() < self._inline_off_until or self._in_flight:
+            return False
+        self._inline_off_until = 0.0
+        return True
+
+    def _to_pool(self) -> None:
+        """Hand every delivery not started yet to the handler threads (the stand-in's pass, too)."""
+        ready = self._ready
+        while ready:
+            try:
+                self._work.put(ready.popleft())
+            except IndexError:
+                return
 
     def _settled(self) -> None:
         with self._in_flight_lock:
             self._unsettled -= 1
 
     def _work_loop(self) -> None:
-        while True:
-            delivery = self._work.get()
-            if delivery is None:
-                return
-            if self._draining.is_set():
-                try:
-                    self._hand_back(delivery)
-                finally:
-                    self._settled()
-                continue
-            with self._in_flight_lock:
-                self._in_flight += 1
+        while (delivery := self._work.get()) is not None:
+            self._handle(delivery)
+
+    def _handle(self, delivery: Delivery) -> None:
+        """Run ``delivery``'s job and settle it (or hand it back unstarted when draining), in one
+        of the ``concurrency`` slots (the consumer thread's job takes one too)."""
+        with self._slots:
+            self._handle_in_slot(delivery)
+
+    def _handle_in_slot(self, delivery: Delivery) -> None:
+        if self._draining.is_set():
             try:
-                self._process(delivery)
-            except Exception:
-                logger.exception(
-                    "unexpected error processing a delivery; sending it to the DLQ",
-                    extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
-                )
-                self.consumer.nack(delivery)
+                self._hand_back(delivery)
             finally:
-                with self._in_flight_lock:
-                    self._in_flight -= 1
-                    self._unsettled -= 1
+                self._settled()
+            return
+        with self._in_flight_lock:
+            self._in_flight += 1
+        try:
+            self._process(delivery)
+        except Exception:
+            logger.exception(
+                "unexpected error processing a delivery; sending it to the DLQ",
+                extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
+            )
+            self.consumer.nack(delivery)
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
+                self._unsettled -= 1
 
     def _hand_back_waiting(self) -> None:
-        """At shutdown: hand back every delivery no handler thread has taken yet."""
+        """At shutdown: hand back every delivery no thread has started yet."""
+        while True:
+            try:
+                ready = self._ready.popleft()
+            except IndexError:
+                break
+            try:
+                self._hand_back(ready)
+            finally:
+                self._settled()
         while True:
             try:
                 delivery = self._work.get_nowait()

@@ -438,7 +438,8 @@ def test_amqp_027_broker_cancel_is_handled(client, worker_factory, management, n
 
 
 def test_amqp_028_only_the_consumer_thread_touches_the_channel(client, worker_factory, monkeypatch):
-    worker = worker_factory(concurrency=8)
+    """inline=False: every job runs on a handler thread; every ack is written by the consumer thread."""
+    worker = worker_factory(concurrency=8, inline=False)
     threads = set()
     original = worker.consumer._ack
 
@@ -461,3 +462,50 @@ def test_amqp_028_only_the_consumer_thread_touches_the_channel(client, worker_fa
     wait_until(lambda: len(threads) > 0)
     assert threads == {"ojs-consumer"}  # every ack went through the consumer thread
     assert len(handler_threads) > 1 and "ojs-consumer" not in handler_threads
+
+
+def test_amqp_028_one_thread_at_a_time_uses_the_connection_when_jobs_run_inline(client, worker_factory, monkeypatch):
+    """Short jobs run on the consumer thread; a slow one lends the connection to the stand-in
+    thread, never both at once (the binding's channel pool with proper synchronization)."""
+    worker = worker_factory(concurrency=4)
+    users: set[str] = set()
+    inside: dict[str, int] = {}  # thread -> depth of the calls below it is in now (an ack is made in a pass)
+    most = [0]  # the most threads ever inside at once
+    lock = threading.Lock()
+
+    def exclusive(method):
+        def wrapper(*args, **kwargs):
+            name = threading.current_thread().name
+            with lock:
+                inside[name] = inside.get(name, 0) + 1
+                most[0] = max(most[0], len(inside))
+                users.add(name)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                with lock:
+                    inside[name] -= 1
+                    if not inside[name]:
+                        del inside[name]
+
+        return wrapper
+
+    monkeypatch.setattr(worker.consumer, "_pass", exclusive(worker.consumer._pass))
+    monkeypatch.setattr(worker.consumer, "_ack", exclusive(worker.consumer._ack))
+    done = Recorder()
+    job_threads: set[str] = set()
+
+    def handle(i, slow):
+        job_threads.add(threading.current_thread().name)
+        if slow:
+            time.sleep(0.1)  # longer than the hand-over's patience (10 ms)
+        done.add(i)
+
+    worker.handler("a.b", handle)
+    worker.start()
+    client.enqueue_many([Job.create("a.b", [i, i % 50 == 49]) for i in range(200)])
+    done.wait_for(200, timeout=30)
+    assert most[0] == 1  # never two threads in the loop's passes or acks at once
+    assert "ojs-consumer" in job_threads  # short jobs ran inline
+    assert users <= {"ojs-consumer", "ojs-stand-in"} and "ojs-stand-in" in users
+    assert worker._handover.takeovers >= 1

@@ -114,7 +114,7 @@ def test_embedded_worker_stops_itself_after_a_handler_exit(client, amqp_url, pre
 def test_a_job_outliving_the_grace_period_never_writes_to_a_reused_descriptor(client, amqp_url, prefix, tmp_path):
     release = threading.Event()
     started = threading.Event()
-    worker = Worker(amqp_url, prefix=prefix, concurrency=1, grace_period=0.2)
+    worker = Worker(amqp_url, prefix=prefix, concurrency=1, grace_period=0.2, inline=False)  # a handler thread's job
 
     @worker.handler("slow.job")
     def slow() -> None:
@@ -141,6 +141,40 @@ def test_a_job_outliving_the_grace_period_never_writes_to_a_reused_descriptor(cl
         release.set()
         for fd in held:
             os.close(fd)
+
+
+def test_an_inline_job_outliving_the_grace_period_is_left_to_the_broker(client, amqp_url, prefix, names):
+    """A job running on the consumer thread past the grace period: stop() returns all the same, the
+    stand-in closes the connection (the broker requeues the job), the thread ends when the job returns."""
+    release = threading.Event()
+    started = threading.Event()
+    ran_on: list[str] = []
+    worker = Worker(amqp_url, prefix=prefix, concurrency=1, grace_period=0.2)
+
+    @worker.handler("slow.job")
+    def slow() -> None:
+        ran_on.append(threading.current_thread().name)
+        started.set()
+        release.wait(30)
+
+    worker.start()
+    try:
+        assert worker.wait_until_ready()
+        client.enqueue("slow.job", [])
+        assert started.wait(15)
+        assert ran_on == ["ojs-consumer"]  # the first job runs inline
+        wait_until(lambda: worker._handover.serving, message="the stand-in to serve the connection")
+        begun = time.monotonic()
+        worker.stop()
+        assert time.monotonic() - begun < 3.0  # not held up by the job
+        wait_until(lambda: message_count(amqp_url, names.job_queue("default")) == 1, message="the job requeued")
+        consumer_thread = worker._consumer_thread
+        assert consumer_thread is not None and consumer_thread.is_alive()  # still in the job
+        release.set()
+        wait_until(lambda: not consumer_thread.is_alive(), message="the consumer thread to end")
+        assert worker.error is None
+    finally:
+        release.set()
 
 
 def test_wait_until_ready_waits_for_a_run_that_has_not_started_the_worker_yet(amqp_url, prefix):
