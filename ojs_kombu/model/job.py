@@ -497,10 +497,14 @@ def _fast_id(value: Any) -> str:
 
 
 def _fast_text(check: Any) -> Any:
+    # A deployment has a few job types and queues: each name is checked once (a refused one
+    # raises, and is not kept).  Exact strings only, so the memo's equality is str's.
+    known = functools.lru_cache(maxsize=1024)(check)
+
     def read(value: Any) -> str:
         if type(value) is not str:
             raise _Problem("not a string")
-        checked: str = check(value)
+        checked: str = known(value)
         return checked
 
     return read
