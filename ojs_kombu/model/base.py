@@ -11,10 +11,11 @@ except that ``None`` means "absent".  Every failure is our
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 from pydantic import ValidationError as _PydanticValidationError
+from pydantic_core import PydanticUndefined
 
 from ojs_kombu.model._problems import Problem
 from ojs_kombu.model._problems import convert_pydantic_error as _convert
@@ -35,6 +36,8 @@ def is_tolerant(info: ValidationInfo) -> bool:
     context = info.context
     return isinstance(context, dict) and context.get(_MODE) == _TOLERANT
 
+
+M = TypeVar("M", bound=BaseModel)
 
 _KNOWN_KEYS: dict[type, dict[str, str]] = {}  # per model: JSON key -> attribute name
 _RENAMED: dict[type, dict[str, str]] = {}  # per model: attribute name -> JSON key, where they differ
@@ -125,4 +128,33 @@ class OjsModel(BaseModel):
         return out
 
 
-__all__ = ["OjsModel", "is_tolerant", "mode_context"]
+_object_setattr = object.__setattr__  # past pydantic's __setattr__, as pydantic's own copy does
+
+
+def shallow_copy(model: M) -> M:
+    """``model.model_copy()``: a new model with its own field dict, fields set and extras (values shared).
+
+    Built as pydantic's ``__copy__`` builds it, with the containers' own ``copy`` instead of
+    ``copy.copy`` (1.4 µs instead of 3 µs: a tolerant read copies a remembered retry policy per job).
+
+    Parameters:
+        model: the model to copy.
+
+    Returns:
+        The copy.
+    """
+    copied = type(model).__new__(type(model))
+    _object_setattr(copied, "__dict__", model.__dict__.copy())
+    extra = model.__pydantic_extra__
+    _object_setattr(copied, "__pydantic_extra__", None if extra is None else extra.copy())
+    _object_setattr(copied, "__pydantic_fields_set__", model.__pydantic_fields_set__.copy())
+    private = model.__pydantic_private__
+    _object_setattr(
+        copied,
+        "__pydantic_private__",
+        None if private is None else {k: v for k, v in private.items() if v is not PydanticUndefined},
+    )
+    return copied
+
+
+__all__ = ["OjsModel", "is_tolerant", "mode_context", "shallow_copy"]

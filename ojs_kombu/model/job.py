@@ -37,7 +37,7 @@ from ojs_kombu.model._problems import Problem as _Problem
 from ojs_kombu.model._problems import convert_pydantic_error as _convert
 from ojs_kombu.model._problems import public_error as _public
 from ojs_kombu.model._problems import short_repr as _short
-from ojs_kombu.model.base import OjsModel, is_tolerant, mode_context
+from ojs_kombu.model.base import OjsModel, is_tolerant, mode_context, shallow_copy
 from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, read_envelope
 from ojs_kombu.model.fields import Int, JobState, NonEmptyStr, Timestamp, int_field, json_int, tuple_to_list
 from ojs_kombu.model.ids import EXAMPLE_JOB_ID, JOB_ID_RE, UUID_RE, job_id_argument
@@ -497,10 +497,14 @@ def _fast_id(value: Any) -> str:
 
 
 def _fast_text(check: Any) -> Any:
+    # A deployment has a few job types and queues: each name is checked once (a refused one
+    # raises, and is not kept).  Exact strings only, so the memo's equality is str's.
+    known = functools.lru_cache(maxsize=1024)(check)
+
     def read(value: Any) -> str:
         if type(value) is not str:
             raise _Problem("not a string")
-        checked: str = check(value)
+        checked: str = known(value)
         return checked
 
     return read
@@ -553,16 +557,19 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 def _fast_retry(value: Any) -> RetryPolicy:
     """A ``retry`` object of scalars: the model's own reading of it, remembered (adapters send the
     same few policies on every job: validating one costs more than the rest of the envelope)."""
-    if type(value) is not dict or not all(type(v) in _SCALARS for v in value.values()):
+    if type(value) is not dict:
         raise _Problem("not a dict of scalars")
-    # The type is part of the key: 1, 1.0 and True are equal (and hash alike) but read differently.
-    return _tolerant_retry(tuple((k, type(v), v) for k, v in value.items())).model_copy()
+    types = tuple(map(type, value.values()))
+    if not _SCALARS.issuperset(types):
+        raise _Problem("not a dict of scalars")
+    # The types are part of the key: 1, 1.0 and True are equal (and hash alike) but read differently.
+    return shallow_copy(_tolerant_retry(tuple(value.items()), types))
 
 
 @functools.lru_cache(maxsize=256)
-def _tolerant_retry(items: tuple[tuple[str, type, Any], ...]) -> RetryPolicy:
+def _tolerant_retry(items: tuple[tuple[str, Any], ...], types: tuple[type, ...]) -> RetryPolicy:
     try:
-        return RetryPolicy.model_validate({k: v for k, _, v in items}, context=mode_context(strict=False))
+        return RetryPolicy.model_validate(dict(items), context=mode_context(strict=False))
     except ValidationError:
         raise _Problem("the model words the error") from None
 

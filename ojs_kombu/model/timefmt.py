@@ -9,6 +9,7 @@ Bad input raises :class:`ojs_kombu.errors.ValidationError`.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -63,8 +64,14 @@ def format_timestamp(dt: datetime) -> str:
 
 
 def _timestamp(value: Any) -> datetime:
+    if type(value) is str:  # a subclass may redefine equality: never looked up in the memo
+        return _parsed(value)
     if not isinstance(value, str):
         raise Problem(f"expected an RFC 3339 timestamp string, got {type(value).__name__}")
+    return _parse(value)
+
+
+def _parse(value: str) -> datetime:
     if _RFC3339_RE.fullmatch(value) is None:
         if _NO_TZ_RE.fullmatch(value):
             raise Problem(f"timestamp {value!r} has no timezone; OJS requires one (e.g. '2026-02-15T10:30:00Z')")
@@ -73,6 +80,13 @@ def _timestamp(value: Any) -> datetime:
         return datetime.fromisoformat(value.upper())
     except ValueError as exc:
         raise Problem(f"{value!r} is not a valid date and time: {exc}") from None
+
+
+#: Valid timestamps already parsed (a refused one raises, and is not kept).  A consumer reads
+#: each job's ``created_at``, its ``enqueued_at`` (the same text, for a job of ``Job.create``)
+#: and the same ``enqueued_at`` again for the job metrics; the jobs of one producer's
+#: millisecond share them all.  Datetimes are immutable, so sharing one is safe.
+_parsed = functools.lru_cache(maxsize=1024)(_parse)
 
 
 def parse_timestamp(s: str) -> datetime:

@@ -171,25 +171,26 @@ class JobMetrics:
         Parameters:
             event: what happened to a job.
         """
-        series = self._series_of(event.queue, event.job_type)
-        key = (event.worker_id, event.job_id, event.attempt)
-        if event.event == "started":
+        name = event.event
+        series = self._series.get((event.queue, event.job_type)) or self._series_of(event.queue, event.job_type)
+        if name == "started":
             with self._lock:
-                self._started[key] = event.at
-                if len(self._started) > MAX_RUNNING:
-                    del self._started[next(iter(self._started))]  # the oldest start
+                started = self._started
+                started[(event.worker_id, event.job_id, event.attempt)] = event.at
+                if len(started) > MAX_RUNNING:
+                    del started[next(iter(started))]  # the oldest start
             if event.attempt == 1:
                 self._first_start(series, event)
             return
-        if event.event in _ENDS_RUN:
+        if name in _ENDS_RUN:
             with self._lock:
-                started = self._started.pop(key, None)
-            if started is not None:  # None: ended without running (cancelled or lost before it started)
-                series.runtime.observe(_seconds(event.at, started))
+                start = self._started.pop((event.worker_id, event.job_id, event.attempt), None)
+            if start is not None:  # None: ended without running (cancelled or lost before it started)
+                series.runtime.observe(_seconds(event.at, start))
         # Counted after the runtime: a scrape that sees the outcome sees its runtime too.
-        outcome = series.outcomes.get(event.event)
+        outcome = series.outcomes.get(name)
         if outcome is None:
-            outcome = series.outcomes[event.event] = self.outcomes.labels(event.queue, event.job_type, event.event)
+            outcome = series.outcomes[name] = self.outcomes.labels(event.queue, event.job_type, name)
         outcome.inc()
 
     def _first_start(self, series: _Series, event: JobEventLike) -> None:
@@ -201,6 +202,7 @@ class JobMetrics:
             series.lateness.observe(_seconds(event.at, scheduled))
 
     def _series_of(self, queue: str, job_type: str) -> _Series:
+        """The children of (``queue``, ``job_type``), made on its first event."""
         series = self._series.get((queue, job_type))
         if series is None:
             series = self._series[(queue, job_type)] = _Series(

@@ -61,8 +61,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -240,19 +239,21 @@ class Cancellations:
                     extra=message_log_extra(job_id, entry.queue),
                 )
 
-    @contextmanager
-    def running(self, job_id: str, queue: str) -> Iterator[RunningEntry]:
+    def running(self, job_id: str, queue: str) -> RunningScope:
         """Register the calling thread as running ``job_id`` for the ``with`` block.
 
         The event is set already when the job was cancelled before it started.  On
         leaving, an interruption that has not been delivered yet is withdrawn, so
         :class:`~ojs_kombu.errors.Cancelled` never escapes into the worker's own code.
+
+        Parameters:
+            job_id: the job's id.
+            queue: its OJS queue (logs).
+
+        Returns:
+            A context manager whose ``with`` block is the run; ``as`` gives its :class:`RunningEntry`.
         """
-        entry = self.enter(job_id, queue)
-        try:
-            yield entry
-        finally:
-            self.leave(entry)
+        return RunningScope(self, job_id, queue)
 
     def enter(self, job_id: str, queue: str, *, aliases: Iterable[str] = ()) -> RunningEntry:
         """Register the calling thread as running ``job_id``, until :meth:`leave`: :meth:`running`
@@ -267,18 +268,13 @@ class Cancellations:
             The entry, its ``cancelled`` event set already when the job was cancelled before.
         """
         job_id = job_id.lower()
-        keys = [k.lower() for k in aliases]
-        entry = RunningEntry(
-            job_id,
-            queue,
-            threading.get_ident(),
-            aliases=tuple(dict.fromkeys(k for k in keys if k != job_id)),
-            lock=self._lock,
-        )
+        others = tuple(dict.fromkeys(k for k in map(str.lower, aliases) if k != job_id)) if aliases else ()
+        entry = RunningEntry(job_id, queue, threading.get_ident(), aliases=others, lock=self._lock)
+        ids = self.ids
         with self._lock:
             for key in entry.keys:
                 self._running.setdefault(key, []).append(entry)
-            if any(key in self.ids for key in entry.keys):
+            if job_id in ids or (others and any(key in ids for key in others)):
                 entry._set_cancelled()
         return entry
 
@@ -321,6 +317,33 @@ class Cancellations:
                     entries.remove(entry)
                 if not entries:
                     self._running.pop(key, None)
+
+
+class RunningScope:
+    """The ``with`` block of :meth:`Cancellations.running`: :meth:`~Cancellations.enter` on entry,
+    :meth:`~Cancellations.leave` on exit (a class, not a generator: it runs per job).
+
+    Parameters:
+        cancellations: where the run is registered.
+        job_id: the job's id.
+        queue: its OJS queue (logs).
+    """
+
+    __slots__ = ("_cancellations", "_entry", "_job_id", "_queue")
+
+    def __init__(self, cancellations: Cancellations, job_id: str, queue: str):
+        self._cancellations = cancellations
+        self._job_id = job_id
+        self._queue = queue
+        self._entry: RunningEntry | None = None
+
+    def __enter__(self) -> RunningEntry:
+        entry = self._entry = self._cancellations.enter(self._job_id, self._queue)
+        return entry
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._entry is not None:
+            self._cancellations.leave(self._entry)
 
 
 def _raise_in_thread(thread_id: int, exc: type[BaseException] | None) -> bool:
@@ -589,5 +612,6 @@ __all__ = [
     "ControlReader",
     "PausedQueues",
     "RunningEntry",
+    "RunningScope",
     "record_cancelled",
 ]

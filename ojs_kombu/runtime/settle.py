@@ -196,6 +196,8 @@ class Settler:
             self._emit("failed", job, attempt, failure)
             self.fail(delivery, job, attempt, failure, decide(job, attempt, error_type="worker_lost"))
             return None
+        if job.expires_at is None and job.scheduled_at is None:
+            return job  # most jobs: no clock to read
         now = utcnow()
         expires = job.expires_datetime
         if self.discard_expired and expires is not None and expires <= now:

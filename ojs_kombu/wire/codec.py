@@ -130,13 +130,17 @@ def decode(
     properties = properties or {}
     headers = headers or {}
     content_type = properties.get("content_type")
-    if content_type and content_type.split(";")[0].strip().lower() not in ACCEPTED_CONTENT_TYPES:
+    if (
+        content_type
+        and content_type != CONTENT_TYPE  # what this library sends: nothing to normalise
+        and content_type.split(";")[0].strip().lower() not in ACCEPTED_CONTENT_TYPES
+    ):
         raise DecodeError(
             f"content type {content_type!r} is not an OJS envelope (JSON only)",
             code="unsupported_content_type",
         )
     encoding = properties.get("content_encoding")
-    if encoding and encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
+    if encoding and encoding != CONTENT_ENCODING and encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
         raise DecodeError(f"content encoding {encoding!r} is not UTF-8", code="unsupported_content_encoding")
     try:
         data, native = read_envelope(body, tolerant=True)

@@ -205,3 +205,18 @@ def test_paused_queues_change_only_on_a_change_and_count_versions():
     assert paused.set("a", False) and paused.queues == frozenset()
     assert not paused.set("b", False)
     assert paused.version == 2
+
+
+def test_running_registers_on_entry_and_leaves_on_any_exit():
+    cancellations = Cancellations("cooperative")
+    scope = cancellations.running("JOB", "q")
+    assert cancellations._running == {}  # nothing until the block is entered
+    with pytest.raises(KeyError), scope as entry:
+        assert cancellations._running == {"job": [entry]} and entry.active
+        raise KeyError("the handler's own error goes on")
+    assert cancellations._running == {} and entry.active is False
+    with cancellations.running("job", "q") as first, cancellations.running("job", "q") as second:
+        assert cancellations._running == {"job": [first, second]}  # the same job twice (a redelivery)
+        cancellations.cancel("job")
+        assert first.is_cancelled and second.is_cancelled
+    assert cancellations._running == {}

@@ -249,3 +249,15 @@ def test_a_subclass_is_built_by_the_model():
 
     job = Custom.from_json(json.dumps(CREATED), strict=False)
     assert type(job) is Custom and job.note == "default"
+
+
+def test_a_second_reading_with_names_and_timestamps_remembered_agrees_as_the_first():
+    """Job types, queue names and timestamps are checked once and remembered (refused ones never):
+    reading every variant again takes the fast path for exactly the same ones."""
+    first = [check_agreement(data) for data in VARIANTS]
+    second = [check_agreement(data) for data in VARIANTS]
+    assert first == second
+    for bad in ({"type": "Bad-Type"}, {"queue": "-bad"}, {"created_at": "2026-02-12T10:30:00"}):
+        for _ in range(2):
+            assert Job._read_common({**CREATED, **bad}) is None
+            assert isinstance(model_read({**CREATED, **bad}), ValidationError)

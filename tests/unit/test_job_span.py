@@ -67,11 +67,15 @@ _WITH_PROVIDER = textwrap.dedent(
         def get_tracer(self, *args, **kwargs):
             return Tracer()
 
-    trace.set_tracer_provider(Provider())
     job = Job.create("traced.job", [], queue="mail", meta={"traceparent": "TRACEPARENT"})
+    with job_span(job, 1) as before_span:  # no provider yet: the producer's context only
+        pass
+    configured_before = tracing_configured()
+    trace.set_tracer_provider(Provider())  # set later, as a program may: counts from now on
     with job_span(job, 2) as span:
         inside = trace.get_current_span().get_span_context()
     print(json.dumps({"configured": tracing_configured(), "started": started, "span": span is not None,
+                      "before": [configured_before, before_span is None],
                       "inside": [inside.trace_id, inside.span_id], "job_id": job.id}))
 """.replace("TRACEPARENT", TRACEPARENT)
 )
@@ -81,6 +85,7 @@ def test_with_an_sdk_the_handler_runs_in_a_consumer_span_child_of_the_producer()
     done = subprocess.run([sys.executable, "-c", _WITH_PROVIDER], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
+    assert result["before"] == [False, True]
     assert result["configured"] is True
     [started] = result["started"]
     assert started["name"] == "mail process"
