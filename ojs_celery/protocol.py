@@ -45,6 +45,7 @@ from ojs_kombu.model.naming import job_type_for
 from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy
 from ojs_kombu.model.timefmt import format_timestamp
 from ojs_kombu.policy.retry import Failure, record_failure
+from ojs_kombu.transport.settings import TaskMessage
 from ojs_kombu.wire.codec import CONTENT_ENCODING, OutgoingMessage, encode
 from ojs_kombu.wire.headers import DEATH_HEADERS, Header, error_headers, strip_death_headers
 
@@ -62,6 +63,8 @@ _MAPPED = frozenset({"lang", "task", "id", "eta", "expires", "retries", "tracepa
 #: Envelope fields carried in ``ojs_envelope`` (the rest is rebuilt from Celery's own data).
 _CARRIED = ("id", "created_at", "retry", "timeout", "errors")
 _EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
+#: The key of the objects kombu's JSON decoder turns into Python types (datetime, UUID, ...).
+_KOMBU_TYPED = b'"__type__"'
 
 
 class TaskIndex:
@@ -170,6 +173,25 @@ class CeleryCodec:
         self, job: Job, properties: dict[str, Any], headers: dict[str, Any]
     ) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
         """A delivered OJS job as a Celery protocol v2 message: ``(body, properties, headers)``."""
+        body, task_properties, task_headers, _ = self.task_message(job, properties, headers)
+        return body, task_properties, task_headers
+
+    def task_message(self, job: Job, properties: dict[str, Any], headers: dict[str, Any]) -> TaskMessage:
+        """A delivered OJS job as a Celery protocol v2 message, with the ``[args, kwargs, embed]`` its body encodes.
+
+        The ``ojs://`` channel hands Celery that payload with the message, so the worker's
+        main process does not parse the body it was just written from (see
+        :class:`~ojs_kombu.transport.message.DecodedMessage`).
+
+        Parameters:
+            job: the delivered job.
+            properties: the delivery's AMQP properties.
+            headers: the delivery's AMQP headers.
+
+        Returns:
+            The task message; its ``payload`` is None when kombu's JSON decoder would not read the
+            body back to the same values (a ``__type__`` object, which it turns into a Python type).
+        """
         meta = dict(job.meta or {})
         celery_meta = meta.pop("celery", None) or {}
         kwargs = meta.pop("kwargs", None) or {}
@@ -206,7 +228,8 @@ class CeleryCodec:
         task_headers[ENVELOPE_HEADER] = envelope
         embed = {key: None for key in _EMBED_KEYS}
         embed.update(celery_meta.get("embed") or {})
-        body = _task_body([job.args, kwargs, embed])
+        payload = [job.args, kwargs, embed]
+        body = _task_body(payload)
         task_properties = {k: v for k, v in properties.items() if k != "application_headers" and v is not None}
         task_properties.update(
             content_type=JSON_CONTENT_TYPE,
@@ -214,7 +237,7 @@ class CeleryCodec:
             correlation_id=properties.get("correlation_id") or celery_id,
             reply_to=properties.get("reply_to") or "",
         )
-        return body, task_properties, task_headers
+        return TaskMessage(body, task_properties, task_headers, None if _KOMBU_TYPED in body else payload)
 
 
 def _task_body(payload: list[Any]) -> bytes:

@@ -43,7 +43,8 @@ The transport is py-amqp's, with a :class:`Channel` that rewrites task traffic
 * **Consuming.**  An OJS envelope delivered from a job queue is handed to the
   consumer as the framework's task message (an envelope from any other OJS
   producer becomes a task message for the task whose name maps to its
-  ``type``).  The runtime's :class:`~ojs_kombu.runtime.settle.Settler` (the
+  ``type``): a kombu message that carries its body already decoded
+  (:mod:`~ojs_kombu.transport.message`).  The runtime's :class:`~ojs_kombu.runtime.settle.Settler` (the
   Worker's) triages it first: a ``redelivered`` job (the worker running it
   died) counts as a failed attempt (``worker_lost``); a job that arrives more
   than :data:`~ojs_kombu.transport.channel.EARLY_TOLERANCE_MS` before its
@@ -113,7 +114,7 @@ Modules: :mod:`~ojs_kombu.transport.settings` (options, the codec protocol),
 :mod:`~ojs_kombu.transport.queues` (what is learnt about queues, per prefix),
 :mod:`~ojs_kombu.transport.state` (per-connection routing, declarations, task
 publishing), :mod:`~ojs_kombu.transport.control` (the control streams read), :mod:`~ojs_kombu.transport.settlement` (the Settler over a
-channel), :mod:`~ojs_kombu.transport.channel` (:class:`Channel`) and
+channel), :mod:`~ojs_kombu.transport.message` (the kombu message of a job delivery), :mod:`~ojs_kombu.transport.channel` (:class:`Channel`) and
 :mod:`~ojs_kombu.transport.transport` (:class:`Transport`, :class:`SSLTransport`).
 """
 

@@ -28,6 +28,7 @@ from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.transport.message import DecodedMessage
 from ojs_kombu.transport.queues import ExchangeDeclaration
 from ojs_kombu.transport.settlement import ChannelSettlement, delivery_of, is_envelope
 from ojs_kombu.transport.state import ConnectionState
@@ -492,12 +493,10 @@ class Channel(pyamqp.Channel):
         unsettled.job = job
         return callback(message)
 
-    def _converted(self, raw: amqp.Message, job: Job, queue: str) -> amqp.Message:
+    def _converted(self, raw: amqp.Message, job: Job, queue: str) -> DecodedMessage:
         headers = raw.properties.get("application_headers") or {}
-        body, properties, task_headers = self.ojs.codec.from_job(job, raw.properties, headers)
-        message = amqp.Message(body, application_headers=task_headers, **properties)
-        message.channel = self
-        message.delivery_info = {
+        task = self.ojs.codec.task_message(job, raw.properties, headers)
+        delivery_info = {
             **raw.delivery_info,
             # The framework republishes retries to where the delivery came from:
             # the anonymous exchange with its own queue name routes back here.
@@ -506,7 +505,13 @@ class Channel(pyamqp.Channel):
             # Not the first execution: the broker redelivered it, or it is a retry.
             "redelivered": bool(raw.delivery_info.get("redelivered")) or job.attempt > 0,
         }
-        return message
+        return DecodedMessage(self, task, delivery_info)
+
+    def message_to_python(self, raw_message: Any) -> Any:
+        """kombu's message for a raw py-amqp message; a converted job delivery is one already."""
+        if isinstance(raw_message, DecodedMessage):
+            return raw_message
+        return super().message_to_python(raw_message)  # type: ignore[no-untyped-call]
 
     # -- settling ------------------------------------------------------------------------------
 

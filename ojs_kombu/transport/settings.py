@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 from kombu.utils.imports import symbol_by_name
 
@@ -55,10 +55,22 @@ class TaskCodec(Protocol):
     ) -> tuple[Job, OutgoingMessage]:
         """The OJS job of a task message bound for OJS queue ``queue``, and its encoded message."""
 
-    def from_job(
-        self, job: Job, properties: dict[str, Any], headers: dict[str, Any]
-    ) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
-        """A delivered job as the framework's task message: ``(body, properties, headers)``."""
+    def task_message(self, job: Job, properties: dict[str, Any], headers: dict[str, Any]) -> TaskMessage:
+        """A delivered job as the framework's task message, with its body decoded."""
+
+
+class TaskMessage(NamedTuple):
+    """A delivered job as a framework task message (what :meth:`TaskCodec.task_message` returns)."""
+
+    #: The message body, as the framework's own producer would have written it.
+    body: bytes
+    #: The message properties (no ``application_headers``).
+    properties: dict[str, Any]
+    #: The message headers (``application_headers``).
+    headers: dict[str, Any]
+    #: What the framework's consumer decodes ``body`` to, already built by the codec (the
+    #: consumer need not parse the body again); None to let it decode ``body`` itself.
+    payload: Any
 
 
 @dataclass
@@ -177,4 +189,12 @@ class Settings:
         return QueueOptions(**fields)
 
 
-__all__ = ["DEFAULT_CODEC", "DEFAULT_CONFIRM_TIMEOUT", "OJS_OPTIONS", "QUEUE_ARGUMENT_OPTIONS", "Settings", "TaskCodec"]
+__all__ = [
+    "DEFAULT_CODEC",
+    "DEFAULT_CONFIRM_TIMEOUT",
+    "OJS_OPTIONS",
+    "QUEUE_ARGUMENT_OPTIONS",
+    "Settings",
+    "TaskCodec",
+    "TaskMessage",
+]
