@@ -96,6 +96,10 @@ class RunningMessage(MessageProxy):
         entry, cancellations = self.running, self._cancellations
         if entry is not None and cancellations is not None:
             cancellations.ended(entry)
+            if entry.is_cancelled:
+                # What a cancel makes the actor raise is expected: Dramatiq logs an exception the
+                # message "throws" at INFO, not as an unhandled one at ERROR (and never retries it).
+                self.options["throws"] = BaseException
 
     def settle_cancelled(self, state: Literal["pending", "running"]) -> None:
         """Ack the cancelled message (once), count it and emit ``cancelled``."""

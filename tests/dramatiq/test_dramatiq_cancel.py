@@ -253,7 +253,8 @@ def test_a_prefetched_message_cancelled_before_a_thread_takes_it_never_runs(ojs_
     assert message_count(amqp_url, names.dead_letter_queue("buffered")) == 0
 
 
-def test_a_busy_actor_is_interrupted_within_a_second_and_the_worker_goes_on(ojs_broker, start_worker):
+def test_a_busy_actor_is_interrupted_within_a_second_and_the_worker_goes_on(ojs_broker, start_worker, caplog):
+    caplog.set_level(logging.INFO, logger="dramatiq")
     started, interrupted, ran, events = threading.Event(), Recorder(), Recorder(), Recorder()
     ojs_broker.lifecycle.subscribe(events.add)
     exhausted = Recorder()
@@ -295,6 +296,10 @@ def test_a_busy_actor_is_interrupted_within_a_second_and_the_worker_goes_on(ojs_
     assert exhausted.calls == []
     busy_events = [e.event for e in events.calls if isinstance(e, JobEvent) and e.job_type == "busy"]
     assert busy_events == ["started", "cancelled"]
+    # Dramatiq's worker logs the interruption as expected (INFO), not as an unhandled exception (ERROR).
+    about = [r for r in caplog.records if r.name.startswith("dramatiq.worker") and "busy()" in r.getMessage()]
+    assert any(r.levelno == logging.INFO and "expected exception Cancelled" in r.getMessage() for r in about)
+    assert not [r for r in about if r.levelno >= logging.ERROR]
 
 
 def test_a_retries_middleware_added_later_does_not_retry_a_cancelled_message(amqp_url, prefix):
