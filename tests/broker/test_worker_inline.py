@@ -71,8 +71,8 @@ def test_jobs_that_wait_go_to_the_handler_threads(client, worker_factory):
     assert any(name.startswith("ojs-handler") for name in running.threads)
 
 
-def test_short_jobs_run_on_the_consumer_thread(client, worker_factory):
-    worker = worker_factory(concurrency=8)
+def run_quick_jobs(client, worker, count: int) -> Running:
+    """Start ``worker``, run ``count`` jobs that return at once, and say where and how they ran."""
     running = Running()
 
     @worker.handler("quick.one")
@@ -82,24 +82,20 @@ def test_short_jobs_run_on_the_consumer_thread(client, worker_factory):
 
     worker.start()
     assert worker.wait_until_ready()
-    client.enqueue_many([Job.create("quick.one", [i]) for i in range(100)])
-    wait_until(lambda: running.done == 100, timeout=30, message="the 100 jobs")
+    client.enqueue_many([Job.create("quick.one", [i]) for i in range(count)])
+    wait_until(lambda: running.done == count, timeout=30, message=f"the {count} jobs")
+    return running
+
+
+def test_short_jobs_run_on_the_consumer_thread(client, worker_factory):
+    running = run_quick_jobs(client, worker_factory(concurrency=8), 100)
     assert "ojs-consumer" in running.threads
+    # Jobs ran at once only if some went to the handler threads (a busy machine can send a few).
     assert running.most == 1 or any(name.startswith("ojs-handler") for name in running.threads)
 
 
 def test_inline_false_runs_every_job_on_a_handler_thread(client, worker_factory):
     worker = worker_factory(concurrency=4, inline=False)
-    running = Running()
-
-    @worker.handler("quick.one")
-    def quick(i: int) -> None:
-        with running:
-            pass
-
-    worker.start()
-    assert worker.wait_until_ready()
-    client.enqueue_many([Job.create("quick.one", [i]) for i in range(50)])
-    wait_until(lambda: running.done == 50, timeout=30, message="the 50 jobs")
+    running = run_quick_jobs(client, worker, 50)
     assert running.threads and all(name.startswith("ojs-handler") for name in running.threads)
     assert worker._handover.takeovers == 0
