@@ -209,7 +209,8 @@ class Worker:
             list or a list/tuple of URLs: on a connection loss the worker moves to the next node,
             re-declares its topology and re-consumes there (``docs/cluster.md``, Failover).
         queues: OJS queue names to consume.
-        concurrency: handler threads, and the prefetch count.
+        concurrency: jobs run at once (handler threads; the consumer thread runs short jobs in one
+            of these slots), and the prefetch count.
         prefix: multi-tenant entity prefix.
         grace_period: seconds a graceful shutdown waits for running jobs.
         queue_options: optional arguments of the job queues (must match the producers').
@@ -389,7 +390,7 @@ class Worker:
 
         Parameters:
             queues: the OJS queues to consume instead of the constructor's (not added to them).
-            concurrency: handler threads and prefetch count.
+            concurrency: jobs run at once (handler threads) and prefetch count.
             metrics_port, metrics_host: the metrics endpoint's (``None``: the constructor's).
 
         Raises:
