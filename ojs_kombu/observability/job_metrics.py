@@ -125,6 +125,15 @@ class JobMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY):
         labels = ["queue", "type"]
+        # Registered first, so collected first: record() observes a run's runtime before it counts
+        # its outcome, so a scrape that reads an outcome then reads that run's runtime too.
+        self.outcomes = Counter(
+            "ojs_job_outcomes_total",
+            "Job lifecycle events but started: succeeded, failed (per attempt), retried, dead-lettered, "
+            "cancelled, expired",
+            [*labels, "outcome"],
+            registry=registry,
+        )
         self.runtime = Histogram(
             "ojs_job_runtime_seconds",
             "Time a handler ran one attempt of a job (started to succeeded, failed or cancelled)",
@@ -144,13 +153,6 @@ class JobMetrics:
             "Start of a scheduled job's first attempt minus its scheduled_at",
             labels,
             buckets=LATENESS_BUCKETS,
-            registry=registry,
-        )
-        self.outcomes = Counter(
-            "ojs_job_outcomes_total",
-            "Job lifecycle events but started: succeeded, failed (per attempt), retried, dead-lettered, "
-            "cancelled, expired",
-            [*labels, "outcome"],
             registry=registry,
         )
         self._series: dict[tuple[str, str], _Series] = {}
@@ -187,7 +189,8 @@ class JobMetrics:
                 start = self._started.pop((event.worker_id, event.job_id, event.attempt), None)
             if start is not None:  # None: ended without running (cancelled or lost before it started)
                 series.runtime.observe(_seconds(event.at, start))
-        # Counted after the runtime: a scrape that sees the outcome sees its runtime too.
+        # Counted after the runtime, and collected before it (see __init__): a scrape that sees
+        # the outcome sees its runtime too.
         outcome = series.outcomes.get(name)
         if outcome is None:
             outcome = series.outcomes[name] = self.outcomes.labels(event.queue, event.job_type, name)

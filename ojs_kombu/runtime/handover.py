@@ -150,12 +150,12 @@ class Handover:
         consumer = self.consumer
         try:
             self.on_pass()  # the deliveries the consumer thread has not started
-            consumer.serve(lambda: self._want_back or self._stop.is_set())
+            consumer.serve(lambda: self._want_back or self._stop.is_set(), self.on_pass)
             if consumer.stopped and self._lent:
                 consumer.shutdown()  # the consumer thread is still in its job past the grace period
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer thread by reclaim()
+        except BaseException as exc:  # re-raised in the consumer thread by reclaim()
             self._error = exc
-            logger.debug("the stand-in's serving ended: %r", exc)
+            logger.warning("the stand-in serving the connection for the consumer thread stopped: %r", exc, exc_info=exc)
         finally:
             with self._lock:
                 self._serving = False

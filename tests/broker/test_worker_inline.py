@@ -53,6 +53,29 @@ def test_jobs_that_wait_for_each_other_run_at_once(client, worker_factory):
     assert worker._handover.takeovers >= 1
 
 
+def test_jobs_delivered_while_the_stand_in_serves_go_to_the_handler_threads(client, worker_factory):
+    """The first job blocks on the consumer thread; the next two are enqueued only then, so they
+    arrive in passes the stand-in serves: it hands them out at once, and the three meet."""
+    worker = worker_factory(concurrency=3)
+    barrier = threading.Barrier(3, timeout=15)
+    running = Running()
+
+    @worker.handler("meet.all")
+    def meet(i: int) -> None:
+        with running:
+            barrier.wait()
+
+    worker.start()
+    assert worker.wait_until_ready()
+    client.enqueue("meet.all", [0])
+    wait_until(lambda: worker._handover.serving, message="the stand-in to serve for the first job")
+    assert running.threads == {"ojs-consumer"}
+    for i in (1, 2):
+        client.enqueue("meet.all", [i])
+    wait_until(lambda: running.done == 3, timeout=20, message="the three jobs to meet")
+    assert running.most == 3
+
+
 def test_jobs_that_wait_go_to_the_handler_threads(client, worker_factory):
     """Jobs that sleep (I/O) leave the consumer thread after two of them: they run in parallel."""
     worker = worker_factory(concurrency=8)

@@ -180,3 +180,11 @@ def test_only_a_started_event_carries_the_jobs_moments() -> None:
         ("started", True, True),
         ("succeeded", False, False),
     ]
+
+
+def test_a_scrape_collects_the_outcomes_before_the_runtimes(metrics: tuple[JobMetrics, CollectorRegistry]) -> None:
+    """record() observes a run's runtime, then counts its outcome: collected in the other order, a
+    scrape that sees the outcome sees the runtime too (a run may end between two families' reads)."""
+    _, registry = metrics
+    families = [family.name for family in registry.collect()]
+    assert families.index("ojs_job_outcomes") < families.index("ojs_job_runtime_seconds")
