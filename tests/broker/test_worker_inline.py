@@ -32,10 +32,9 @@ class Running:
             self.done += 1
 
 
-def test_jobs_that_wait_for_each_other_run_at_once(client, worker_factory):
-    """Three jobs meet at a barrier: the first one runs on the consumer thread and blocks; the
-    stand-in takes the connection and the other two go to handler threads."""
-    worker = worker_factory(concurrency=3)
+def started_meeting(worker) -> Running:
+    """Register a ``meet.all`` handler on ``worker`` whose jobs wait for each other (three meet at a
+    barrier), start it, and return what counts them."""
     barrier = threading.Barrier(3, timeout=15)
     running = Running()
 
@@ -46,6 +45,14 @@ def test_jobs_that_wait_for_each_other_run_at_once(client, worker_factory):
 
     worker.start()
     assert worker.wait_until_ready()
+    return running
+
+
+def test_jobs_that_wait_for_each_other_run_at_once(client, worker_factory):
+    """Three jobs meet at a barrier: the first one runs on the consumer thread and blocks; the
+    stand-in takes the connection and the other two go to handler threads."""
+    worker = worker_factory(concurrency=3)
+    running = started_meeting(worker)
     client.enqueue_many([Job.create("meet.all", [i]) for i in range(3)])
     wait_until(lambda: running.done == 3, timeout=20, message="the three jobs to meet")
     assert running.most == 3
@@ -57,16 +64,7 @@ def test_jobs_delivered_while_the_stand_in_serves_go_to_the_handler_threads(clie
     """The first job blocks on the consumer thread; the next two are enqueued only then, so they
     arrive in passes the stand-in serves: it hands them out at once, and the three meet."""
     worker = worker_factory(concurrency=3)
-    barrier = threading.Barrier(3, timeout=15)
-    running = Running()
-
-    @worker.handler("meet.all")
-    def meet(i: int) -> None:
-        with running:
-            barrier.wait()
-
-    worker.start()
-    assert worker.wait_until_ready()
+    running = started_meeting(worker)
     client.enqueue("meet.all", [0])
     wait_until(lambda: worker._handover.serving, message="the stand-in to serve for the first job")
     assert running.threads == {"ojs-consumer"}
