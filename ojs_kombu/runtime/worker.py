@@ -741,15 +741,7 @@ class Worker:
 
     def _hand_back_waiting(self) -> None:
         """At shutdown: hand back every delivery no thread has started yet."""
-        while True:
-            try:
-                ready = self._ready.popleft()
-            except IndexError:
-                break
-            try:
-                self._hand_back(ready)
-            finally:
-                self._settled()
+        self._to_pool()  # the consumer thread's unstarted ones join the handler threads' queue, drained here
         while True:
             try:
                 delivery = self._work.get_nowait()
