@@ -56,9 +56,7 @@ LIFECYCLE_HOOK = "ojs_celery.lifecycle:worker_lifecycle"
 #: The transport option :class:`ojs_celery.Celery` sets: INFO requests are answered from :func:`worker_activity`.
 INFO_HOOK = "ojs_celery.lifecycle:job_info"
 
-_lifecycle: Lifecycle | None = None
-_activity: Activity | None = None
-_pid = 0
+_hub: tuple[Lifecycle, Activity] | None = None  # this process's (a forked child starts without one)
 _lock = threading.Lock()
 
 
@@ -94,11 +92,28 @@ def job_info(job_id: str) -> JobInfo | None:
 
 
 def _process_hub() -> tuple[Lifecycle, Activity]:
-    global _lifecycle, _activity, _pid
+    hub = _hub
+    if hub is not None:
+        return hub  # twice per task in the worker's main process: no lock, no getpid() system call
+    return _new_hub()
+
+
+def _new_hub() -> tuple[Lifecycle, Activity]:
+    global _hub
     with _lock:
-        if _lifecycle is None or _activity is None or _pid != os.getpid():
-            (_lifecycle, _activity), _pid = new_worker_lifecycle(), os.getpid()
-        return _lifecycle, _activity
+        if _hub is None:
+            _hub = new_worker_lifecycle()
+        return _hub
+
+
+def _forget_hub() -> None:
+    """In a forked child: the parent's hub is the parent's (its worker id names the parent)."""
+    global _hub, _lock
+    _hub = None
+    _lock = threading.Lock()  # the parent may have held it while forking
+
+
+os.register_at_fork(after_in_child=_forget_hub)
 
 
 def request_job(request: Any) -> Job:

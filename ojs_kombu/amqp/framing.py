@@ -91,6 +91,11 @@ class FrameReader:
         self._on_delivery = on_delivery
 
     @property
+    def deliveries_channel(self) -> int:
+        """The channel whose deliveries :meth:`decode_deliveries` routes, or -1."""
+        return self._deliveries_channel
+
+    @property
     def buffered(self) -> int:
         """Bytes received and not yet consumed."""
         self._take_pushback()
@@ -242,9 +247,13 @@ class WriteBatch:
         self._holding = True
 
     def write(self, data: bytes | memoryview) -> None:
-        """The transport's ``write`` as py-amqp's frame writer calls it."""
+        """The transport's ``write`` as py-amqp's frame writer calls it; deferred frames go first."""
         if self._holding:
             self._held.append(bytes(data))
+        elif self._held:
+            held, self._held = self._held, []
+            held.append(bytes(data))
+            self._write(_EMPTY.join(held))
         else:
             self._write(data)
 
@@ -262,6 +271,18 @@ class WriteBatch:
             delivery_tag: the delivery's tag.
         """
         self.write(_SETTLE_FRAME.pack(_METHOD_FRAME, channel, 13, method[0], method[1], delivery_tag, 0, _FRAME_END))
+        self._connection.bytes_sent += 1
+
+    def defer_settle(self, channel: int, method: tuple[int, int], delivery_tag: int) -> None:
+        """:meth:`settle`, the frame kept until the next :meth:`flush` or the next frame written (it goes first).
+
+        For a loop that flushes before it waits (the ``ojs://`` transport flushes on every tick
+        of kombu's event loop, right before it polls): the acks of the tasks one pass of the
+        loop settles leave in one write.  Parameters: as :meth:`settle`.
+        """
+        self._held.append(
+            _SETTLE_FRAME.pack(_METHOD_FRAME, channel, 13, method[0], method[1], delivery_tag, 0, _FRAME_END)
+        )
         self._connection.bytes_sent += 1
 
     def flush(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from amqp import spec
 from amqp.exceptions import ConsumerCancelled, MessageNacked
 from kombu.transport import pyamqp
 
+from ojs_kombu.amqp.delivery import RawDelivery
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
 from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.job import Job
@@ -70,6 +72,8 @@ class _JobConsumer:
     on_cancel: Callable[[str], Any]
     no_ack: bool
     arguments: dict[str, Any] | None
+    framework_queue: str
+    callback: Callable[[Any], Any]
     paused: bool = False
 
 
@@ -376,7 +380,9 @@ class Channel(pyamqp.Channel):
         def cancelled(tag: str, q: str = amqp_name) -> None:
             self._on_broker_cancel(q, tag)
 
-        consumer = _JobConsumer(ojs_queue, amqp_name, deliver, on_cancel or cancelled, no_ack, arguments)
+        consumer = _JobConsumer(
+            ojs_queue, amqp_name, deliver, on_cancel or cancelled, no_ack, arguments, queue, callback
+        )
         if ojs_queue in state.control.paused:
             # Paused: remembered, consumed on resume (see apply_pauses).
             tag = consumer_tag or f"ojs-paused-{uuid.uuid4().hex}"
@@ -396,7 +402,21 @@ class Channel(pyamqp.Channel):
                 argsig=argsig,
             )
         self._job_consumers[tag] = consumer
+        self._read_deliveries_directly()
         return tag
+
+    def _read_deliveries_directly(self) -> None:
+        """Have the connection's frame reader decode this channel's deliveries (:meth:`_on_raw_delivery`).
+
+        One channel per connection can: the first that consumes a job queue, or the next one
+        once it has closed (a Celery worker consumes its tasks on one channel).
+        """
+        reader = self.connection.frame_reader
+        if reader is None:
+            return  # TLS: py-amqp reads every frame
+        current = self.connection.channels.get(reader.deliveries_channel)
+        if current is None or current is self or not getattr(current, "is_open", False):
+            reader.decode_deliveries(self.channel_id, self._on_raw_delivery)
 
     def basic_cancel(self, consumer_tag: str, nowait: bool = False, argsig: str = "sb") -> Any:
         """``Basic.Cancel``; a job queue consumer that is paused has nothing to cancel at the broker."""
@@ -440,14 +460,14 @@ class Channel(pyamqp.Channel):
         if ojs_queue is None:
             return super().basic_get(queue, no_ack, argsig)
         raw = super().basic_get(self.ojs.names.job_queue(ojs_queue), no_ack, argsig)
-        if raw is None or not is_envelope(raw):
+        if raw is None or not is_envelope(raw.properties):
             return raw
         delivery = delivery_of(raw, ojs_queue)
         try:
             job = decode(delivery.body, delivery.properties, delivery.headers)
         except DecodeError:
             return raw
-        message = self._converted(raw, job, queue)
+        message = self._converted(raw.properties, raw.delivery_info, job, queue)
         if not no_ack:
             self._metric(METRICS.messages_consumed, ojs_queue).inc()
             self._unsettled[raw.delivery_tag] = _Unsettled(delivery, job)
@@ -476,34 +496,81 @@ class Channel(pyamqp.Channel):
 
     def _deliver(self, raw: amqp.Message, queue: str, callback: Callable[[Any], Any]) -> Any:
         """Convert a delivery from job queue ``queue`` and pass it on, or settle it here (the Settler)."""
-        if not is_envelope(raw):
+        if not is_envelope(raw.properties):
             return callback(raw)  # not OJS (a plain kombu message, a stock Celery producer): untouched
         ojs_queue = self.ojs.queues.queues.get(queue) or queue
-        delivery = delivery_of(raw, ojs_queue)
-        self._metric(METRICS.messages_consumed, ojs_queue).inc()
+        return self._deliver_job(delivery_of(raw, ojs_queue), raw.properties, raw.delivery_info, queue, callback)
+
+    def _on_raw_delivery(self, raw: RawDelivery) -> bool:
+        """A delivery the connection's frame reader decoded (see :meth:`_read_deliveries_directly`).
+
+        A job delivery to a job queue consumer takes the path of :meth:`_deliver` without a
+        py-amqp message in between (and its body stays bytes); anything else is left to
+        py-amqp (False), which reads it as it reads every other frame.
+        """
+        consumer = self._job_consumers.get(raw.consumer_tag)
+        properties = raw.properties
+        if consumer is None or consumer.paused or not self.is_open or not is_envelope(properties):
+            return False
+        queue = consumer.framework_queue
+        ojs_queue = consumer.ojs_queue
+        headers = properties.get("application_headers")
+        delivery = Delivery(
+            body=raw.body,
+            properties={k: v for k, v in properties.items() if k != "application_headers"},
+            headers=dict(headers) if headers else {},
+            delivery_tag=raw.delivery_tag,
+            redelivered=raw.redelivered,
+            exchange=raw.exchange,
+            routing_key=raw.routing_key,
+            queue=ojs_queue,
+            generation=0,  # the channel's deliveries die with it: ChannelSettlement checks is_open
+        )
+        delivery_info = {
+            "consumer_tag": raw.consumer_tag,
+            "delivery_tag": raw.delivery_tag,
+            "redelivered": raw.redelivered,
+            "exchange": raw.exchange,
+            "routing_key": raw.routing_key,
+        }
+        self._deliver_job(delivery, properties, delivery_info, queue, consumer.callback)
+        return True
+
+    def _deliver_job(
+        self,
+        delivery: Delivery,
+        properties: dict[str, Any],
+        delivery_info: dict[str, Any],
+        queue: str,
+        callback: Callable[[Any], Any],
+    ) -> Any:
+        """Triage a job delivery from framework queue ``queue``; pass the converted message to ``callback``."""
+        self._metric(METRICS.messages_consumed, delivery.queue).inc()
         unsettled = self._unsettled[delivery.delivery_tag] = _Unsettled(delivery)
         job = self.settler.triage(delivery)
         if job is None:
             return None  # settled (or being settled) by the Settler
         try:
-            message = self._converted(raw, job, queue)
+            message = self._converted(properties, delivery_info, job, queue)
         except (ValidationError, ValueError, TypeError) as exc:
             self.settler.reject_invalid(delivery, "invalid_envelope", str(exc))
             return None
         unsettled.job = job
         return callback(message)
 
-    def _converted(self, raw: amqp.Message, job: Job, queue: str) -> DecodedMessage:
-        headers = raw.properties.get("application_headers") or {}
-        task = self.ojs.codec.task_message(job, raw.properties, headers)
+    def _converted(
+        self, properties: dict[str, Any], delivery_info: dict[str, Any], job: Job, queue: str
+    ) -> DecodedMessage:
+        headers = properties.get("application_headers") or {}
+        task = self.ojs.codec.task_message(job, properties, headers)
         delivery_info = {
-            **raw.delivery_info,
+            **delivery_info,
             # The framework republishes retries to where the delivery came from:
             # the anonymous exchange with its own queue name routes back here.
             "exchange": "",
             "routing_key": queue,
             # Not the first execution: the broker redelivered it, or it is a retry.
-            "redelivered": bool(raw.delivery_info.get("redelivered")) or job.attempt > 0,
+            "redelivered": bool(delivery_info.get("redelivered")) or job.attempt > 0,
         }
         return DecodedMessage(self, task, delivery_info)
 
@@ -518,6 +585,11 @@ class Channel(pyamqp.Channel):
     def basic_ack(self, delivery_tag: int, multiple: bool = False, argsig: str = "Lb") -> Any:
         """``Basic.Ack``; a job delivery is forgotten and counted."""
         self._forget(delivery_tag, multiple, METRICS.messages_acked)
+        connection = self.connection
+        batch = getattr(connection, "settle_batch", None)
+        if batch is not None and not multiple and threading.get_ident() == connection.loop_thread:
+            batch.defer_settle(self.channel_id, spec.Basic.Ack, delivery_tag)
+            return None
         return super().basic_ack(delivery_tag, multiple, argsig)
 
     def basic_reject(self, delivery_tag: int, requeue: bool, argsig: str = "Lb") -> Any:

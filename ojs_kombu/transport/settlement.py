@@ -109,12 +109,16 @@ class ChannelSettlement:
         )
 
 
-def is_envelope(raw: amqp.Message) -> bool:
-    """An OJS envelope: the OJS content type, or JSON carrying the binding's headers (lenient producers)."""
-    content_type = (raw.properties.get("content_type") or "").split(";")[0].strip().lower()
+def is_envelope(properties: dict[str, Any]) -> bool:
+    """Whether a message of these AMQP properties is an OJS envelope: the OJS content type, or JSON
+    carrying the binding's headers (lenient producers)."""
+    content_type = properties.get("content_type")
+    if content_type == CONTENT_TYPE:  # what this library sends: nothing to normalise
+        return True
+    content_type = (content_type or "").split(";")[0].strip().lower()
     if content_type == CONTENT_TYPE:
         return True
-    headers = raw.properties.get("application_headers") or {}
+    headers = properties.get("application_headers") or {}
     return content_type in ACCEPTED_CONTENT_TYPES and Header.QUEUE in headers and "task" not in headers
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import TRANSPORT_ALIASES, pyamqp
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, transport_tls_options
-from ojs_kombu.amqp.framing import FrameReader
+from ojs_kombu.amqp.framing import FrameReader, WriteBatch
 from ojs_kombu.amqp.framing import supports as framing_supports
 from ojs_kombu.amqp.urls import split_urls
 from ojs_kombu.transport.channel import Channel
@@ -33,6 +35,47 @@ class Connection(pyamqp.Connection):
         self.ojs = ConnectionState(self, ojs_settings, ojs_queues)
         #: Buffered frame reading (plain TCP), attached by the transport once connected.
         self.frame_reader: FrameReader | None = None
+        #: The acks and nacks of the event loop's thread, written once per tick (see
+        #: :meth:`Transport.register_with_event_loop`); None outside kombu's event loop.
+        self.settle_batch: WriteBatch | None = None
+        self.loop_thread = 0
+
+
+class _LoopWaker:
+    """Makes kombu's event loop poll once without waiting: a pipe's write end, always writable,
+    watched until the poll reports it.
+
+    The loop computes its poll timeout before its tick callbacks run, so work a tick callback
+    schedules (``call_soon``, a timer) would wait for that poll to time out.
+    """
+
+    def __init__(self, loop: Any):
+        self._loop = loop
+        self._fds: tuple[int, int] | None = None
+        self._watching = False
+
+    def wake(self) -> None:
+        """Have the loop's next poll return at once."""
+        if self._watching:
+            return
+        if self._fds is None:
+            self._fds = os.pipe()
+        self._watching = True
+        self._loop.add_writer(self._fds[1], self._woken)
+
+    def _woken(self) -> None:
+        self._watching = False
+        if self._fds is not None:
+            self._loop.remove_writer(self._fds[1])
+
+    def close(self) -> None:
+        """Stop watching and close the pipe."""
+        if self._fds is not None:
+            if self._watching:
+                self._loop.remove_writer(self._fds[1])
+            for fd in self._fds:
+                os.close(fd)
+            self._fds, self._watching = None, False
 
 
 #: For annotations inside :class:`Transport`, whose ``Connection`` attribute shadows the class.
@@ -101,30 +144,40 @@ class Transport(pyamqp.Transport):
         buffer is dispatched on every tick of the loop, right before it polls.
         """
         super().register_with_event_loop(connection, loop)  # type: ignore[no-untyped-call]
+        reader = connection.frame_reader
+        batch = connection.settle_batch = connection.settle_batch or WriteBatch(connection)
+        connection.loop_thread = threading.get_ident()
 
         def maintain() -> None:
             if not connection.connected:
-                loop.on_tick.discard(maintain)  # this connection is gone
+                loop.on_tick.discard(tick)  # this connection is gone
                 timer.cancel()
                 return
             connection.ojs.maintain()
 
-        # On every tick (a pause applies right after the frame that carried it), and at least
-        # every second: an idle loop may sleep for seconds, and re-reading a control stream is due later.
-        loop.on_tick.add(maintain)
-        timer = loop.call_repeatedly(1.0, maintain)
-        reader = connection.frame_reader
-        if reader is None:
-            return
+        waker = _LoopWaker(loop)
 
-        def dispatch_buffered() -> None:
+        def tick() -> None:
             if connection.frame_reader is not reader or not connection.connected:
-                loop.on_tick.discard(dispatch_buffered)  # this connection is gone
+                loop.on_tick.discard(tick)  # this connection is gone
+                timer.cancel()
+                waker.close()
                 return
-            while reader.has_frame():
-                reader.dispatch()
+            if reader is not None and reader.has_frame():
+                while reader.has_frame():
+                    reader.dispatch()
+                # What those frames' callbacks scheduled (Celery's acks and ETA timers go through
+                # the loop) would otherwise wait for the poll that follows: up to a second.
+                waker.wake()
+            connection.ojs.maintain()
+            batch.flush()
 
-        loop.on_tick.add(dispatch_buffered)
+        # On every tick, right before the loop polls: the frames read ahead, the control plane
+        # (a pause applies right after the frame that carried it), the acks of this pass.  And
+        # at least every second: an idle loop may sleep for seconds, and re-reading a control
+        # stream is due later.
+        loop.on_tick.add(tick)
+        timer = loop.call_repeatedly(1.0, maintain)
 
     def on_readable(self, connection: _OjsConnection, loop: Any) -> None:
         """The event loop's read callback: every complete frame the socket holds, from one ``recv``.

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import select
+import struct
+import time
+import uuid
+
 import kombu
+from amqp import spec
 from kombu.asynchronous import Hub
+from kombu.transport import pyamqp
 from support import wait_until
+
+from ojs_kombu.amqp.delivery import RawDelivery
+from ojs_kombu.model.job import Job
+from ojs_kombu.transport.channel import _JobConsumer
 
 
 def test_event_loop_reads_many_frames_per_recv(amqp_url, prefix):
@@ -52,3 +64,154 @@ def test_event_loop_reads_many_frames_per_recv(amqp_url, prefix):
     assert received == list(range(count))
     # Three frames per message: one recv per frame would be 600 (and py-amqp's own path 1,800).
     assert 0 < len([n for n in fills if n]) < count
+
+
+# -- job deliveries under the event loop ---------------------------------------------------------
+
+_FRAME_HEADER = struct.Struct(">BHI")  # frame type, channel, payload size
+_METHOD = struct.Struct(">HH")  # class, method
+_TAG_AND_FLAGS = struct.Struct(">QB")  # a Basic.Ack's delivery tag and flags octet
+
+
+def _job_loop(amqp_url: str, prefix: str, queue_name: str, prefetch: int):
+    """An ``ojs://`` connection consuming job queue ``queue_name`` in a kombu event loop whose
+    callback acks through the loop (``hub.call_soon``), as Celery's worker does."""
+    conn = kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix})
+    conn.connect()
+    hub = Hub()
+    conn.register_with_event_loop(hub)
+    channel = conn.channel()
+    channel.basic_qos(0, prefetch, False)
+    return conn, hub, channel, kombu.Queue(queue_name, durable=True)
+
+
+def _ojs_url(amqp_url: str) -> str:
+    return "ojs" + amqp_url[amqp_url.index("://") :]
+
+
+def test_acks_of_one_loop_pass_leave_in_one_write_each_its_own_frame(amqp_url, prefix, client, management):
+    """The acks the loop's callbacks make in one pass are written together when the tick flushes
+    them, one ``Basic.Ack`` frame per delivery with ``multiple=false`` (binding §5.3)."""
+    count, queue_name = 60, f"acks{uuid.uuid4().hex[:8]}"
+    client.enqueue_many([Job.create("t.ack", [i], queue=queue_name) for i in range(count)])
+    conn, hub, channel, queue = _job_loop(amqp_url, prefix, queue_name, prefetch=count)
+    writes: list[bytes] = []
+    batch = conn.connection.settle_batch
+    assert batch is not None  # the event loop's acks are batched
+    write = batch._write
+    batch._write = lambda data: (writes.append(bytes(data)), write(data))[1]
+    received: list[int] = []
+
+    def on_message(message):
+        received.append(message.delivery_tag)
+        hub.call_soon(message.ack)
+
+    consumer = kombu.Consumer(channel, [queue], on_message=on_message)
+    consumer.consume()
+    loop = hub.create_loop()
+    try:
+        wait_until(
+            lambda: next(loop) or len(_acks(writes)) >= count, timeout=30, interval=0, message=f"{count} acks written"
+        )
+        wait_until(
+            lambda: (management.queue(f"{prefix}.ojs.queue.{queue_name}") or {}).get("messages") == 0,
+            timeout=15,
+            message="the queue empty (every ack taken)",
+        )
+    finally:
+        consumer.cancel()
+        hub.close()
+        conn.release()
+    acks = _acks(writes)
+    assert sorted(tag for tag, _ in acks) == sorted(received)  # one frame per delivery, each tag once
+    assert all(flags == 0 for _, flags in acks)  # multiple=false
+    assert len([w for w in writes if _acks([w])]) < count  # several acks per write
+
+
+def _acks(writes: list[bytes]) -> list[tuple[int, int]]:
+    """The ``(delivery tag, flags)`` of every ``Basic.Ack`` frame in ``writes``."""
+    found = []
+    for data in writes:
+        pos = 0
+        while pos + 7 <= len(data):
+            frame_type, _, size = _FRAME_HEADER.unpack_from(data, pos)
+            if frame_type == 1 and size == 13 and _METHOD.unpack_from(data, pos + 7) == spec.Basic.Ack:
+                found.append(_TAG_AND_FLAGS.unpack_from(data, pos + 11))
+            pos += 8 + size
+    return found
+
+
+def test_work_a_read_ahead_delivery_schedules_does_not_wait_for_the_poll(amqp_url, prefix, client):
+    """Deliveries left in the frame reader's buffer by a synchronous read are dispatched by the
+    loop's tick, after the loop computed its poll timeout: what their callbacks schedule
+    (Celery acks through ``call_soon``) must run at once, not when the poll times out (~1 s)."""
+    queue_name = f"wake{uuid.uuid4().hex[:8]}"
+    client.enqueue_many([Job.create("t.wake", [i], queue=queue_name) for i in range(3)])
+    conn, hub, channel, queue = _job_loop(amqp_url, prefix, queue_name, prefetch=3)
+    delays: list[float] = []
+
+    def on_message(message):
+        dispatched = time.monotonic()
+        hub.call_soon(lambda: (delays.append(time.monotonic() - dispatched), message.ack()))
+
+    consumer = kombu.Consumer(channel, [queue], on_message=on_message)
+    consumer.consume()
+    reader = conn.connection.frame_reader
+    sock = conn.connection.sock
+    # Read one frame the synchronous way (as a reply wait does): the reader takes all the
+    # socket holds, so the deliveries' other frames stay in its buffer.
+    select.select([sock], [], [], 10)
+    with contextlib.suppress(TimeoutError):
+        conn.drain_events(timeout=1)
+    assert reader is not None and reader.has_frame(), "nothing was read ahead"
+    loop = hub.create_loop()
+    try:
+        wait_until(lambda: next(loop) or len(delays) == 3, timeout=10, interval=0, message="three callbacks run")
+    finally:
+        consumer.cancel()
+        hub.close()
+        conn.release()
+    assert max(delays) < 0.3, delays
+
+
+def test_the_frame_reader_and_py_amqp_convert_a_job_delivery_alike(amqp_url, prefix, client):
+    """A job delivery decoded by the frame reader (the event loop's path) becomes the same
+    framework message as one py-amqp assembled (every other read)."""
+    queue_name = f"same{uuid.uuid4().hex[:8]}"
+    job = Job.create("t.same", [1, {"k": "v"}], queue=queue_name, meta={"trace": "x"}, priority=3)
+    client.enqueue_job(job)
+    with kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+        channel = conn.channel()
+        kombu.Queue(queue_name, durable=True)(channel).declare()
+        amqp_queue = channel.ojs.names.job_queue(queue_name)
+        raw = wait_until(lambda: pyamqp.Channel.basic_get(channel, amqp_queue, no_ack=True), message="the job")
+        delivery = RawDelivery(
+            "ctag",
+            raw.delivery_tag,
+            False,
+            raw.delivery_info["exchange"],
+            raw.delivery_info["routing_key"],
+            raw.properties,
+            raw.body.encode() if isinstance(raw.body, str) else raw.body,
+        )
+        raw.delivery_info = {  # as Basic.Deliver carries it
+            "consumer_tag": "ctag",
+            "delivery_tag": raw.delivery_tag,
+            "redelivered": False,
+            "exchange": raw.delivery_info["exchange"],
+            "routing_key": raw.delivery_info["routing_key"],
+        }
+        got: list = []
+        channel._job_consumers["ctag"] = _JobConsumer(
+            queue_name, amqp_queue, got.append, lambda tag: None, True, None, queue_name, got.append
+        )
+        assert channel._on_raw_delivery(delivery) is True
+        channel._unsettled.clear()
+        channel._deliver(raw, queue_name, got.append)
+        channel._unsettled.clear()
+    direct, assembled = got
+    assert direct.body == assembled.body
+    assert direct.headers == assembled.headers
+    assert direct.properties == assembled.properties
+    assert direct.delivery_info == assembled.delivery_info
+    assert direct.payload == assembled.payload == [[1, {"k": "v"}], {}, direct.payload[2]]

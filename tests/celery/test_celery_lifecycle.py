@@ -5,6 +5,7 @@ The in-thread worker runs in this process, so its :func:`worker_lifecycle` is th
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from datetime import timedelta
@@ -154,3 +155,26 @@ def test_a_retried_tasks_queue_wait_starts_at_its_new_enqueue(celery_app, worker
     assert (first.attempt, second.attempt) == (1, 2)
     assert first.enqueued_at is not None and second.enqueued_at is not None
     assert second.enqueued_at - first.enqueued_at >= timedelta(seconds=0.2)
+
+
+def test_a_forked_process_gets_its_own_lifecycle_and_keeps_it():
+    """Prefork's pool processes are forks of the worker: each gets its own hub (its own worker id)
+    on first use, and the same one on every later use; the parent's stays the parent's."""
+    parent = worker_lifecycle()
+    assert worker_lifecycle() is parent
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its two worker ids, whatever happens
+        try:
+            first, again = worker_lifecycle(), worker_lifecycle()
+            os.write(write_end, f"{first.worker_id} {again is first}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child_id, same = pipe.read().split()
+    os.waitpid(pid, 0)
+    assert child_id != parent.worker_id
+    assert child_id.split(".")[-2] == str(pid)  # {host}.{pid}.{hex}: named after the child
+    assert same == "True"
+    assert worker_lifecycle() is parent

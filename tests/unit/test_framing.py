@@ -304,3 +304,24 @@ def test_write_batch_settle_writes_py_amqps_ack_and_nack_frames(tag):
     assert connection.bytes_sent == 2  # counted for heartbeats
     batch.settle(5, spec.Basic.Ack, tag)  # not holding: written at once
     assert sink.writes == 2
+
+
+def test_write_batch_deferred_settles_wait_for_a_flush_or_go_first_with_the_next_frame():
+    connection, sink, batch = batched_connection()
+    batch.defer_settle(5, spec.Basic.Ack, 1)
+    batch.defer_settle(5, spec.Basic.Ack, 2)
+    assert sink.writes == 0  # not holding, yet kept
+    assert connection.bytes_sent == 2  # counted for heartbeats when made
+    batch.flush()
+    assert sink.writes == 1
+    batch.defer_settle(5, spec.Basic.Nack, 3)
+    connection.frame_writer(1, *ack_frame(4)[:3], None)  # another frame: the deferred one goes first, same write
+    assert sink.writes == 2
+    assert bytes(sink.data) == encode(
+        [
+            (5, spec.Basic.Ack, dumps("Lb", (1, False)), None),
+            (5, spec.Basic.Ack, dumps("Lb", (2, False)), None),
+            (5, spec.Basic.Nack, dumps("Lbb", (3, False, False)), None),
+            ack_frame(4),
+        ]
+    )
