@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -17,6 +18,8 @@ from ojs_kombu.transport.channel import Channel
 from ojs_kombu.transport.queues import QueueMap, queue_map
 from ojs_kombu.transport.settings import OJS_OPTIONS, Settings
 from ojs_kombu.transport.state import ConnectionState
+
+logger = logging.getLogger(__name__)
 
 
 class Connection(pyamqp.Connection):
@@ -178,6 +181,21 @@ class Transport(pyamqp.Transport):
         # stream is due later.
         loop.on_tick.add(tick)
         timer = loop.call_repeatedly(1.0, maintain)
+
+        def closing(_: Any) -> None:
+            # kombu runs the callbacks still due (Celery's last acks) after these, and no tick
+            # follows: from now on acks are written at once, and what is held goes now.
+            loop.on_close.discard(closing)
+            waker.close()
+            if connection.settle_batch is batch:
+                connection.settle_batch = None
+            if connection.connected:
+                try:
+                    batch.flush()
+                except OSError as exc:  # the connection is lost: the broker redelivers them
+                    logger.warning("could not write the last acks before the event loop closed: %r", exc)
+
+        loop.on_close.add(closing)
 
     def on_readable(self, connection: _OjsConnection, loop: Any) -> None:
         """The event loop's read callback: every complete frame the socket holds, from one ``recv``.

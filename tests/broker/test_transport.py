@@ -215,3 +215,34 @@ def test_the_frame_reader_and_py_amqp_convert_a_job_delivery_alike(amqp_url, pre
     assert direct.properties == assembled.properties
     assert direct.delivery_info == assembled.delivery_info
     assert direct.payload == assembled.payload == [[1, {"k": "v"}], {}, direct.payload[2]]
+
+
+def test_acks_the_closing_event_loop_runs_are_written_before_it_returns(amqp_url, prefix, client):
+    """kombu's ``Hub.close`` runs the callbacks still due (Celery's last acks) and no tick follows:
+    those acks are written then, not held for a flush that never comes."""
+    queue_name = f"close{uuid.uuid4().hex[:8]}"
+    client.enqueue_many([Job.create("t.close", [i], queue=queue_name) for i in range(3)])
+    conn, hub, channel, queue = _job_loop(amqp_url, prefix, queue_name, prefetch=3)
+    writes: list[bytes] = []
+    batch = conn.connection.settle_batch
+    assert batch is not None
+    write = batch._write
+    batch._write = lambda data: (writes.append(bytes(data)), write(data))[1]
+    received: list[int] = []
+
+    def on_message(message):
+        received.append(message.delivery_tag)
+        hub.call_soon(message.ack)  # due at the loop's next pass, which never comes
+
+    consumer = kombu.Consumer(channel, [queue], on_message=on_message)
+    consumer.consume()
+    loop = hub.create_loop()
+    try:
+        wait_until(lambda: next(loop) or len(received) == 3, timeout=10, interval=0, message="three deliveries")
+        unwritten = set(received) - {tag for tag, _ in _acks(writes)}
+        assert unwritten  # the last pass's acks are still due
+        hub.close()
+        assert {tag for tag, _ in _acks(writes)} == set(received)
+    finally:
+        consumer.cancel()
+        conn.release()
