@@ -69,8 +69,12 @@ The transport is py-amqp's, with a :class:`Channel` that rewrites task traffic
   (``Basic.Consume`` with the same consumer tag).  A reconnection replays again.
 * **Event loop.**  Under kombu's event loop (Celery's worker) the socket is read
   through :class:`~ojs_kombu.amqp.framing.FrameReader`, every complete frame
-  per ``recv``; frames left in its buffer by any other read are dispatched
-  before the loop polls again, so nothing waits for the next heartbeat.
+  per ``recv``, and a job queue consumer's deliveries are decoded by it directly
+  (no py-amqp message in between); frames left in its buffer by any other read
+  are dispatched before the loop polls again, and the loop is woken so that
+  nothing they schedule waits for a poll timeout.  The acks made on the loop's
+  thread leave together, right before it polls (one ``Basic.Ack`` frame per
+  delivery, ``multiple=false``), and at once once the loop is closing.
 
 Transport options (``transport_options=`` / Celery ``broker_transport_options``),
 removed before the py-amqp connection sees them:
