@@ -32,7 +32,7 @@ from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.transport.message import DecodedMessage
 from ojs_kombu.transport.queues import ExchangeDeclaration
-from ojs_kombu.transport.settlement import ChannelSettlement, delivery_of, is_envelope
+from ojs_kombu.transport.settlement import ChannelSettlement, delivery_from, delivery_of, is_envelope
 from ojs_kombu.transport.state import ConnectionState
 from ojs_kombu.wire.codec import decode
 
@@ -512,28 +512,15 @@ class Channel(pyamqp.Channel):
         properties = raw.properties
         if consumer is None or consumer.paused or not self.is_open or not is_envelope(properties):
             return False
-        queue = consumer.framework_queue
-        ojs_queue = consumer.ojs_queue
-        headers = properties.get("application_headers")
-        delivery = Delivery(
-            body=raw.body,
-            properties={k: v for k, v in properties.items() if k != "application_headers"},
-            headers=dict(headers) if headers else {},
-            delivery_tag=raw.delivery_tag,
-            redelivered=raw.redelivered,
-            exchange=raw.exchange,
-            routing_key=raw.routing_key,
-            queue=ojs_queue,
-            generation=0,  # the channel's deliveries die with it: ChannelSettlement checks is_open
-        )
-        delivery_info = {
+        delivery_info = {  # what py-amqp's Channel._on_basic_deliver makes of Basic.Deliver
             "consumer_tag": raw.consumer_tag,
             "delivery_tag": raw.delivery_tag,
             "redelivered": raw.redelivered,
             "exchange": raw.exchange,
             "routing_key": raw.routing_key,
         }
-        self._deliver_job(delivery, properties, delivery_info, queue, consumer.callback)
+        delivery = delivery_from(properties, raw.body, delivery_info, consumer.ojs_queue)
+        self._deliver_job(delivery, properties, delivery_info, consumer.framework_queue, consumer.callback)
         return True
 
     def _deliver_job(

@@ -124,10 +124,25 @@ def is_envelope(properties: dict[str, Any]) -> bool:
 
 def delivery_of(raw: amqp.Message, queue: str) -> Delivery:
     """The runtime's :class:`Delivery` of a raw py-amqp message from OJS queue ``queue``."""
-    info = raw.delivery_info
-    properties = dict(raw.properties)
+    return delivery_from(raw.properties, raw.body, raw.delivery_info, queue)
+
+
+def delivery_from(properties: dict[str, Any], body: bytes | str, info: dict[str, Any], queue: str) -> Delivery:
+    """The runtime's :class:`Delivery` of a message from OJS queue ``queue``, from its parts.
+
+    Parameters:
+        properties: its AMQP properties, the headers in ``application_headers`` (not modified).
+        body: its body (text, as py-amqp decodes it, is encoded back to UTF-8).
+        info: its ``delivery_tag``, ``redelivered``, ``exchange`` and ``routing_key``.
+        queue: the OJS queue it was delivered from.
+
+    Returns:
+        The delivery, with its own properties and headers dicts.
+    """
+    properties = dict(properties)
     headers = dict(properties.pop("application_headers", None) or {})
-    body = raw.body if isinstance(raw.body, bytes) else str(raw.body).encode("utf-8")
+    if not isinstance(body, bytes):
+        body = str(body).encode("utf-8")
     return Delivery(
         body=body,
         properties=properties,
@@ -141,4 +156,4 @@ def delivery_of(raw: amqp.Message, queue: str) -> Delivery:
     )
 
 
-__all__ = ["ChannelSettlement", "SettlingChannel", "delivery_of", "is_envelope"]
+__all__ = ["ChannelSettlement", "SettlingChannel", "delivery_from", "delivery_of", "is_envelope"]

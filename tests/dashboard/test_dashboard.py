@@ -9,7 +9,7 @@ import uuid
 import pytest
 import requests
 from dashboard_pages import visit
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from support import raw_channel, wait_until
 
@@ -28,6 +28,12 @@ def shown(browser, css: str, text: str = ""):
         try:
             found = [e for e in browser.find_elements(By.CSS_SELECTOR, css) if text in e.text]
         except StaleElementReferenceException:  # found on the page being replaced
+            return None
+        except WebDriverException as exc:
+            # The same race as ChromeDriver 150 words it when the node's document was replaced
+            # between find_elements and .text ("unhandled inspector error": -32000).
+            if "does not belong to the document" not in str(exc.msg):
+                raise
             return None
         return found[0] if found else None
 
