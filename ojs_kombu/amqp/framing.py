@@ -270,8 +270,7 @@ class WriteBatch:
             method: ``amqp.spec.Basic.Ack`` or ``amqp.spec.Basic.Nack``.
             delivery_tag: the delivery's tag.
         """
-        self.write(_SETTLE_FRAME.pack(_METHOD_FRAME, channel, 13, method[0], method[1], delivery_tag, 0, _FRAME_END))
-        self._connection.bytes_sent += 1
+        self.write(self._settle_frame(channel, method, delivery_tag))
 
     def defer_settle(self, channel: int, method: tuple[int, int], delivery_tag: int) -> None:
         """:meth:`settle`, the frame kept until the next :meth:`flush` or the next frame written (it goes first).
@@ -280,10 +279,12 @@ class WriteBatch:
         of kombu's event loop, right before it polls): the acks of the tasks one pass of the
         loop settles leave in one write.  Parameters: as :meth:`settle`.
         """
-        self._held.append(
-            _SETTLE_FRAME.pack(_METHOD_FRAME, channel, 13, method[0], method[1], delivery_tag, 0, _FRAME_END)
-        )
+        self._held.append(self._settle_frame(channel, method, delivery_tag))
+
+    def _settle_frame(self, channel: int, method: tuple[int, int], delivery_tag: int) -> bytes:
+        """The ``Basic.Ack`` / ``Basic.Nack`` frame of one delivery, its flags off; counted for heartbeats."""
         self._connection.bytes_sent += 1
+        return _SETTLE_FRAME.pack(_METHOD_FRAME, channel, 13, method[0], method[1], delivery_tag, 0, _FRAME_END)
 
     def flush(self) -> None:
         """Stop holding; send what was held with one write (raises what ``transport.write`` raises)."""

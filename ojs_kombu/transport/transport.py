@@ -151,20 +151,22 @@ class Transport(pyamqp.Transport):
         batch = connection.settle_batch = connection.settle_batch or WriteBatch(connection)
         connection.loop_thread = threading.get_ident()
 
+        waker = _LoopWaker(loop)
+
+        def retire() -> None:  # this connection is gone
+            loop.on_tick.discard(tick)
+            timer.cancel()
+            waker.close()
+
         def maintain() -> None:
             if not connection.connected:
-                loop.on_tick.discard(tick)  # this connection is gone
-                timer.cancel()
+                retire()
                 return
             connection.ojs.maintain()
 
-        waker = _LoopWaker(loop)
-
         def tick() -> None:
             if connection.frame_reader is not reader or not connection.connected:
-                loop.on_tick.discard(tick)  # this connection is gone
-                timer.cancel()
-                waker.close()
+                retire()
                 return
             if reader is not None and reader.has_frame():
                 while reader.has_frame():
