@@ -129,3 +129,8 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, message
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def ojs_url(amqp_url: str) -> str:
+    """``amqp_url`` with the ``ojs://`` scheme (the kombu transport of this project)."""
+    return "ojs" + amqp_url[amqp_url.index("://") :]

@@ -12,7 +12,7 @@ import kombu
 from amqp import spec
 from kombu.asynchronous import Hub
 from kombu.transport import pyamqp
-from support import wait_until
+from support import ojs_url, wait_until
 
 from ojs_kombu.amqp.delivery import RawDelivery
 from ojs_kombu.model.job import Job
@@ -24,7 +24,7 @@ def test_event_loop_reads_many_frames_per_recv(amqp_url, prefix):
     (framing.FrameReader) instead of draining one frame per call; every message
     still arrives, in order."""
     count = 200
-    url = "ojs" + amqp_url[amqp_url.index("://") :]
+    url = ojs_url(amqp_url)
     received: list[int] = []
     with kombu.Connection(url, transport_options={"prefix": prefix}) as conn:
         conn.connect()
@@ -76,17 +76,13 @@ _TAG_AND_FLAGS = struct.Struct(">QB")  # a Basic.Ack's delivery tag and flags oc
 def _job_loop(amqp_url: str, prefix: str, queue_name: str, prefetch: int):
     """An ``ojs://`` connection consuming job queue ``queue_name`` in a kombu event loop whose
     callback acks through the loop (``hub.call_soon``), as Celery's worker does."""
-    conn = kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix})
+    conn = kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix})
     conn.connect()
     hub = Hub()
     conn.register_with_event_loop(hub)
     channel = conn.channel()
     channel.basic_qos(0, prefetch, False)
     return conn, hub, channel, kombu.Queue(queue_name, durable=True)
-
-
-def _ojs_url(amqp_url: str) -> str:
-    return "ojs" + amqp_url[amqp_url.index("://") :]
 
 
 def test_acks_of_one_loop_pass_leave_in_one_write_each_its_own_frame(amqp_url, prefix, client, management):
@@ -180,7 +176,7 @@ def test_the_frame_reader_and_py_amqp_convert_a_job_delivery_alike(amqp_url, pre
     queue_name = f"same{uuid.uuid4().hex[:8]}"
     job = Job.create("t.same", [1, {"k": "v"}], queue=queue_name, meta={"trace": "x"}, priority=3)
     client.enqueue_job(job)
-    with kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+    with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
         channel = conn.channel()
         kombu.Queue(queue_name, durable=True)(channel).declare()
         amqp_queue = channel.ojs.names.job_queue(queue_name)

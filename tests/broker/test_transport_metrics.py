@@ -7,7 +7,7 @@ import uuid
 
 import kombu
 from prometheus_client import REGISTRY
-from support import wait_until
+from support import ojs_url, wait_until
 
 from ojs_kombu import Client
 from ojs_kombu.transport.queues import live_prefixes
@@ -19,10 +19,6 @@ def _counts(queue: str) -> dict[str, float]:
     return {
         name: REGISTRY.get_sample_value(f"ojs_amqp_messages_{name}_total", {"queue": queue}) or 0.0 for name in COUNTERS
     }
-
-
-def _ojs_url(amqp_url: str) -> str:
-    return "ojs" + amqp_url[amqp_url.index("://") :]
 
 
 def test_job_deliveries_are_counted_consumed_acked_and_nacked(amqp_url, prefix):
@@ -39,7 +35,7 @@ def test_job_deliveries_are_counted_consumed_acked_and_nacked(amqp_url, prefix):
         return {name: now[name] - before[name] for name in COUNTERS}
 
     received: list = []
-    with kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+    with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
         queue = kombu.Queue(queue_name, durable=True)
 
         def drain_until(predicate, message: str) -> None:
@@ -65,7 +61,7 @@ def test_queue_maps_live_only_as_long_as_their_connections(amqp_url):
     """One map per prefix, held by the connections (transports) that use it: not one per prefix forever."""
     tag = uuid.uuid4().hex[:8]
     prefixes = {f"gc{tag}{i}" for i in range(5)}
-    conns = [kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": p}) for p in sorted(prefixes)]
+    conns = [kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": p}) for p in sorted(prefixes)]
     for conn in conns:
         conn.connect()
     assert prefixes <= set(live_prefixes())

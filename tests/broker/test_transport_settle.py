@@ -8,7 +8,7 @@ from datetime import timedelta
 import kombu
 import pika
 import pytest
-from support import get_messages, raw_channel, wait_until
+from support import get_messages, ojs_url, raw_channel, wait_until
 
 from ojs_kombu import Client
 from ojs_kombu.amqp.topology import Topology
@@ -19,10 +19,6 @@ from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.transport import EARLY_TOLERANCE_MS
 from ojs_kombu.wire.codec import encode
-
-
-def _ojs_url(amqp_url: str) -> str:
-    return "ojs" + amqp_url[amqp_url.index("://") :]
 
 
 def _drain(conn: kombu.Connection, seconds: float) -> None:
@@ -36,7 +32,7 @@ def _drain(conn: kombu.Connection, seconds: float) -> None:
 def test_an_invalid_envelope_goes_to_the_dead_letter_queue_with_its_error_code(amqp_url, prefix, names):
     queue_name = f"inv{uuid.uuid4().hex[:8]}"
     received: list = []
-    with kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+    with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
         queue = kombu.Queue(queue_name, durable=True)
         with kombu.Consumer(conn.channel(), [queue], callbacks=[lambda body, m: received.append(m)]):
             with raw_channel(amqp_url) as channel:
@@ -69,12 +65,12 @@ def test_a_redelivered_job_counts_a_lost_worker_and_is_not_run_again(amqp_url, p
         job = client.enqueue("lost.worker", [1], queue=queue_name, retry={"max_attempts": 1})
     queue = kombu.Queue(queue_name, durable=True)
     first: list = []
-    with kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+    with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
         with kombu.Consumer(conn.channel(), [queue], callbacks=[lambda body, m: first.append(m)]):
             wait_until(lambda: _drain(conn, 0.05) or first, timeout=10, interval=0, message="the first delivery")
     # closed without an ack: the broker requeues it, flagged redelivered
     second: list = []
-    with kombu.Connection(_ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+    with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
         with kombu.Consumer(conn.channel(), [queue], callbacks=[lambda body, m: second.append(m)]):
             dead = []
 
