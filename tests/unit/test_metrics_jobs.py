@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 
 from ojs_kombu.model.job import Job
 from ojs_kombu.observability import job_metrics
@@ -188,3 +188,37 @@ def test_a_scrape_collects_the_outcomes_before_the_runtimes(metrics: tuple[JobMe
     _, registry = metrics
     families = [family.name for family in registry.collect()]
     assert families.index("ojs_job_outcomes") < families.index("ojs_job_runtime_seconds")
+
+
+def test_the_histograms_expose_what_prometheus_clients_own_histogram_would(
+    metrics: tuple[JobMetrics, CollectorRegistry],
+) -> None:
+    """JobMetrics keeps its own buckets (one lock per event): the exposed samples are the same."""
+    recorder, registry = metrics
+    reference = CollectorRegistry()
+    histogram = Histogram("ref_runtime_seconds", "reference", buckets=job_metrics.RUNTIME_BUCKETS, registry=reference)
+    runtimes = [0.0, 0.005, 0.0051, 0.3, 1, 2.5, 59.9, 3600, 7200]  # on, between and beyond the bounds
+    for index, seconds in enumerate(runtimes):
+        recorder.record(event("started", 0, job_id=f"j{index}"))
+        recorder.record(event("succeeded", seconds, job_id=f"j{index}"))
+        histogram.observe(seconds)
+
+    def samples(registry: CollectorRegistry, family: str, prefix: str) -> dict[tuple[str, str | None], float]:
+        return {
+            (sample.name.removeprefix(prefix), sample.labels.get("le")): sample.value
+            for collected in registry.collect()
+            if collected.name == family
+            for sample in collected.samples
+            if not sample.name.endswith("_created")
+        }
+
+    ours = samples(registry, "ojs_job_runtime_seconds", "ojs_job_")
+    assert len(ours) == len(job_metrics.RUNTIME_BUCKETS) + 3  # the buckets, +Inf, _sum and _count
+    assert ours == samples(reference, "ref_runtime_seconds", "ref_")
+
+
+def test_a_registry_holds_one_job_metrics() -> None:
+    registry = CollectorRegistry()
+    JobMetrics(registry)
+    with pytest.raises(ValueError, match="ojs_job_"):
+        JobMetrics(registry)
