@@ -184,9 +184,10 @@ def emit(request: Any, event: JobEventName, exc: BaseException | None = None) ->
         exc: the exception of a ``failed`` event.
     """
     try:
-        job = request_job(request)
+        # Twice per task in the worker's main process: the job and the hub are read directly when known.
+        job = getattr(request, "_ojs_job", None) or request_job(request)
         error = failure_error(Failure.from_exception(exc)) if exc is not None else None
-        worker_lifecycle().emit(event, job, job.attempt + 1, error=error)
+        (_hub or _new_hub())[0].emit(event, job, job.attempt + 1, error=error)
     except Exception:  # events are observability: never in the way of settling the task
         logger.exception("could not emit the %s event of task %s", event, getattr(request, "id", "?"))
 

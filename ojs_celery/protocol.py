@@ -63,6 +63,11 @@ _MAPPED = frozenset({"lang", "task", "id", "eta", "expires", "retries", "tracepa
 #: Envelope fields carried in ``ojs_envelope`` (the rest is rebuilt from Celery's own data).
 _CARRIED = ("id", "created_at", "retry", "timeout", "errors")
 _EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
+#: Celery's protocol 2 headers a task message always has, at their defaults (root_id and timelimit are set per message).
+_CELERY_DEFAULTS: dict[str, Any] = dict.fromkeys(
+    ("parent_id", "group", "group_index", "shadow", "origin", "ignore_result")
+)
+_CELERY_DEFAULTS["lang"] = "py"
 #: The key of the objects kombu's JSON decoder turns into Python types (datetime, UUID, ...).
 _KOMBU_TYPED = b'"__type__"'
 
@@ -197,40 +202,41 @@ class CeleryCodec:
         kwargs = meta.pop("kwargs", None) or {}
         name = celery_meta.get("task") or self.tasks.name_for(job.type)
         celery_id = celery_meta.get("id") or job.id
-        task_headers: dict[str, Any] = {
-            # The delivery's own headers first (x-ojs-attempt & co.: visible to the task).
-            **strip_death_headers(headers),
-            "lang": "py",
-            "root_id": celery_id,
-            "parent_id": None,
-            "group": None,
-            "group_index": None,
-            "shadow": None,
-            "timelimit": [None, None],
-            "origin": None,
-            "ignore_result": None,
-            **(celery_meta.get("headers") or {}),
-            "task": name,
-            "id": celery_id,
-            "retries": job.attempt,
-            "eta": job.scheduled_at,
-            "expires": job.expires_at,
-        }
+        # The delivery's own headers first (x-ojs-attempt & co.: visible to the task), then
+        # Celery's defaults, the producer's Celery headers, and what the envelope decides.
+        task_headers = strip_death_headers(headers)
+        task_headers.update(_CELERY_DEFAULTS)
+        task_headers["root_id"] = celery_id
+        task_headers["timelimit"] = [None, None]
+        celery_headers = celery_meta.get("headers")
+        if celery_headers:
+            task_headers.update(celery_headers)
+        task_headers["task"] = name
+        task_headers["id"] = celery_id
+        task_headers["retries"] = job.attempt
+        task_headers["eta"] = job.scheduled_at
+        task_headers["expires"] = job.expires_at
         if "argsrepr" not in task_headers:  # a job from another producer
             task_headers["argsrepr"] = _repr(job.args)
             task_headers["kwargsrepr"] = _repr(kwargs)
-        for header in ("traceparent", "tracestate"):
-            if meta.get(header):
-                task_headers[header] = meta[header]
+        if meta:
+            for header in ("traceparent", "tracestate"):
+                if meta.get(header):
+                    task_headers[header] = meta[header]
         envelope = _carried(job)
         if meta:
             envelope["meta"] = meta
         task_headers[ENVELOPE_HEADER] = envelope
-        embed = {key: None for key in _EMBED_KEYS}
-        embed.update(celery_meta.get("embed") or {})
+        embed = dict.fromkeys(_EMBED_KEYS)
+        embedded = celery_meta.get("embed")
+        if embedded:
+            embed.update(embedded)
         payload = [job.args, kwargs, embed]
         body = _task_body(payload)
-        task_properties = {k: v for k, v in properties.items() if k != "application_headers" and v is not None}
+        task_properties = dict(properties)
+        task_properties.pop("application_headers", None)
+        if None in task_properties.values():  # py-amqp leaves absent properties out; another reader may not
+            task_properties = {k: v for k, v in task_properties.items() if v is not None}
         task_properties.update(
             content_type=JSON_CONTENT_TYPE,
             content_encoding=CONTENT_ENCODING,

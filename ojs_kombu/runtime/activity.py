@@ -114,8 +114,8 @@ class Activity:
                     started = (
                         finished.started_at if finished is not None and finished.attempt == event.attempt else None
                     )
-                record = _Finished(
-                    event.queue, event.job_type, state, event.worker_id, event.attempt, started, event.at, event.error
+                record = _new_finished(
+                    (event.queue, event.job_type, state, event.worker_id, event.attempt, started, event.at, event.error)
                 )
             self._finished.pop(job_id, None)
             self._finished[job_id] = record  # most recent last
@@ -157,6 +157,11 @@ class Activity:
         """How many jobs are known (running and in the history window)."""
         with self._lock:
             return len(self._running.keys() | self._finished.keys())
+
+
+def _new_finished(fields: tuple[Any, ...]) -> _Finished:
+    """``_Finished(*fields)`` without the named tuple's ``__new__`` frame (once per finished job)."""
+    return tuple.__new__(_Finished, fields)
 
 
 def _active_fields(started: JobEvent) -> tuple[str, str, JobState, str, int, datetime]:

@@ -36,7 +36,7 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 
 from ojs_kombu.model.job import Job
-from ojs_kombu.model.timefmt import utcnow
+from ojs_kombu.model.timefmt import parse_timestamp, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +166,13 @@ def _new_event(
 def _moments(job: Job) -> tuple[datetime | None, datetime | None]:
     """``job``'s ``enqueued_at`` and ``scheduled_at``; both None when a job built without validation
     (an adapter's ``Job.model_construct``) carries a malformed one: events never fail on them."""
+    enqueued, scheduled = job.enqueued_at, job.scheduled_at
     try:
-        return job.enqueued_datetime, job.scheduled_datetime
+        # What Job.enqueued_datetime / scheduled_datetime return, without their two calls each.
+        return (
+            None if enqueued is None else parse_timestamp(enqueued),
+            None if scheduled is None else parse_timestamp(scheduled),
+        )
     except (ValueError, TypeError):  # ValidationError is a ValueError
         return None, None
 

@@ -35,9 +35,14 @@ DEATH_HEADERS = (
 )
 
 
+_DEATH_HEADER_SET = frozenset(DEATH_HEADERS)
+
+
 def strip_death_headers(headers: dict[str, Any]) -> dict[str, Any]:
-    """``headers`` without RabbitMQ's ``x-death*`` / ``x-first-death-*`` / ``x-last-death-*``."""
-    return {k: v for k, v in headers.items() if k not in DEATH_HEADERS}
+    """``headers`` without RabbitMQ's ``x-death*`` / ``x-first-death-*`` / ``x-last-death-*`` (a new dict)."""
+    if _DEATH_HEADER_SET.isdisjoint(headers):  # most deliveries were never dead-lettered: a plain copy
+        return dict(headers)
+    return {k: v for k, v in headers.items() if k not in _DEATH_HEADER_SET}
 
 
 #: Longest error message carried in ``x-ojs-error-message``.
