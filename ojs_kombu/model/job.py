@@ -37,7 +37,7 @@ from ojs_kombu.model._problems import Problem as _Problem
 from ojs_kombu.model._problems import convert_pydantic_error as _convert
 from ojs_kombu.model._problems import public_error as _public
 from ojs_kombu.model._problems import short_repr as _short
-from ojs_kombu.model.base import OjsModel, is_tolerant, mode_context, shallow_copy
+from ojs_kombu.model.base import OjsModel, construct_trusted, is_tolerant, mode_context, shallow_copy
 from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, read_envelope
 from ojs_kombu.model.fields import Int, JobState, NonEmptyStr, Timestamp, int_field, json_int, tuple_to_list
 from ojs_kombu.model.ids import EXAMPLE_JOB_ID, JOB_ID_RE, UUID_RE, job_id_argument
@@ -52,7 +52,6 @@ SPEC_VERSION = "1.0"
 MAX_BACKTRACE_LINES = 50
 """Most lines ``error.backtrace`` may hold (error.schema.json)."""
 
-_object_setattr = object.__setattr__  # past pydantic's __setattr__ (its validation), as pydantic does
 _URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s]*")
 
 
@@ -320,12 +319,8 @@ class Job(OjsModel):
     @classmethod
     def _trusted(cls, values: dict[str, Any]) -> Job:
         # What model_construct does, minus its per-field Python loop (Job.create is hot).
-        job = cls.__new__(cls)
-        _object_setattr(job, "__dict__", {**_JOB_TEMPLATE, **values})  # declaration order, which to_dict keeps
-        _object_setattr(job, "__pydantic_fields_set__", set(values))
-        _object_setattr(job, "__pydantic_extra__", {})
-        _object_setattr(job, "__pydantic_private__", None)
-        return job
+        # The fields in declaration order, which to_dict keeps.
+        return construct_trusted(cls, {**_JOB_TEMPLATE, **values}, set(values), {})
 
     # -- reading
 

@@ -123,9 +123,13 @@ class _Buckets:
         self.counts = [0] * len(bounds)
         self.sum = 0.0
 
-    def observe(self, amount: float) -> None:
-        self.counts[bisect_left(self.bounds, amount)] += 1  # the first bucket whose bound is >= amount
-        self.sum += amount
+    def observe_between(self, start: datetime, end: datetime) -> None:
+        """Observe ``end - start`` in seconds, never negative (clocks of producers and workers differ)."""
+        seconds = (end - start).total_seconds()
+        if seconds < 0.0:
+            seconds = 0.0
+        self.counts[bisect_left(self.bounds, seconds)] += 1  # the first bucket whose bound is >= seconds
+        self.sum += seconds
 
     def cumulative(self) -> tuple[list[tuple[str, float]], float]:
         """The exposition's ``le`` buckets (cumulative counts) and the sum."""
@@ -235,7 +239,7 @@ class JobMetrics:
             if name in _ENDS_RUN:
                 start = self._started.pop((event.worker_id, event.job_id, event.attempt), None)
                 if start is not None:  # None: ended without running (cancelled or lost before it started)
-                    series.runtime.observe(_seconds(event.at, start))
+                    series.runtime.observe_between(start, event.at)
             outcomes = series.outcomes
             count = outcomes.get(name)
             if count is None:
@@ -284,14 +288,9 @@ def _first_start(series: _Series, event: JobEventLike) -> None:
     enqueued, scheduled = event.enqueued_at, event.scheduled_at
     ready = enqueued if scheduled is None or (enqueued is not None and enqueued > scheduled) else scheduled
     if ready is not None:
-        series.queue_wait.observe(_seconds(event.at, ready))
+        series.queue_wait.observe_between(ready, event.at)
     if scheduled is not None:
-        series.lateness.observe(_seconds(event.at, scheduled))
-
-
-def _seconds(end: datetime, start: datetime) -> float:
-    """``end - start`` in seconds, never negative (clocks of producers and workers differ)."""
-    return max(0.0, (end - start).total_seconds())
+        series.lateness.observe_between(scheduled, event.at)
 
 
 #: The process-wide per job type metrics, in prometheus_client's default registry.

@@ -1,8 +1,7 @@
-"""``Lifecycle.emit`` builds the same immutable :class:`JobEvent` the dataclass builds (pure logic)."""
+"""``Lifecycle.emit`` builds the same immutable :class:`JobEvent` its constructor builds (pure logic)."""
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -11,16 +10,26 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.runtime.lifecycle import JobEvent, Lifecycle, _new_event
 
 
-def test_the_direct_build_is_the_dataclass_event_field_for_field():
+def test_the_direct_build_is_the_constructed_event_field_for_field():
     at = datetime(2026, 1, 1, tzinfo=UTC)
     values = ("failed", "id", "a.b", "q", 2, "w", at, {"code": "x"}, at, None)
     built = _new_event(*values)  # type: ignore[arg-type]
     expected = JobEvent(*values)  # type: ignore[arg-type]
     assert built == expected
     assert hash(_new_event(*values[:7], None, at, at)) == hash(JobEvent(*values[:7], None, at, at))  # type: ignore[arg-type]
-    assert [getattr(built, f.name) for f in dataclasses.fields(JobEvent)] == list(values)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    assert type(built) is JobEvent
+    assert [getattr(built, name) for name in JobEvent._fields] == list(values)
+    with pytest.raises(AttributeError):
         built.attempt = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        built.extra = 1  # type: ignore[attr-defined]  # no __dict__: a tuple's fields only
+
+
+def test_a_constructed_event_defaults_at_to_now_and_the_optional_fields_to_none():
+    before = datetime.now(UTC)
+    event = JobEvent("started", "id", "a.b", "q", 1, "w")
+    assert before <= event.at <= datetime.now(UTC)
+    assert (event.error, event.enqueued_at, event.scheduled_at) == (None, None, None)
 
 
 def test_emitted_events_carry_every_field():
