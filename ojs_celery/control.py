@@ -196,9 +196,13 @@ class DroppedTaskLifecycle(Lifecycle):
         self.hub = hub or worker_lifecycle()
         super().__init__(self.hub.worker_id)
 
-    def subscribe(self, subscriber: Subscriber) -> None:
+    def subscribe(self, subscriber: Subscriber, *, deferred: bool = False) -> None:
         """Subscribe to the hub."""
-        self.hub.subscribe(subscriber)
+        self.hub.subscribe(subscriber, deferred=deferred)
+
+    def flush(self) -> None:
+        """Flush the hub (its deferred subscribers)."""
+        self.hub.flush()
 
     def emit(
         self, event: JobEventName, job: Job, attempt: int, *, error: dict[str, Any] | None = None

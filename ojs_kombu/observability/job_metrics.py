@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -109,7 +110,9 @@ class JobEventLike(Protocol):
 class LifecycleLike(Protocol):
     """Anything job events can be subscribed to: a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle`."""
 
-    def subscribe(self, subscriber: Callable[[JobEventLike], None]) -> None: ...
+    def subscribe(self, subscriber: Callable[[JobEventLike], None], *, deferred: bool = ...) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class _Buckets:
@@ -206,15 +209,18 @@ class JobMetrics:
         self._series: dict[tuple[str, str], _Series] = {}
         self._started: dict[tuple[str, str, int], datetime] = {}
         self._lock = threading.Lock()
+        self._sources: weakref.WeakSet[LifecycleLike] = weakref.WeakSet()  # flushed before a scrape
         registry.register(self)
 
     def subscribe(self, lifecycle: LifecycleLike) -> None:
-        """Record the events of ``lifecycle`` from now on.
+        """Record the events of ``lifecycle`` from now on (a deferred subscriber: a scrape
+        first flushes what it emitted).
 
         Parameters:
             lifecycle: a worker's :attr:`~ojs_kombu.Worker.lifecycle`, the Dramatiq broker's, ...
         """
-        lifecycle.subscribe(self.record)
+        self._sources.add(lifecycle)
+        lifecycle.subscribe(self.record, deferred=True)
 
     def record(self, event: JobEventLike) -> None:
         """Record one lifecycle event (a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` subscriber).
@@ -260,6 +266,8 @@ class JobMetrics:
             ``ojs_job_outcomes`` (a counter), then ``ojs_job_runtime_seconds``,
             ``ojs_job_queue_wait_seconds`` and ``ojs_job_schedule_lateness_seconds``.
         """
+        for lifecycle in list(self._sources):
+            lifecycle.flush()
         with self._lock:  # one consistent snapshot: a scrape never sees an outcome without its runtime
             snapshot = [
                 (

@@ -71,9 +71,10 @@ class _Finished(NamedTuple):
 class Activity:
     """The jobs a worker runs now and the last ``history`` it finished; thread-safe.
 
-    Use :meth:`record` as a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` subscriber.
-    Recording is per job and cheap: a running job is its ``started`` event, a finished one
-    a tuple; the :class:`JobInfo` is built when asked for.
+    :meth:`follow` a worker's :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` (a deferred
+    subscriber: the events are applied when something reads), or use :meth:`record` as a
+    subscriber. Recording is per job and cheap: a running job is its ``started`` event, a
+    finished one a tuple; the :class:`JobInfo` is built when asked for.
 
     Parameters:
         history: how many finished jobs to remember (at least 1).
@@ -89,6 +90,21 @@ class Activity:
         self._running: dict[str, JobEvent] = {}  # by lowercase id: its ``started`` event
         self._finished: OrderedDict[str, _Finished] = OrderedDict()
         self._lock = threading.Lock()
+        self._sources: tuple[Lifecycle, ...] = ()
+
+    def follow(self, lifecycle: Lifecycle) -> None:
+        """Record the events of ``lifecycle`` from now on, as a deferred subscriber: each read
+        (:meth:`lookup`, :meth:`active`, ...) first flushes what it emitted.
+
+        Parameters:
+            lifecycle: a worker's lifecycle hub.
+        """
+        self._sources = (*self._sources, lifecycle)
+        lifecycle.subscribe(self.record, deferred=True)
+
+    def _catch_up(self) -> None:
+        for lifecycle in self._sources:
+            lifecycle.flush()
 
     def record(self, event: JobEvent) -> None:
         """Apply one lifecycle event (a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` subscriber).
@@ -129,6 +145,7 @@ class Activity:
             The info, or None when the job is neither running here nor in the history window.
         """
         job_id = job_id.lower()
+        self._catch_up()
         with self._lock:
             running = self._running.get(job_id)
             finished = self._finished.get(job_id) if running is None else None
@@ -138,6 +155,7 @@ class Activity:
 
     def active(self) -> list[JobInfo]:
         """The jobs running now, oldest start first."""
+        self._catch_up()
         with self._lock:
             running = list(self._running.items())
         running.sort(key=lambda item: item[1].at.timestamp())
@@ -155,6 +173,7 @@ class Activity:
 
     def __len__(self) -> int:
         """How many jobs are known (running and in the history window)."""
+        self._catch_up()
         with self._lock:
             return len(self._running.keys() | self._finished.keys())
 
@@ -193,7 +212,7 @@ def worker_lifecycle(worker_id: str | None = None) -> tuple[Lifecycle, Activity]
     """
     lifecycle = Lifecycle(worker_id)
     activity = Activity()
-    lifecycle.subscribe(activity.record)
+    activity.follow(lifecycle)
     JOB_METRICS.subscribe(lifecycle)
     return lifecycle, activity
 

@@ -275,3 +275,22 @@ def test_best_answer_prefers_active_then_the_latest_outcome():
     assert best_answer([new, old]) is new
     assert best_answer([old, new]) is new
     assert best_answer([new, active, old]) is active
+
+
+def test_an_activity_that_follows_a_lifecycle_reads_its_deferred_events_on_every_read():
+    """``follow`` subscribes as a deferred subscriber: lookup, active and len flush first."""
+    lifecycle = Lifecycle("host.1.abcdef")
+    activity = Activity(history=3)
+    activity.follow(lifecycle)
+    running, done = job(1), job(2)
+    lifecycle.emit("started", running, 1)
+    assert [info.job_id for info in activity.active()] == [running.id]
+    lifecycle.emit("started", done, 1)
+    lifecycle.emit("succeeded", done, 1)
+    info = activity.lookup(done.id)
+    assert info is not None and info.state == "completed" and info.started_at is not None
+    lifecycle.emit("succeeded", running, 1)
+    assert len(activity) == 2
+    info = activity.lookup(running.id)
+    assert info is not None and info.state == "completed"
+    assert activity.active() == []
