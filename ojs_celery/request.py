@@ -29,6 +29,8 @@ from celery.exceptions import Ignore, Retry, TimeLimitExceeded, WorkerLostError
 from celery.worker import request as celery_request
 from celery.worker.request import task_ready
 
+from ojs_kombu.transport.message import DecodedMessage
+
 from .lifecycle import emit
 
 logger = logging.getLogger(__name__)
@@ -48,6 +50,20 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
     _ojs_outcome = False
     # The job its lifecycle events are about (ojs_celery.lifecycle.request_job).
     _ojs_job = None
+
+    def __init__(self, message: Any, *args: Any, body: Any = None, decoded: bool = False, **kwargs: Any):
+        """Celery's ``Request``; a job delivery of the ``ojs://`` transport is handed over decoded.
+
+        The transport built the task's ``[args, kwargs, embed]`` from the job it read
+        (:class:`~ojs_kombu.transport.message.DecodedMessage`): the pool process gets them as
+        they are, as Celery hands over a protocol 1 message's, instead of the JSON body to
+        parse again.
+        """
+        if not decoded and type(message) is DecodedMessage:
+            payload = message.decoded_payload
+            if payload is not None:
+                body, decoded = payload, True
+        super().__init__(message, *args, body=body, decoded=decoded, **kwargs)
 
     def on_accepted(self, pid: int, time_accepted: float) -> Any:
         """The pool started the task: lifecycle ``started``."""

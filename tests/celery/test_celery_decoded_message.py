@@ -9,13 +9,17 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from celery import Celery as StockCelery
+from celery.app.trace import trace_task_ret
 from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads as kombu_loads
 from kombu.serialization import prepare_accept_content
 
 from ojs_celery.protocol import CeleryCodec
+from ojs_celery.request import Request
 from ojs_kombu import decode
 from ojs_kombu.testing.schema import fixtures_dir
 from ojs_kombu.transport.message import DecodedMessage
@@ -97,3 +101,60 @@ def test_a_consumer_that_does_not_accept_json_still_refuses_the_message():
     task = CeleryCodec(Tasks()).task_message(job_of({**envelope, "args": []}), {}, {})
     with pytest.raises(ContentDisallowed):
         received(task, accept=prepare_accept_content(["msgpack"])).decode()
+
+
+def _request_and_trace(envelope: dict) -> tuple[Any, list[tuple[Any, Any]]]:
+    """The worker's ``Request`` of the delivery (as Celery's strategy builds it) and what the task
+    got when run as a pool process runs it (``trace_task_ret`` with what the request hands over)."""
+    app = StockCelery("decoded", set_as_current=False)
+    ran: list[tuple[Any, Any]] = []
+
+    @app.task(name="reports.build_pdf", shared=False)
+    def build(*args: Any, **kwargs: Any) -> None:
+        ran.append((args, kwargs))
+
+    task = CeleryCodec(Tasks()).task_message(job_of(envelope), {}, {})
+    message = received(task)
+    request = Request(message, app=app, task=build, body=message.body, headers=message.headers, decoded=False)
+    trace_task_ret(
+        request.type, request.id, request.request_dict, request.body, request.content_type,
+        request.content_encoding, app=app,
+    )  # fmt: skip
+    return request, ran
+
+
+def test_the_pool_gets_the_payload_the_transport_decoded_not_the_json_body():
+    envelope = {
+        "specversion": "1.0",
+        "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f",
+        "type": "reports.build_pdf",
+        "queue": "reports",
+        "args": [1, "x", {"nested": [None]}],
+        "meta": {"kwargs": {"n": 2}},
+        "attempt": 0,
+    }
+    request, ran = _request_and_trace(envelope)
+    assert request.content_type is None and request.body is request.message.decoded_payload  # no JSON to parse
+    assert (request.args, request.kwargs) == ([1, "x", {"nested": [None]}], {"n": 2})
+    assert ran == [((1, "x", {"nested": [None]}), {"n": 2})]
+
+
+def test_a_kombu_typed_payload_still_reaches_the_pool_as_json_for_kombu_to_decode():
+    envelope = {
+        "specversion": "1.0",
+        "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f",
+        "type": "reports.build_pdf",
+        "queue": "reports",
+        "args": [{"__type__": "datetime", "__value__": "2026-01-02T03:04:05"}],
+        "attempt": 0,
+    }
+    request, ran = _request_and_trace(envelope)
+    assert request.content_type == "application/json" and isinstance(request.body, bytes)
+    assert ran == [((datetime(2026, 1, 2, 3, 4, 5),), {})]
+
+
+def test_no_payload_is_handed_over_for_a_content_type_the_consumer_does_not_accept():
+    envelope = {"specversion": "1.0", "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "type": "a.b", "queue": "q"}
+    task = CeleryCodec(Tasks()).task_message(job_of({**envelope, "args": []}), {}, {})
+    assert received(task).decoded_payload is task.payload
+    assert received(task, accept=prepare_accept_content(["msgpack"])).decoded_payload is None
