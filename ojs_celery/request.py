@@ -51,19 +51,27 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
     # The job its lifecycle events are about (ojs_celery.lifecycle.request_job).
     _ojs_job = None
 
-    def __init__(self, message: Any, *args: Any, body: Any = None, decoded: bool = False, **kwargs: Any):
-        """Celery's ``Request``; a job delivery of the ``ojs://`` transport is handed over decoded.
+    # What the pool process gets (Celery's create_request_cls sends body, content_type and
+    # content_encoding): for a job delivery of the ojs:// transport, the [args, kwargs, embed] the
+    # transport built from the job it read (DecodedMessage), as Celery hands over a protocol 1
+    # message's, instead of the JSON body for the pool process to parse again.  Read once per task:
+    # cheaper than an __init__ override, which costs every request a second call with 12 arguments.
 
-        The transport built the task's ``[args, kwargs, embed]`` from the job it read
-        (:class:`~ojs_kombu.transport.message.DecodedMessage`): the pool process gets them as
-        they are, as Celery hands over a protocol 1 message's, instead of the JSON body to
-        parse again.
-        """
-        if not decoded and type(message) is DecodedMessage:
-            payload = message.decoded_payload
-            if payload is not None:
-                body, decoded = payload, True
-        super().__init__(message, *args, body=body, decoded=decoded, **kwargs)
+    @property
+    def body(self) -> Any:
+        """The payload handed over by the ``ojs://`` transport, else the message body."""
+        payload = _handed_over(self._message)
+        return self._body if payload is None else payload
+
+    @property
+    def content_type(self) -> str | None:
+        """None for a handed-over payload (nothing to decode), else the message's content type."""
+        return self._content_type if _handed_over(self._message) is None else None
+
+    @property
+    def content_encoding(self) -> str | None:
+        """None for a handed-over payload, else the message's content encoding."""
+        return self._content_encoding if _handed_over(self._message) is None else None
 
     def on_accepted(self, pid: int, time_accepted: float) -> Any:
         """The pool started the task: lifecycle ``started``."""
@@ -189,6 +197,10 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
             task.request_stack.pop()
         logger.info("Task %s[%s] retry: %r", self.name, self.id, Retry(exc=exc, when=countdown))
         return True
+
+
+def _handed_over(message: Any) -> Any:
+    return message.handed_over if type(message) is DecodedMessage else None
 
 
 __all__ = ["REQUEST", "STOCK_REQUEST", "Request"]

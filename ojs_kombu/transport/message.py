@@ -43,12 +43,12 @@ class DecodedMessage(Message):
         self._payload = task.payload
 
     @property
-    def decoded_payload(self) -> Any:
-        """The payload handed over with the message, or None when kombu must decode the body (there
-        is none, or the consumer does not accept the message's content type)."""
-        if self._payload is not None and (self.accept is None or self.content_type in self.accept):
-            return self._payload
-        return None
+    def handed_over(self) -> Any:
+        """The payload the transport built, once the consumer decoded the message to it; else None
+        (not decoded yet, or decoded by kombu: there was none, or a content type the consumer
+        does not accept was refused)."""
+        payload = self._payload
+        return payload if payload is not None and self._decoded_cache is payload else None
 
     def _decode(self) -> Any:
         """The payload; the body decoded by kombu when there is none or its content type is not accepted.
@@ -56,8 +56,9 @@ class DecodedMessage(Message):
         kombu calls it once (``decode`` keeps the result); for a content type the consumer does not
         accept, kombu's own decoding raises ``ContentDisallowed`` as for any message.
         """
-        payload = self.decoded_payload
-        return payload if payload is not None else super()._decode()  # type: ignore[no-untyped-call]
+        if self._payload is not None and (self.accept is None or self.content_type in self.accept):
+            return self._payload
+        return super()._decode()  # type: ignore[no-untyped-call]
 
 
 __all__ = ["DecodedMessage"]

@@ -134,7 +134,8 @@ def test_the_pool_gets_the_payload_the_transport_decoded_not_the_json_body():
         "attempt": 0,
     }
     request, ran = _request_and_trace(envelope)
-    assert request.content_type is None and request.body is request.message.decoded_payload  # no JSON to parse
+    assert request.content_type is None and request.content_encoding is None  # no JSON to parse
+    assert request.body is request.message.payload is request.message.handed_over
     assert (request.args, request.kwargs) == ([1, "x", {"nested": [None]}], {"n": 2})
     assert ran == [((1, "x", {"nested": [None]}), {"n": 2})]
 
@@ -156,5 +157,10 @@ def test_a_kombu_typed_payload_still_reaches_the_pool_as_json_for_kombu_to_decod
 def test_no_payload_is_handed_over_for_a_content_type_the_consumer_does_not_accept():
     envelope = {"specversion": "1.0", "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "type": "a.b", "queue": "q"}
     task = CeleryCodec(Tasks()).task_message(job_of({**envelope, "args": []}), {}, {})
-    assert received(task).decoded_payload is task.payload
-    assert received(task, accept=prepare_accept_content(["msgpack"])).decoded_payload is None
+    accepted = received(task)
+    assert accepted.handed_over is None  # not decoded yet
+    assert accepted.payload is task.payload and accepted.handed_over is task.payload
+    refused = received(task, accept=prepare_accept_content(["msgpack"]))
+    with pytest.raises(ContentDisallowed):
+        refused.decode()
+    assert refused.handed_over is None
