@@ -26,6 +26,15 @@ from ojs_kombu.transport.message import DecodedMessage
 
 VALID = sorted((fixtures_dir() / "valid").glob("*.json"))
 JSON_ONLY = prepare_accept_content(["json"])
+#: An envelope whose argument kombu's JSON decoder turns into a datetime (a Celery producer's).
+KOMBU_TYPED = {
+    "specversion": "1.0",
+    "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f",
+    "type": "reports.build_pdf",
+    "queue": "reports",
+    "args": [{"__type__": "datetime", "__value__": "2026-01-02T03:04:05"}],
+    "attempt": 0,
+}
 DELIVERY_INFO = {"delivery_tag": 7, "redelivered": False, "exchange": "", "routing_key": "reports"}
 
 
@@ -82,15 +91,7 @@ def test_values_json_reads_back_exactly_are_handed_over_as_they_are():
 def test_a_kombu_typed_object_is_left_to_kombu():
     # kombu's JSON decoder turns {"__type__": ..., "__value__": ...} into a Python value (a
     # Celery producer's datetime argument): the body is decoded by kombu, as stock Celery does.
-    envelope = {
-        "specversion": "1.0",
-        "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f",
-        "type": "reports.build_pdf",
-        "queue": "reports",
-        "args": [{"__type__": "datetime", "__value__": "2026-01-02T03:04:05"}],
-        "attempt": 0,
-    }
-    task = CeleryCodec(Tasks()).task_message(job_of(envelope), {}, {})
+    task = CeleryCodec(Tasks()).task_message(job_of(KOMBU_TYPED), {}, {})
     assert task.payload is None
     args, _, _ = received(task).payload
     assert args == [datetime(2026, 1, 2, 3, 4, 5)]
@@ -141,15 +142,7 @@ def test_the_pool_gets_the_payload_the_transport_decoded_not_the_json_body():
 
 
 def test_a_kombu_typed_payload_still_reaches_the_pool_as_json_for_kombu_to_decode():
-    envelope = {
-        "specversion": "1.0",
-        "id": "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f",
-        "type": "reports.build_pdf",
-        "queue": "reports",
-        "args": [{"__type__": "datetime", "__value__": "2026-01-02T03:04:05"}],
-        "attempt": 0,
-    }
-    request, ran = _request_and_trace(envelope)
+    request, ran = _request_and_trace(KOMBU_TYPED)
     assert request.content_type == "application/json" and isinstance(request.body, bytes)
     assert ran == [((datetime(2026, 1, 2, 3, 4, 5),), {})]
 
