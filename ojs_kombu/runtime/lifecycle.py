@@ -174,11 +174,8 @@ class Lifecycle:
         subscribers = self._subscribers
         if not subscribers:
             if self._deferred:
-                pending = self._pending
-                moments = (job.enqueued_at, job.scheduled_at) if event == "started" else _NO_MOMENTS
-                pending.append((event, job.id, job.type, job.queue, attempt, error, time.time(), moments))
-                if len(pending) >= MAX_DEFERRED:
-                    self.flush()
+                moments = (job.enqueued_at, job.scheduled_at) if event == "started" else _NONE
+                self._defer((event, job.id, job.type, job.queue, attempt, error, time.time(), moments))
             return None
         enqueued_at, scheduled_at = _moments(job.enqueued_at, job.scheduled_at) if event == "started" else _NONE
         job_event = _new_event(
@@ -187,10 +184,14 @@ class Lifecycle:
         for subscriber in subscribers:
             _deliver(subscriber, job_event)
         if self._deferred:
-            self._pending.append(job_event)
-            if len(self._pending) >= MAX_DEFERRED:
-                self.flush()
+            self._defer(job_event)
         return job_event
+
+    def _defer(self, entry: JobEvent | _Queued) -> None:
+        pending = self._pending
+        pending.append(entry)
+        if len(pending) >= MAX_DEFERRED:
+            self.flush()
 
     def flush(self) -> None:
         """Deliver the events queued so far to the deferred subscribers, in the order they were emitted.
@@ -212,7 +213,6 @@ class Lifecycle:
 # The fields emit() queues for a deferred subscriber: event, job id, type and queue, attempt,
 # error, time.time() and the job's (enqueued_at, scheduled_at) texts on a started event.
 _Queued = tuple[JobEventName, str, str, str, int, "dict[str, Any] | None", float, tuple[Any, Any]]
-_NO_MOMENTS: tuple[Any, Any] = (None, None)
 _NONE: tuple[None, None] = (None, None)
 
 
