@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from celery import chain, chord, group
+from celery import chain, chord, group, signals
 from celery.exceptions import ChordError, Reject, TaskRevokedError
 from celery.worker import state as worker_state
 from support import get_messages, message_count, total_messages, wait_until
@@ -66,6 +66,29 @@ def test_kwargs_unicode_and_wire_format(celery_app, worker_factory, amqp_url, na
         result = greet.delay("Zoë 🐍", greeting="grüß dich")
         assert result.get(timeout=20) == "grüß dich, Zoë 🐍!"
         assert greet.apply_async(("José",), {"punctuation": "?"}).get(timeout=20) == "hello, José?"
+
+
+def test_the_pool_gets_the_payload_the_transport_decoded(celery_app, worker_factory):
+    """A job delivery reaches the pool as ``[args, kwargs, embed]``, with no content type to decode
+    it by (``ojs_celery.Request``); the task still runs with its arguments."""
+    handed: list[tuple[object, object]] = []
+
+    @celery_app.task
+    def add(a, b, *, scale=1):
+        return (a + b) * scale
+
+    def received(request, **_):
+        handed.append((request.content_type, request.body))
+
+    signals.task_received.connect(received, weak=False)
+    try:
+        with worker_factory(celery_app):
+            assert add.delay(2, 3, scale=10).get(timeout=20) == 50
+    finally:
+        signals.task_received.disconnect(received)
+    [(content_type, body)] = handed
+    assert content_type is None
+    assert isinstance(body, list) and body[:2] == [[2, 3], {"scale": 10}]
 
 
 def test_camel_case_task_name_round_trips(celery_app, worker_factory, amqp_url, names):
