@@ -181,7 +181,10 @@ def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count, pool="t
         stderr=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent.parent), os.environ.get("PYTHONPATH")])),
+        },
     )
 
 

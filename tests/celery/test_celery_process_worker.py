@@ -47,3 +47,13 @@ def test_time_limit_is_a_counted_attempt(producer, celery_subprocess_worker, amq
 def test_a_lost_pool_process_is_a_counted_attempt(producer, celery_subprocess_worker):
     with celery_subprocess_worker(concurrency=1):
         assert producer.send_task("worker_app.dies_once").get(timeout=60) == 1
+
+
+def test_a_forking_pool_is_handed_the_json_body(producer, celery_subprocess_worker, tmp_path):
+    """A prefork pool gets each task's JSON body (bytes pickle for less than the decoded payload in
+    the worker's main process); the task runs with its arguments."""
+    received = tmp_path / "received.jsonl"
+    with celery_subprocess_worker(concurrency=1, extra_env={"OJS_RECEIVED_LOG": str(received)}):
+        assert producer.send_task("worker_app.echo", ({"é": [1, 2]},)).get(timeout=60) == {"é": [1, 2]}
+    [line] = received.read_text().splitlines()
+    assert json.loads(line) == {"content_type": "application/json", "body": [[{"é": [1, 2]}], {}]}

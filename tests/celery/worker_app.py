@@ -7,8 +7,11 @@ process that dies.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+
+from celery import signals
 
 from ojs_celery import Celery
 
@@ -59,3 +62,13 @@ def wait_for_cancel(self, path):
 def echo(value):
     """Returns ``value``."""
     return value
+
+
+# tests/celery/test_celery_process_worker.py: what the prefork pool is handed, seen in the worker's main process.
+if os.environ.get("OJS_RECEIVED_LOG"):
+
+    @signals.task_received.connect(weak=False)
+    def _log_received(request, **_):
+        body = request.body
+        with open(os.environ["OJS_RECEIVED_LOG"], "a") as log:
+            log.write(json.dumps({"content_type": request.content_type, "body": json.loads(body)[:2]}) + "\n")
