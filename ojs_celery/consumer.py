@@ -1,9 +1,5 @@
 """The worker's consumer of ``ojs_celery.Celery``: Celery's, without its native delayed delivery.
 
-It also tells :class:`ojs_celery.Request` whether its pool runs tasks in this process
-(:attr:`Request.hand_over <ojs_celery.request.Request.hand_over>`): a forking pool gets each
-task's JSON body, any other the payload the transport decoded.
-
 Celery ≥ 5.5 switches on *native delayed delivery* as soon as one of ``task_queues`` has
 ``queue_arguments={"x-queue-type": "quorum"}`` (``celery.utils.quorum_queues.detect_quorum_queues``):
 its ``DelayedDelivery`` bootstep declares 28 ``celery_delayed_*`` exchanges and quorum queues
@@ -17,10 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.worker.consumer import Consumer as CeleryConsumer
-
-from .request import Request
 
 #: Celery's bootstep this consumer does without.
 NATIVE_DELAYED_DELIVERY = "celery.worker.consumer.delayed_delivery:DelayedDelivery"
@@ -33,10 +26,6 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]  # Celery is untyped
         """Celery's consumer steps but native delayed delivery."""
 
         default_steps: list[Any] = [s for s in CeleryConsumer.Blueprint.default_steps if s != NATIVE_DELAYED_DELIVERY]
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        Request.hand_over = not isinstance(self.pool, PreforkPool)
 
 
 __all__ = ["NATIVE_DELAYED_DELIVERY", "Consumer"]

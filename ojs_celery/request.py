@@ -21,7 +21,7 @@ finalizes).
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any
 
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback  # type: ignore[import-untyped]
 from billiard.exceptions import Terminated  # type: ignore[import-untyped]
@@ -51,35 +51,27 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
     # The job its lifecycle events are about (ojs_celery.lifecycle.request_job).
     _ojs_job = None
 
-    #: Whether the pool runs tasks in the worker's own process (threads, solo, gevent, eventlet);
-    #: :class:`ojs_celery.consumer.Consumer` sets it from its pool.  Such a pool is handed the payload
-    #: (below).  A forking pool (prefork) is not: its tasks are pickled in the worker's main process,
-    #: the one that limits a prefork worker's rate, and the nested payload costs more to pickle there
-    #: (17-20 vs 15 us per task, measured in the worker) than the JSON body costs to parse in the pool
-    #: process.
-    hand_over: ClassVar[bool] = True
-
-    # What the pool gets (Celery's create_request_cls sends body, content_type and content_encoding):
-    # for a job delivery of the ojs:// transport, the [args, kwargs, embed] the transport built from
-    # the job it read (DecodedMessage), as Celery hands over a protocol 1 message's, instead of the
-    # JSON body to parse again.  Read once per task: cheaper than an __init__ override, which costs
-    # every request a second call with 12 arguments.
+    # What the pool process gets (Celery's create_request_cls sends body, content_type and
+    # content_encoding): for a job delivery of the ojs:// transport, the [args, kwargs, embed] the
+    # transport built from the job it read (DecodedMessage), as Celery hands over a protocol 1
+    # message's, instead of the JSON body for the pool process to parse again.  Read once per task:
+    # cheaper than an __init__ override, which costs every request a second call with 12 arguments.
 
     @property
     def body(self) -> Any:
         """The payload handed over by the ``ojs://`` transport, else the message body."""
-        payload = _handed_over(self)
+        payload = _handed_over(self._message)
         return self._body if payload is None else payload
 
     @property
     def content_type(self) -> str | None:
         """None for a handed-over payload (nothing to decode), else the message's content type."""
-        return self._content_type if _handed_over(self) is None else None
+        return self._content_type if _handed_over(self._message) is None else None
 
     @property
     def content_encoding(self) -> str | None:
         """None for a handed-over payload, else the message's content encoding."""
-        return self._content_encoding if _handed_over(self) is None else None
+        return self._content_encoding if _handed_over(self._message) is None else None
 
     def on_accepted(self, pid: int, time_accepted: float) -> Any:
         """The pool started the task: lifecycle ``started``."""
@@ -207,9 +199,8 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
         return True
 
 
-def _handed_over(request: Request) -> Any:
-    message = request._message
-    return message.handed_over if request.hand_over and type(message) is DecodedMessage else None
+def _handed_over(message: Any) -> Any:
+    return message.handed_over if type(message) is DecodedMessage else None
 
 
 __all__ = ["REQUEST", "STOCK_REQUEST", "Request"]

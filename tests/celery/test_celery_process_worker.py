@@ -49,11 +49,11 @@ def test_a_lost_pool_process_is_a_counted_attempt(producer, celery_subprocess_wo
         assert producer.send_task("worker_app.dies_once").get(timeout=60) == 1
 
 
-def test_a_forking_pool_is_handed_the_json_body(producer, celery_subprocess_worker, tmp_path):
-    """A prefork pool gets each task's JSON body (bytes pickle for less than the decoded payload in
-    the worker's main process); the task runs with its arguments."""
+def test_a_forking_pool_is_handed_the_payload(producer, celery_subprocess_worker, tmp_path):
+    """A prefork pool gets each task's decoded ``[args, kwargs, embed]`` with no content type, as an
+    in-process pool does (tests/celery/test_celery_tasks.py), and the task runs with its arguments."""
     received = tmp_path / "received.jsonl"
     with celery_subprocess_worker(concurrency=1, extra_env={"OJS_RECEIVED_LOG": str(received)}):
         assert producer.send_task("worker_app.echo", ({"é": [1, 2]},)).get(timeout=60) == {"é": [1, 2]}
     [line] = received.read_text().splitlines()
-    assert json.loads(line) == {"content_type": "application/json", "body": [[{"é": [1, 2]}], {}]}
+    assert json.loads(line) == {"content_type": None, "payload": [[{"é": [1, 2]}], {}]}

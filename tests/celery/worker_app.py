@@ -70,5 +70,6 @@ if os.environ.get("OJS_RECEIVED_LOG"):
     @signals.task_received.connect(weak=False)
     def _log_received(request, **_):
         body = request.body
+        payload = body[:2] if isinstance(body, list) else json.loads(body)[:2]
         with open(os.environ["OJS_RECEIVED_LOG"], "a") as log:
-            log.write(json.dumps({"content_type": request.content_type, "body": json.loads(body)[:2]}) + "\n")
+            log.write(json.dumps({"content_type": request.content_type, "payload": payload}) + "\n")
