@@ -8,8 +8,11 @@
    Prints each drain rate, the worker's CPU time per task (the worker process and
    its pool children; steadier than the rate on a shared machine; and the main
    process's share: with prefork it reads the broker, feeds the pool and acks,
-   and is the bottleneck) and, per pool,
-   the median ratio (target: OJS >= 1.0x).
+   and is the bottleneck), the broker's CPU time per task over the same drain
+   when the broker runs on this machine (the process listening on the URL's
+   port, found in /proc), and, per pool, the median ratio (target: OJS >= 1.0x)
+   and the median CPU per task of the whole system (worker and broker): on a
+   machine whose cores are all busy during a drain, the drain rate follows it.
 2. **Countdown.**  ``--eta-tasks`` (20,000) tasks with ``countdown=600`` are
    published, a worker runs for ``--eta-wait`` seconds, then its RSS and the
    queue's unacknowledged count are read: stock Celery prefetches every ETA task
@@ -29,11 +32,13 @@ import argparse
 import multiprocessing
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pairs import alternate, report_ratio
 
@@ -94,6 +99,35 @@ def tree_cpu_seconds(pid: int) -> float:
     return total + sum(tree_cpu_seconds(int(child)) for child in children)
 
 
+def local_broker_pid(url: str) -> int | None:
+    """The process listening on the AMQP URL's port on this machine (RabbitMQ's ``beam.smp``), if readable.
+
+    None for a remote broker, or one whose process this user cannot inspect.
+    """
+    parts = urlsplit(url)
+    if parts.hostname not in ("localhost", "127.0.0.1", "::1"):
+        return None
+    port = parts.port or 5672
+    sockets = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                sockets.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").iterdir():
+        if sockets and proc.name.isdigit():
+            try:
+                if any(os.readlink(fd) in sockets for fd in (proc / "fd").iterdir()):
+                    return int(proc.name)
+            except OSError:  # another user's process, or one that just exited
+                continue
+    return None
+
+
 def run_worker(args) -> None:
     """The worker subprocess: count finished tasks, print the drain time, exit.
 
@@ -108,6 +142,8 @@ def run_worker(args) -> None:
     first = multiprocessing.Value("d", 0.0, lock=False)
     cpu = multiprocessing.Value("d", 0.0, lock=False)
     main_cpu = multiprocessing.Value("d", 0.0, lock=False)
+    broker_cpu = multiprocessing.Value("d", 0.0, lock=False)
+    broker = args.broker_pid
 
     @signals.task_prerun.connect
     def started(**_):
@@ -116,6 +152,7 @@ def run_worker(args) -> None:
                 if first.value == 0.0:
                     cpu.value = tree_cpu_seconds(root)
                     main_cpu.value = process_cpu_seconds(root)
+                    broker_cpu.value = process_cpu_seconds(broker) if broker else 0.0
                     first.value = time.perf_counter()
 
     @signals.task_postrun.connect
@@ -127,7 +164,8 @@ def run_worker(args) -> None:
             elapsed = time.perf_counter() - first.value
             # The worker redirects sys.stdout to its logger: write to the pipe itself.
             total, main = tree_cpu_seconds(root) - cpu.value, process_cpu_seconds(root) - main_cpu.value
-            os.write(1, f"DRAINED {elapsed:.4f} {total:.4f} {main:.4f}\n".encode())
+            beam = process_cpu_seconds(broker) - broker_cpu.value if broker else -1.0
+            os.write(1, f"DRAINED {elapsed:.4f} {total:.4f} {main:.4f} {beam:.4f}\n".encode())
 
     print("READY", flush=True)
     app.worker_main(
@@ -154,7 +192,7 @@ def stop_worker(worker: subprocess.Popen) -> None:
     worker.wait(timeout=60)
 
 
-def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count, pool="threads") -> subprocess.Popen:
+def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count, pool="threads", broker_pid=None):
     return subprocess.Popen(
         [
             sys.executable,
@@ -176,6 +214,8 @@ def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count, pool="t
             str(prefetch),
             "--count",
             str(count),
+            "--broker-pid",
+            str(broker_pid or 0),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -197,6 +237,10 @@ def publish(app, count: int, **options) -> float:
     return time.perf_counter() - start
 
 
+#: CPU seconds per task of the whole system (worker and broker) of each drain, by side label.
+SYSTEM_CPU: dict[str, list[float]] = {}
+
+
 def throughput(mode, url, management, args, pool) -> float:
     prefix, queue = f"bench{uuid.uuid4().hex[:8]}", f"bench-{mode}-{uuid.uuid4().hex[:6]}"
     concurrency = CONCURRENCY[pool]
@@ -204,22 +248,27 @@ def throughput(mode, url, management, args, pool) -> float:
     try:
         elapsed = publish(app, args.tasks)
         print(f"  {mode:5s} published {args.tasks} in {elapsed:.1f}s ({args.tasks / elapsed:,.0f}/s)")
-        worker = spawn_worker(mode, url, queue, prefix, concurrency, args.prefetch, args.tasks, pool)
-        drained = cpu = main_cpu = None
+        broker_pid = local_broker_pid(url)
+        worker = spawn_worker(mode, url, queue, prefix, concurrency, args.prefetch, args.tasks, pool, broker_pid)
+        drained = cpu = main_cpu = broker_cpu = None
         try:
             for line in worker.stdout:
                 if line.startswith("DRAINED"):
-                    drained, cpu, main_cpu = (float(word) for word in line.split()[1:4])
+                    drained, cpu, main_cpu, broker_cpu = (float(word) for word in line.split()[1:5])
                     break
         finally:
             stop_worker(worker)
         if drained is None:
             sys.exit(f"the {mode} {pool} worker exited before draining {args.tasks} tasks")
         rate = args.tasks / drained
+        broker = ""
+        if broker_cpu >= 0:
+            broker = f"; broker CPU {broker_cpu / args.tasks * 1e6:.0f} µs"
+            SYSTEM_CPU.setdefault(f"{mode} {pool}", []).append((cpu + broker_cpu) / args.tasks)
         print(
             f"  {mode:5s} drained   {args.tasks} in {drained:.2f}s ({rate:,.0f} tasks/s; "
             f"worker CPU {cpu / args.tasks * 1e6:.0f} µs per task, of which the main process "
-            f"{main_cpu / args.tasks * 1e6:.0f} µs)"
+            f"{main_cpu / args.tasks * 1e6:.0f} µs{broker})"
         )
         return rate
     finally:
@@ -277,6 +326,17 @@ def cleanup(management, mode, prefix, queue) -> None:
     management.delete_exchange(queue)
 
 
+def report_system_cpu(ours: str, reference: str) -> None:
+    """Print the median CPU per task of the whole system (worker and broker) for both sides, if measured."""
+    if ours in SYSTEM_CPU and reference in SYSTEM_CPU:
+        a, b = statistics.median(SYSTEM_CPU[ours]), statistics.median(SYSTEM_CPU[reference])
+        print(
+            f"  CPU per task, worker and broker (median): {ours} {a * 1e6:.0f} µs, {reference} {b * 1e6:.0f} µs "
+            f"({b / a:.2f}x as much for {reference})",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=os.environ.get("OJS_AMQP_URL", DEFAULT_URL))
@@ -295,6 +355,7 @@ def main() -> None:
     parser.add_argument("--queue", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--broker-pid", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         run_worker(args)
@@ -317,6 +378,7 @@ def main() -> None:
             unit=" tasks/s",
         )
         report_ratio(rates, f"ojs {pool}", f"stock {pool}", "target >= 1.0x")
+        report_system_cpu(f"ojs {pool}", f"stock {pool}")
     if not args.skip_eta:
         print(f"countdown=600: {args.eta_tasks} tasks, worker observed for {args.eta_wait:.0f}s")
         countdown("stock", args.url, management, args)
