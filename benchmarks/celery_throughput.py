@@ -100,9 +100,10 @@ def tree_cpu_seconds(pid: int) -> float:
 
 
 def local_broker_pid(url: str) -> int | None:
-    """The process listening on the AMQP URL's port on this machine (RabbitMQ's ``beam.smp``), if readable.
+    """RabbitMQ's ``beam.smp`` process listening on the AMQP URL's port on this machine, if it can be found.
 
-    None for a remote broker, or one whose process this user cannot inspect.
+    None for a remote broker, one whose process this user cannot inspect, or a port held by another
+    process (a container's port proxy: its CPU is not the broker's).
     """
     parts = urlsplit(url)
     if parts.hostname not in ("localhost", "127.0.0.1", "::1"):
@@ -122,7 +123,7 @@ def local_broker_pid(url: str) -> int | None:
         if sockets and proc.name.isdigit():
             try:
                 if any(os.readlink(fd) in sockets for fd in (proc / "fd").iterdir()):
-                    return int(proc.name)
+                    return int(proc.name) if (proc / "comm").read_text().strip() == "beam.smp" else None
             except OSError:  # another user's process, or one that just exited
                 continue
     return None
