@@ -18,6 +18,14 @@
    queue's unacknowledged count are read: stock Celery prefetches every ETA task
    and holds it unacked in memory; over OJS they wait in the scheduling cascade.
 
+3. **A change against a baseline.**  ``--baseline PATH`` (another checkout of this
+   repository, e.g. ``git worktree add ../base main``) compares two versions of
+   ``ojs://`` instead of ``ojs://`` and stock: the worker of one side imports
+   ``ojs_kombu`` and ``ojs_celery`` from this tree, the other's from PATH, alternated
+   as above (the tasks are published by this tree's code for both).  Two versions of
+   our code differ by less than the machine's speed moves between sittings, so a
+   change is measured against its baseline in the same minutes.
+
 Run against a broker with the management plugin::
 
     OJS_AMQP_URL=amqp://guest:guest@localhost:5672// OJS_MANAGEMENT_URL=http://localhost:15672 \\
@@ -193,7 +201,7 @@ def stop_worker(worker: subprocess.Popen) -> None:
     worker.wait(timeout=60)
 
 
-def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count, pool="threads", broker_pid=None):
+def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count, pool="threads", broker_pid=None, root=None):
     return subprocess.Popen(
         [
             sys.executable,
@@ -224,7 +232,9 @@ def spawn_worker(mode, url, queue, prefix, concurrency, prefetch, count, pool="t
         start_new_session=True,
         env={
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent.parent), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(root or HERE.parent.parent), os.environ.get("PYTHONPATH")])
+            ),
         },
     )
 
@@ -242,15 +252,21 @@ def publish(app, count: int, **options) -> float:
 SYSTEM_CPU: dict[str, list[float]] = {}
 
 
-def throughput(mode, url, management, args, pool) -> float:
+def throughput(mode, url, management, args, pool, root=None, label=None) -> float:
+    """Publish ``args.tasks`` tasks, drain them with one worker, return its rate (tasks/s).
+
+    ``root``: the tree the worker imports our packages from (default: this one); ``label``: the
+    side's name in the output (default: ``mode``).
+    """
+    label = label or mode
     prefix, queue = f"bench{uuid.uuid4().hex[:8]}", f"bench-{mode}-{uuid.uuid4().hex[:6]}"
     concurrency = CONCURRENCY[pool]
     app = make_app(mode, url, queue, prefix, concurrency, args.prefetch)
     try:
         elapsed = publish(app, args.tasks)
-        print(f"  {mode:5s} published {args.tasks} in {elapsed:.1f}s ({args.tasks / elapsed:,.0f}/s)")
+        print(f"  {label:5s} published {args.tasks} in {elapsed:.1f}s ({args.tasks / elapsed:,.0f}/s)")
         broker_pid = local_broker_pid(url)
-        worker = spawn_worker(mode, url, queue, prefix, concurrency, args.prefetch, args.tasks, pool, broker_pid)
+        worker = spawn_worker(mode, url, queue, prefix, concurrency, args.prefetch, args.tasks, pool, broker_pid, root)
         drained = cpu = main_cpu = broker_cpu = None
         try:
             for line in worker.stdout:
@@ -265,9 +281,9 @@ def throughput(mode, url, management, args, pool) -> float:
         broker = ""
         if broker_cpu >= 0:
             broker = f"; broker CPU {broker_cpu / args.tasks * 1e6:.0f} µs"
-            SYSTEM_CPU.setdefault(f"{mode} {pool}", []).append((cpu + broker_cpu) / args.tasks)
+            SYSTEM_CPU.setdefault(f"{label} {pool}", []).append((cpu + broker_cpu) / args.tasks)
         print(
-            f"  {mode:5s} drained   {args.tasks} in {drained:.2f}s ({rate:,.0f} tasks/s; "
+            f"  {label:5s} drained   {args.tasks} in {drained:.2f}s ({rate:,.0f} tasks/s; "
             f"worker CPU {cpu / args.tasks * 1e6:.0f} µs per task, of which the main process "
             f"{main_cpu / args.tasks * 1e6:.0f} µs{broker})"
         )
@@ -349,6 +365,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="the countdown phase's (threads pool)")
     parser.add_argument("--prefetch", type=int, default=4, help="worker_prefetch_multiplier (both transports)")
     parser.add_argument("--skip-eta", action="store_true")
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout of this repository: compare ojs:// here with ojs:// there"
+    )
     # worker subprocess
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -370,17 +389,21 @@ def main() -> None:
             f"throughput: {args.tasks} no-op tasks, {pool} pool -c {CONCURRENCY[pool]}, "
             f"prefetch multiplier={args.prefetch}, acks_late, results ignored, {args.rounds} alternated rounds"
         )
+        if args.baseline:
+            reference = (
+                f"base {pool}",
+                lambda pool=pool: throughput("ojs", args.url, management, args, pool, args.baseline.resolve(), "base"),
+            )
+        else:
+            reference = (f"stock {pool}", lambda pool=pool: throughput("stock", args.url, management, args, pool))
         rates = alternate(
-            [
-                (f"ojs {pool}", lambda pool=pool: throughput("ojs", args.url, management, args, pool)),
-                (f"stock {pool}", lambda pool=pool: throughput("stock", args.url, management, args, pool)),
-            ],
+            [(f"ojs {pool}", lambda pool=pool: throughput("ojs", args.url, management, args, pool)), reference],
             rounds=args.rounds,
             unit=" tasks/s",
         )
-        report_ratio(rates, f"ojs {pool}", f"stock {pool}", "target >= 1.0x")
-        report_system_cpu(f"ojs {pool}", f"stock {pool}")
-    if not args.skip_eta:
+        report_ratio(rates, f"ojs {pool}", reference[0], "" if args.baseline else "target >= 1.0x")
+        report_system_cpu(f"ojs {pool}", reference[0])
+    if not args.skip_eta and not args.baseline:
         print(f"countdown=600: {args.eta_tasks} tasks, worker observed for {args.eta_wait:.0f}s")
         countdown("stock", args.url, management, args)
         countdown("ojs", args.url, management, args)
