@@ -9,8 +9,8 @@
    its pool children; steadier than the rate on a shared machine; and the main
    process's share: with prefork it reads the broker, feeds the pool and acks,
    and is the bottleneck), the broker's CPU time per task over the same drain
-   when the broker runs on this machine (RabbitMQ's ``beam.smp`` listening on
-   the URL's port, found in /proc), and, per pool, the median ratio (target:
+   when the broker runs on this machine (the ``os_pid`` its management API
+   reports, a local ``beam.smp``), and, per pool, the median ratio (target:
    OJS >= 1.0x) and the median CPU per task of the whole system (worker and
    broker), the steadier of the two: the same worker against itself moved ~8 %
    on the rate and ~2 % on it in one sitting of 5 pairs.
@@ -46,7 +46,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from pairs import alternate, report_ratio
 
@@ -107,34 +107,23 @@ def tree_cpu_seconds(pid: int) -> float:
     return total + sum(tree_cpu_seconds(int(child)) for child in children)
 
 
-def local_broker_pid(url: str) -> int | None:
-    """RabbitMQ's ``beam.smp`` process listening on the AMQP URL's port on this machine, if it can be found.
+def local_broker_pid(url: str, management) -> int | None:
+    """The OS pid of the RabbitMQ node the management API answers for, when it runs on this machine.
 
-    None for a remote broker, one whose process this user cannot inspect, or a port held by another
-    process (a container's port proxy: its CPU is not the broker's).
+    The node reports it (``os_pid``); it counts when the AMQP URL is a loopback address and the pid
+    is a local ``beam.smp``.  None otherwise, or when the API cannot say.
     """
-    parts = urlsplit(url)
-    if parts.hostname not in ("localhost", "127.0.0.1", "::1"):
+    from ojs_kombu.testing.management import ManagementError
+
+    if urlsplit(url).hostname not in ("localhost", "127.0.0.1", "::1"):
         return None
-    port = parts.port or 5672
-    sockets = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                sockets.add(f"socket:[{fields[9]}]")
-    for proc in Path("/proc").iterdir():
-        if sockets and proc.name.isdigit():
-            try:
-                if any(os.readlink(fd) in sockets for fd in (proc / "fd").iterdir()):
-                    return int(proc.name) if (proc / "comm").read_text().strip() == "beam.smp" else None
-            except OSError:  # another user's process, or one that just exited
-                continue
-    return None
+    try:
+        node = management.overview()["node"]
+        pid = int(management.request("GET", f"/api/nodes/{quote(node, safe='')}")["os_pid"])
+        local = Path(f"/proc/{pid}/comm").read_text().strip() == "beam.smp"
+    except (ManagementError, KeyError, TypeError, ValueError, OSError):
+        return None
+    return pid if local else None
 
 
 def run_worker(args) -> None:
@@ -265,8 +254,9 @@ def throughput(mode, url, management, args, pool, root=None, label=None) -> floa
     try:
         elapsed = publish(app, args.tasks)
         print(f"  {label:5s} published {args.tasks} in {elapsed:.1f}s ({args.tasks / elapsed:,.0f}/s)")
-        broker_pid = local_broker_pid(url)
-        worker = spawn_worker(mode, url, queue, prefix, concurrency, args.prefetch, args.tasks, pool, broker_pid, root)
+        worker = spawn_worker(
+            mode, url, queue, prefix, concurrency, args.prefetch, args.tasks, pool, args.broker_pid, root
+        )
         drained = cpu = main_cpu = broker_cpu = None
         try:
             for line in worker.stdout:
@@ -384,6 +374,7 @@ def main() -> None:
     from ojs_kombu.testing.management import ManagementClient
 
     management = ManagementClient(os.environ.get("OJS_MANAGEMENT_URL", "http://localhost:15672"))
+    args.broker_pid = local_broker_pid(args.url, management)  # the drains' workers read its CPU
     for pool in args.pools.split(","):
         print(
             f"throughput: {args.tasks} no-op tasks, {pool} pool -c {CONCURRENCY[pool]}, "
