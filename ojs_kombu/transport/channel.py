@@ -19,7 +19,7 @@ from typing import Any
 
 import amqp
 from amqp import spec
-from amqp.exceptions import ConsumerCancelled, MessageNacked
+from amqp.exceptions import ConsumerCancelled, MessageNacked, RecoverableConnectionError
 from kombu.transport import pyamqp
 
 from ojs_kombu.amqp.delivery import RawDelivery
@@ -107,8 +107,16 @@ class Channel(pyamqp.Channel):
 
     @property
     def ojs(self) -> ConnectionState:
-        """The OJS state of the connection this channel belongs to."""
-        state: ConnectionState = self.connection.ojs
+        """The OJS state of the connection this channel belongs to.
+
+        Raises:
+            RecoverableConnectionError: the channel is closed (py-amqp's error for any call on a
+                closed channel, which kombu's ``ensure`` answers with a new channel).
+        """
+        connection = self.connection
+        if connection is None:
+            raise RecoverableConnectionError(f"channel {self.channel_id} is closed")
+        state: ConnectionState = connection.ojs
         return state
 
     @property

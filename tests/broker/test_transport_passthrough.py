@@ -153,3 +153,25 @@ def test_event_loop_consumer_acking_from_another_thread_is_not_stalled(amqp_url,
             hub.close()
     gaps = [b - a for a, b in zip([started, *arrivals], arrivals, strict=False)]
     assert max(gaps) < 5, gaps
+
+
+CLOSED_CHANNEL_CALLS = {
+    "basic_publish": lambda ch, q: ch.basic_publish(ch.prepare_message(b"{}"), exchange="", routing_key=q),
+    "queue_declare": lambda ch, q: ch.queue_declare(q, durable=True, auto_delete=False),
+    "exchange_declare": lambda ch, q: ch.exchange_declare(q, "fanout", durable=True, auto_delete=False),
+    "basic_get": lambda ch, q: ch.basic_get(q),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CLOSED_CHANNEL_CALLS))
+def test_a_closed_channel_raises_a_recoverable_error(conn, prefix, call):
+    """A call on a closed channel raises py-amqp's recoverable error, which kombu's ``ensure`` (e.g.
+    ``Producer.publish(retry=True)``, a worker's reply to a control command) answers with a new channel.
+
+    On ``ojs://`` these once raised ``AttributeError`` (a closed channel has no connection), which
+    nothing recovers from: a worker lost its reply with a "Control command error".
+    """
+    channel = conn.channel()
+    channel.close()
+    with pytest.raises(conn.recoverable_connection_errors):
+        CLOSED_CHANNEL_CALLS[call](channel, f"{prefix}.closed")
