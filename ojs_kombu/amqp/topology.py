@@ -259,11 +259,15 @@ class Topology:
             QueueSpec(n.dead_letter_queue(queue), frozen_arguments(self.dead_letter_queue_arguments(queue))),
             BindingSpec(n.job_queue(queue), n.direct_exchange, queue),
             BindingSpec(n.dead_letter_queue(queue), n.dead_letter_exchange, queue),
-            *self.control_specs(queue),
+            *self._control_stream_specs(queue),
         ]
 
     def control_specs(self, queue: str) -> list[Spec]:
-        """The control stream ``ojs.queue.control.{queue}`` and its binding (key ``control.{queue}``)."""
+        """The control stream ``ojs.queue.control.{queue}``, its binding (key ``control.{queue}``) and
+        the direct exchange that binding needs: a cancel may be a deployment's first declaration."""
+        return [ExchangeSpec(self.names.direct_exchange), *self._control_stream_specs(queue)]
+
+    def _control_stream_specs(self, queue: str) -> list[Spec]:
         n = self.names
         name = n.control_queue(queue)
         self._control_queues[name] = queue

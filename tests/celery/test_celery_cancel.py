@@ -70,6 +70,21 @@ def test_revoke_before_any_worker_runs_is_never_run(celery_app, recorder, worker
     _assert_settled(amqp_url, names)
 
 
+def test_a_revoke_before_anything_of_the_deployment_exists(celery_app, recorder, worker_factory, amqp_url, names):
+    """A client's first call under a new prefix is a revoke: the control stream is declared with the
+    exchange its binding needs (it once failed with 404 ``no exchange 'ojs.exchange.direct'``), and
+    the task published with that id afterwards is never run."""
+    task_id = new_job_id()  # the ids ojs_celery gives tasks: the job's id too
+    celery_app.control.revoke(task_id)
+    dropped = _dropped_pending()
+    recorder.apply_async(("doomed",), task_id=task_id)
+    with worker_factory(celery_app):
+        assert recorder.delay("after").get(timeout=30) == "after"
+    assert recorder.ran == ["after"]
+    assert _dropped_pending() == dropped + 1
+    _assert_settled(amqp_url, names)
+
+
 def test_revoke_of_a_countdown_task_holds_across_a_restart(celery_app, recorder, worker_factory, amqp_url, names):
     """A countdown task revoked while it waits in the scheduling cascade; the worker restarts meanwhile."""
     with worker_factory(celery_app):
