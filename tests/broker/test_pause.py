@@ -79,6 +79,14 @@ def test_pause_and_resume_publish_to_the_control_stream(client, amqp_url, names)
     assert json.loads(b1) == json.loads(b2) == {"queue": "default"}
 
 
+def test_paused_queues_of_a_deployment_that_declared_nothing_yet(client):
+    """``paused_queues`` as a new deployment's first call declares the control stream with the exchange
+    it is bound to (it once failed: 404 ``no exchange 'ojs.exchange.direct'``); a pause then reads back."""
+    assert client.paused_queues(["default"]) == {"default": False}
+    client.pause("default")
+    assert client.paused_queues(["default"]) == {"default": True}
+
+
 def test_pause_validates_the_queue_before_publishing(client):
     from ojs_kombu import ValidationError
 
