@@ -165,8 +165,8 @@ CLOSED_CHANNEL_CALLS = {
 
 @pytest.mark.parametrize("call", sorted(CLOSED_CHANNEL_CALLS))
 def test_a_closed_channel_raises_a_recoverable_error(conn, prefix, call):
-    """A call on a closed channel raises py-amqp's recoverable error, which kombu's ``ensure`` (e.g.
-    ``Producer.publish(retry=True)``, a worker's reply to a control command) answers with a new channel.
+    """A call on a closed channel raises py-amqp's recoverable error, the one kombu's ``ensure`` retries
+    on a new channel (a Celery worker's reply to a control command is published that way).
 
     On ``ojs://`` these once raised ``AttributeError`` (a closed channel has no connection), which
     nothing recovers from: a worker lost its reply with a "Control command error".
@@ -175,3 +175,27 @@ def test_a_closed_channel_raises_a_recoverable_error(conn, prefix, call):
     channel.close()
     with pytest.raises(conn.recoverable_connection_errors):
         CLOSED_CHANNEL_CALLS[call](channel, f"{prefix}.closed")
+
+
+class _Holder:
+    """What kombu's ``Connection.ensure`` revives after a recoverable error (as it revives a Producer)."""
+
+    def __init__(self, channel):
+        self.channel = channel
+
+    def revive(self, channel):
+        self.channel = channel
+
+
+def test_ensure_publishes_on_a_new_channel_after_the_old_one_closed(conn, prefix):
+    """``Connection.ensure`` over a closed channel: the publish fails, kombu revives, the retry lands."""
+    queue = kombu.Queue(f"{prefix}.revived", durable=True)
+    queue(conn.channel()).declare()
+    closed = conn.channel()
+    closed.close()
+    holder = _Holder(closed)
+    message = closed.prepare_message(b'{"i": 1}', content_type="application/json")
+    publish = conn.ensure(holder, lambda: holder.channel.basic_publish(message, "", queue.name), max_retries=2)
+    publish()
+    assert holder.channel is not closed
+    assert _drain(conn, queue, 1) == [{"i": 1}]
