@@ -21,6 +21,7 @@ import math
 import traceback
 from bisect import bisect_left
 from dataclasses import dataclass
+from datetime import datetime
 
 from ojs_kombu.errors import DeadLetter, Discard
 from ojs_kombu.model.job import MAX_BACKTRACE_LINES, Job, JobError
@@ -50,6 +51,27 @@ def ladder_ms(delay_ms: float) -> int:
     if index == len(_LADDER):
         return math.ceil(delay_ms)
     return _LADDER[index]
+
+
+def ladder_ms_until(when: datetime, now: datetime | None = None) -> int:
+    """The ladder step that carries a retry scheduled at ``when`` (an OJS ``scheduled_at``).
+
+    An OJS timestamp is the framework's ETA rounded *up* to the millisecond (Celery's
+    ``retry(countdown=1)`` is ``now + 1 s`` in microseconds), so the delay left until it may exceed
+    the countdown by up to 1 ms, and :func:`ladder_ms` of that would take the next step: 1.2 s for
+    a 1 s countdown.  The step is chosen for the delay less that millisecond; the retry then
+    arrives up to 1 ms before ``when``, which its consumer waits out (the ``ojs://`` transport hands
+    it to Celery, which holds a task until its ETA; a :class:`~ojs_kombu.Worker` delays it again).
+
+    Parameters:
+        when: the retry's ``scheduled_at`` as an aware datetime.
+        now: the current time (default: now, UTC).
+
+    Returns:
+        The retry queue's delay in ms (a ladder step; 1 when ``when`` has passed).
+    """
+    delay_ms = ((when - (now or utcnow())).total_seconds()) * 1000
+    return ladder_ms(delay_ms - 1)
 
 
 class Outcome(enum.Enum):
@@ -162,5 +184,6 @@ __all__ = [
     "decide",
     "error_names",
     "ladder_ms",
+    "ladder_ms_until",
     "record_failure",
 ]

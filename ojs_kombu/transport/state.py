@@ -13,7 +13,7 @@ from ojs_kombu.amqp.publisher import ConfirmedPublisher
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import QUEUE_NAME_RE, ojs_queue_for
-from ojs_kombu.policy.retry import ladder_ms
+from ojs_kombu.policy.retry import ladder_ms_until
 from ojs_kombu.policy.schedule import Cascade, delay_ms_until
 from ojs_kombu.transport.control import ConnectionControl
 from ojs_kombu.transport.queues import QueueMap
@@ -215,13 +215,13 @@ class ConnectionState:
     def _destination(self, message: OutgoingMessage, job: Job, queue: str) -> tuple[OutgoingMessage, str, str]:
         """Where a job goes: its retry queue (a retry), the cascade (a future ETA) or its queue."""
         scheduled = job.scheduled_datetime
-        delay_ms = delay_ms_until(scheduled) if scheduled is not None else 0
         if job.attempt > 0:
-            delay_ms = ladder_ms(delay_ms)
+            delay_ms = 1 if scheduled is None else ladder_ms_until(scheduled)
             self.ensure_queue(queue)
             self.ensure_retry_queue(queue, delay_ms)
             return message, self.names.retry_exchange, self.names.retry_routing_key(queue, delay_ms)
         self.ensure_queue(queue)
+        delay_ms = delay_ms_until(scheduled) if scheduled is not None else 0
         if delay_ms > 0:
             scheduled_message = self.cascade.route(message, delay_ms, queue)
             self.ensure_scheduling(queue)

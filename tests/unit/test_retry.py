@@ -1,9 +1,12 @@
 """Retry decisions, the delay ladder and the failure record (DESIGN §5, §7), without a broker."""
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from ojs_kombu import DeadLetter, Discard, Job, RetryPolicy
-from ojs_kombu.policy.retry import Failure, Outcome, decide, error_names, ladder_ms, record_failure
+from ojs_kombu.model.timefmt import parse_timestamp
+from ojs_kombu.policy.retry import Failure, Outcome, decide, error_names, ladder_ms, ladder_ms_until, record_failure
 from ojs_kombu.testing.schema import validate_job
 
 
@@ -46,6 +49,27 @@ def test_ladder_is_never_early_and_at_most_a_third_late():
 def test_ladder_keeps_the_retry_queue_count_bounded():
     steps = {ladder_ms(d) for d in range(1, 300_001)}
     assert len(steps) <= 60
+
+
+@pytest.mark.parametrize("countdown", [1, 2, 5, 60])
+@pytest.mark.parametrize("micros", [0, 1, 250, 999])
+@pytest.mark.parametrize("elapsed_us", [0, 100, 900])
+def test_a_countdown_rounded_up_to_the_millisecond_keeps_its_ladder_step(countdown, micros, elapsed_us):
+    """Celery's ``retry(countdown=1)``: an ETA in microseconds, written to ``scheduled_at`` rounded up to
+    the millisecond, published a little later: the 1 s queue, not the next step (1.2 s) for the up to
+    1 ms that rounding added (it once took 1.2 s in most publishes)."""
+    moment = datetime(2026, 11, 27, 8, 0, 0, 123000 + micros, tzinfo=UTC)
+    scheduled = parse_timestamp(Job.create("a.b", [], scheduled_at=moment + timedelta(seconds=countdown)).scheduled_at)
+    assert scheduled >= moment + timedelta(seconds=countdown)  # never early
+    assert ladder_ms_until(scheduled, moment + timedelta(microseconds=elapsed_us)) == countdown * 1000
+
+
+def test_ladder_step_until_is_at_most_a_millisecond_short_and_never_a_step_too_far():
+    now = datetime(2026, 11, 27, 8, 0, tzinfo=UTC)
+    for delay_us in range(0, 400_000, 997):
+        step = ladder_ms_until(now + timedelta(microseconds=delay_us), now)
+        assert delay_us / 1000 - 1 <= step <= ladder_ms(delay_us / 1000)  # ≤ 1 ms short, never a step further
+    assert ladder_ms_until(now - timedelta(seconds=1), now) == 1  # passed: the shortest queue
 
 
 def test_exponential_retries_then_default_terminal_is_dead_letter():
