@@ -70,7 +70,7 @@ def ladder_ms_until(when: datetime, now: datetime | None = None) -> int:
     Returns:
         The retry queue's delay in ms (a ladder step; 1 when ``when`` has passed).
     """
-    delay_ms = ((when - (now or utcnow())).total_seconds()) * 1000
+    delay_ms = (when - (now or utcnow())).total_seconds() * 1000
     return ladder_ms(delay_ms - 1)
 
 
