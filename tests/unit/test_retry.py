@@ -57,7 +57,7 @@ def test_ladder_keeps_the_retry_queue_count_bounded():
 def test_a_countdown_rounded_up_to_the_millisecond_keeps_its_ladder_step(countdown, micros, elapsed_us):
     """Celery's ``retry(countdown=1)``: an ETA in microseconds, written to ``scheduled_at`` rounded up to
     the millisecond, published a little later: the 1 s queue, not the next step (1.2 s) for the up to
-    1 ms that rounding added (it once took 1.2 s in most publishes)."""
+    1 ms that rounding added (it took 1.2 s when the publish came within that millisecond)."""
     moment = datetime(2026, 11, 27, 8, 0, 0, 123000 + micros, tzinfo=UTC)
     scheduled = parse_timestamp(Job.create("a.b", [], scheduled_at=moment + timedelta(seconds=countdown)).scheduled_at)
     assert scheduled >= moment + timedelta(seconds=countdown)  # never early
