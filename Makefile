@@ -1,6 +1,8 @@
 # The two commands of the README:  `make demo`  and  `make test`.
 # Both create the virtual environment, install the project and provision a
-# RabbitMQ broker ($OJS_AMQP_URL, else Docker, else a private local node);
+# RabbitMQ broker ($OJS_AMQP_URL, else Docker, else a private local node of RabbitMQ
+# $OJS_RABBITMQ: 4.3 by default, 4.0 and 3.10 too; 4.x runs from Debian chroots built once
+# into ~/.cache/ojs-kombu, DESIGN §18);
 # `setup` also installs redis-server (Celery's Redis result backend in the tests) and a Java
 # runtime for PySpark (ojs_kombu.spark).
 PYTHON ?= python3
@@ -16,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,celery,dramatiq,spark,docs,dashboard]'
-	$(PY) -m ojs_kombu.testing.broker install
+	$(PY) -m ojs_kombu.testing.broker install --rabbitmq 4.3 --rabbitmq 4.0 --rabbitmq 3.10
 	$(PY) -m ojs_kombu.testing.redis install
 	$(PY) -m ojs_kombu.testing.java install
 	$(PY) -m ojs_kombu.testing.browser install

@@ -2,7 +2,8 @@
 
 The broker is ``$OJS_AMQP_URL`` when set; otherwise a Docker container when a
 Docker engine answers; otherwise a private RabbitMQ node started for this test
-session (see :mod:`ojs_kombu.testing.broker`).  Every test that declares
+session (see :mod:`ojs_kombu.testing.broker`) of release ``$OJS_RABBITMQ`` (default
+4.3; the ``node`` and ``cluster`` fixtures start that release too).  Every test that declares
 entities does so under its own prefix, and everything under that prefix is
 deleted after the test.  Tests that need a node of their own (users, virtual
 hosts, restarts) use the module-scoped ``node`` fixture.
@@ -48,6 +49,12 @@ def management(broker: BrokerHandle) -> ManagementClient:
     if not broker.management_url:
         pytest.fail("the broker has no management API; set OJS_MANAGEMENT_URL")
     return ManagementClient(broker.management_url, broker.management_user, broker.management_password)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_version(management: ManagementClient) -> tuple[int, ...]:
+    """The session broker's RabbitMQ version, e.g. ``(4, 3, 6)``: for tests whose expectation depends on it."""
+    return tuple(int(part) for part in management.overview()["rabbitmq_version"].split(".")[:3] if part.isdigit())
 
 
 @pytest.fixture

@@ -25,6 +25,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 _POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+
+
+class BrokerError(RuntimeError):
+    """A broker could not be installed, started or stopped."""
+
+
 _POLICY_MARK = "# written by ojs_kombu.testing while apt-get runs"
 
 
@@ -176,14 +182,15 @@ class ServerCommands:
 
     ``start`` records the server in ``<dir>/<state_file>`` and prints its URL; ``url`` prints
     it again; ``stop`` stops what the record names and deletes its files; ``install`` runs
-    ``install``.  ``extra`` adds commands: name -> (help, handler, configure the parser).
+    ``install``.  ``extra`` adds commands: name -> (help, handler, configure the parser);
+    ``options`` adds options to a command's parser, given the command's name and parser.
     """
 
     prog: str
     what: str  # "RabbitMQ node", "Redis": for messages
     state_file: str
     default_dir: Callable[[], Path]
-    create: Callable[[Path], RecordedServer]  # a new server under a directory (not started)
+    create: Callable[[Path, argparse.Namespace], RecordedServer]  # a new server under a directory (not started)
     load: Callable[[dict[str, Any]], RecordedServer]  # the server a record describes
     install: Callable[[argparse.Namespace], int]
     install_help: str
@@ -192,6 +199,7 @@ class ServerCommands:
     extra: dict[str, tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None]]] = (
         field(default_factory=dict)
     )
+    options: Callable[[str, argparse.ArgumentParser], None] = lambda _name, _parser: None
 
     def state_path(self, directory: str | None) -> Path:
         """Where the record of the server under ``directory`` (default: the default dir) lives."""
@@ -211,7 +219,7 @@ class ServerCommands:
         if server is not None and server.is_running():
             self.log.info("%s %s recorded in %s is already running", self.what, server.name, state_path)
         else:
-            server = self.create(state_path.parent)
+            server = self.create(state_path.parent, args)
             server.start()
             state_path.parent.mkdir(parents=True, exist_ok=True)
             state_path.write_text(json.dumps(server.to_dict(), indent=2) + "\n")
@@ -262,6 +270,7 @@ class ServerCommands:
             command.add_argument(
                 "--dir", help=f"directory for the server's files and {self.state_file} (default: {self.default_dir()})"
             )
+            self.options(name, command)
             configure(command)
         args = parser.parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
@@ -274,4 +283,4 @@ class ServerCommands:
             return 130
 
 
-__all__ = ["RecordedServer", "ServerCommands", "apt_install", "free_ports", "process_alive", "tail"]
+__all__ = ["BrokerError", "RecordedServer", "ServerCommands", "apt_install", "free_ports", "process_alive", "tail"]

@@ -3,22 +3,25 @@
 Three sources, tried in this order by :func:`provision_broker`:
 
 1. ``OJS_AMQP_URL`` is set: use that broker as is (nothing is started or stopped);
-2. a Docker engine answers: a throw-away ``rabbitmq:*-management`` container (testcontainers);
-3. otherwise: a :class:`PrivateNode`, a RabbitMQ node of our own started from the locally
-   installed ``rabbitmq-server`` beside any other broker on the machine.  Every name, port and
-   directory of a private node is its own (node name ``ojs-<random>@localhost``, AMQP,
-   distribution, management and epmd ports on 127.0.0.1, data under ``.cache/rabbitmq``), and
-   every ``rabbitmqctl`` call names it with ``-n``, so no other node is ever touched.
+2. a Docker engine answers: a throw-away ``rabbitmq:<release>-management`` container (testcontainers);
+3. otherwise: a :class:`PrivateNode`, a RabbitMQ node of our own beside any other broker on the
+   machine, run from a cached Debian chroot (4.3, the default, and 4.0) or from the host's
+   ``rabbitmq-server`` package (3.10) — see :mod:`.releases`.  Every name, port and directory
+   of a private node is its own (node name ``ojs-<random>@localhost``, AMQP, distribution,
+   management and epmd ports on 127.0.0.1, data under ``.cache/rabbitmq``), and every
+   ``rabbitmqctl`` call names it with ``-n``, so no other node is ever touched.
 
 Command line (``make demo`` / ``make test`` use ``run``)::
 
-    python -m ojs_kombu.testing.broker start [--dir D]    # prints the AMQP URL
+    python -m ojs_kombu.testing.broker install [--rabbitmq 4.3 ...]   # build / install releases
+    python -m ojs_kombu.testing.broker start [--rabbitmq 4.3] [--dir D]  # prints the AMQP URL
     python -m ojs_kombu.testing.broker url   [--dir D]
     python -m ojs_kombu.testing.broker stop  [--dir D]
-    python -m ojs_kombu.testing.broker run   [--dir D] -- CMD ...
+    python -m ojs_kombu.testing.broker run   [--rabbitmq 4.3] [--dir D] -- CMD ...
 
-``run`` exports ``OJS_AMQP_URL``, ``OJS_MANAGEMENT_URL``, ``OJS_MANAGEMENT_USER`` and
-``OJS_MANAGEMENT_PASSWORD`` to ``CMD`` and exits with its status.
+The release defaults to ``$OJS_RABBITMQ``, else 4.3.  ``run`` exports ``OJS_AMQP_URL``,
+``OJS_MANAGEMENT_URL``, ``OJS_MANAGEMENT_USER`` and ``OJS_MANAGEMENT_PASSWORD`` to ``CMD``, records
+the node so that ``url`` finds it meanwhile, and exits with ``CMD``'s status.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import grp
+import json
 import logging
 import os
 import pwd
@@ -44,9 +48,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from ._servers import ServerCommands, apt_install, free_ports, process_alive, tail
+from ._servers import BrokerError, ServerCommands, apt_install, free_ports, process_alive, tail
 from .certs import TestPki, make_test_pki
 from .management import ManagementClient, ManagementError
+from .releases import ENV_RABBITMQ, RELEASES, Chroot, Release, chroot_for, release
 
 __all__ = [
     "BrokerError",
@@ -64,7 +69,6 @@ ENV_AMQP_URL = "OJS_AMQP_URL"
 ENV_MANAGEMENT_URL = "OJS_MANAGEMENT_URL"
 ENV_MANAGEMENT_USER = "OJS_MANAGEMENT_USER"
 ENV_MANAGEMENT_PASSWORD = "OJS_MANAGEMENT_PASSWORD"
-DOCKER_IMAGE = "rabbitmq:3.13-management"
 GUEST = "guest"
 STATE_FILE = "node.json"
 
@@ -73,10 +77,6 @@ _DEBIAN_WRAPPER = "rabbitmq-script-wrapper"
 _DEBIAN_TOOLS_DIR = Path("/usr/lib/rabbitmq/bin")
 _TOOL_DIRS = ("/usr/sbin", "/usr/local/sbin", str(_DEBIAN_TOOLS_DIR))
 _POLL = 0.2
-
-
-class BrokerError(RuntimeError):
-    """A broker could not be installed, started or stopped."""
 
 
 def mask_url(url: str) -> str:
@@ -106,12 +106,24 @@ def _which(tool: str) -> str | None:
 # -- installation ------------------------------------------------------------
 
 
-def ensure_rabbitmq_installed() -> None:
-    """Make sure ``rabbitmq-server`` and ``rabbitmqctl`` exist; install them with apt when root.
+def ensure_rabbitmq_installed(rabbitmq: str | None = None) -> None:
+    """Make sure the programs of RabbitMQ ``rabbitmq`` (default: ``$OJS_RABBITMQ``, else 4.3) are there.
 
-    The package's system service is not started.  Raises :class:`BrokerError` (saying what
-    to install) when they are missing and cannot be installed.
+    A chroot release (4.3, 4.0) is built into the cache unless it is there already
+    (:mod:`.releases`); the host's package (3.10) is installed with apt when root, without
+    starting its system service.
+
+    Raises:
+        BrokerError: they are missing and cannot be installed (saying what to install).
     """
+    chosen = release(rabbitmq)
+    if chosen.in_chroot:
+        chroot_for(chosen)
+        return
+    _ensure_host_package()
+
+
+def _ensure_host_package() -> None:
     apt_install(
         "rabbitmq-server",
         installed=lambda: bool(_which("rabbitmq-server") and _which("rabbitmqctl")),
@@ -125,17 +137,36 @@ def ensure_rabbitmq_installed() -> None:
 
 @dataclass(frozen=True)
 class _Tools:
-    """How to run the RabbitMQ scripts, and as whom the node runs."""
+    """How to run the RabbitMQ scripts of one release, and as whom the node runs."""
 
-    server: str
-    ctl: str
-    epmd: str | None
+    release: Release
+    server: list[str]
+    ctl: list[str]
+    epmd: list[str] | None
     # (uid, gid, user name) the node runs as when that is not us; its files must belong to it.
     owner: tuple[int, int, str] | None
+    # Where a chroot release's programs live; None for the host's package.
+    chroot: Chroot | None = None
 
 
-def _tools() -> _Tools:
-    ensure_rabbitmq_installed()
+# Inside a chroot: its own programs, and the home (Erlang cookie) of its `rabbitmq` user.
+_CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/var/lib/rabbitmq"}
+_CHROOT_BIN = "/usr/lib/rabbitmq/bin"
+
+
+def _tools(chosen: Release) -> _Tools:
+    if chosen.in_chroot:
+        chroot = chroot_for(chosen)
+        uid, gid = chroot.user(_RABBITMQ_USER)
+        return _Tools(
+            release=chosen,
+            server=chroot.command(f"{_CHROOT_BIN}/rabbitmq-server", uid, gid),
+            ctl=chroot.command(f"{_CHROOT_BIN}/rabbitmqctl", uid, gid),
+            epmd=chroot.command("/usr/bin/epmd", uid, gid),
+            owner=(uid, gid, _RABBITMQ_USER),
+            chroot=chroot,
+        )
+    _ensure_host_package()
     server, ctl = _which("rabbitmq-server"), _which("rabbitmqctl")
     assert server and ctl
     epmd = _which("epmd") or next((str(p) for p in Path("/usr/lib/erlang/bin").glob("epmd")), None)
@@ -149,7 +180,7 @@ def _tools() -> _Tools:
         else:
             # The wrapper refuses other users; the scripts it wraps run as anyone, with $HOME's cookie.
             server, ctl = str(_DEBIAN_TOOLS_DIR / "rabbitmq-server"), str(_DEBIAN_TOOLS_DIR / "rabbitmqctl")
-    return _Tools(server=server, ctl=ctl, epmd=epmd, owner=owner)
+    return _Tools(release=chosen, server=[server], ctl=[ctl], epmd=[epmd] if epmd else None, owner=owner)
 
 
 # -- private node ------------------------------------------------------------
@@ -206,6 +237,12 @@ class PrivateNode:
             share one.  Default: the running user's ``~/.erlang.cookie``.
         tls: also listen for AMQP over TLS (see below).
         require_client_cert: refuse a TLS client without a certificate signed by the test CA.
+        rabbitmq: the release to run (``"4.3"``, ``"4.0"``, ``"3.10"``; default
+            ``$OJS_RABBITMQ``, else 4.3).  A chroot release keeps the node's files inside its
+            chroot, at ``<chroot>/<base_dir>/<short node name>`` (:mod:`.releases`).
+
+    Raises:
+        BrokerError: the release is unknown, or its programs are missing and cannot be installed.
 
     With ``tls=True`` the node also listens for AMQP over TLS on ``tls_port``
     (127.0.0.1, and 127.0.0.2 so that a host name missing from the certificate
@@ -225,15 +262,16 @@ class PrivateNode:
         cookie: str | None = None,
         tls: bool = False,
         require_client_cert: bool = False,
+        rabbitmq: str | None = None,
     ):
-        self._tools = _tools()
+        self._tools = _tools(release(rabbitmq))
         self.node_name = node_name or f"ojs-{secrets.token_hex(4)}@localhost"
         self.amqp_port, self.dist_port, self.management_port, own_epmd_port, self.tls_port = free_ports(5)
         self.epmd_port = epmd_port or own_epmd_port
         self.cookie = cookie
         self.tls = tls
         self.require_client_cert = require_client_cert
-        self.dir = self._usable_base_dir(Path(base_dir) if base_dir else _default_base_dir()) / self.short_name
+        self.dir = self._node_base_dir(Path(base_dir) if base_dir else _default_base_dir()) / self.short_name
         self._proc: subprocess.Popen[bytes] | None = None
 
     # -- identity ---------------------------------------------------------
@@ -247,6 +285,11 @@ class PrivateNode:
     def short_name(self) -> str:
         """The node name without ``@host``; also the name of its directory."""
         return self.node_name.split("@", 1)[0]
+
+    @property
+    def release(self) -> str:
+        """The RabbitMQ release this node runs (``"4.3"``, ``"4.0"``, ``"3.10"``)."""
+        return self._tools.release.name
 
     @property
     def url(self) -> str:
@@ -298,6 +341,7 @@ class PrivateNode:
         """Everything needed to find this node again (see :meth:`from_dict`)."""
         return {
             "node_name": self.node_name,
+            "rabbitmq": self.release,
             "amqp_port": self.amqp_port,
             "dist_port": self.dist_port,
             "management_port": self.management_port,
@@ -316,7 +360,7 @@ class PrivateNode:
     def from_dict(cls, state: dict[str, Any]) -> PrivateNode:
         """The node described by ``state`` (from :meth:`to_dict`), without starting anything."""
         node = cls.__new__(cls)
-        node._tools = _tools()
+        node._tools = _tools(release(state.get("rabbitmq", "3.10")))  # records older than releases: the host's
         node.node_name = state["node_name"]
         node.amqp_port = state["amqp_port"]
         node.dist_port = state["dist_port"]
@@ -358,7 +402,7 @@ class PrivateNode:
         self._prepare_dir()
         with open(self.startup_log, "ab") as out:
             self._proc = subprocess.Popen(
-                [self._tools.server],
+                self._tools.server,
                 env=self._env(),
                 cwd=self.dir,
                 stdin=subprocess.DEVNULL,
@@ -456,8 +500,14 @@ class PrivateNode:
 
     # -- internals --------------------------------------------------------
 
-    def _usable_base_dir(self, base: Path) -> Path:
+    def _node_base_dir(self, base: Path) -> Path:
         base = base.absolute()
+        chroot = self._tools.chroot
+        if chroot is not None:
+            # The node sees only its chroot: its files live there, under the same path.
+            inside = chroot.host_path(base)
+            inside.mkdir(parents=True, exist_ok=True)
+            return inside
         base.mkdir(parents=True, exist_ok=True)
         owner = self._tools.owner
         if owner is None or _traversable(base, *owner):
@@ -504,16 +554,23 @@ class PrivateNode:
         return (
             f"listeners.ssl.default = 127.0.0.1:{self.tls_port}\n"
             f"listeners.ssl.other = 127.0.0.2:{self.tls_port}\n"
-            f"ssl_options.cacertfile = {pki.ca_cert}\n"
-            f"ssl_options.certfile = {pki.server_cert}\n"
-            f"ssl_options.keyfile = {pki.server_key}\n"
+            f"ssl_options.cacertfile = {self._seen(pki.ca_cert)}\n"
+            f"ssl_options.certfile = {self._seen(pki.server_cert)}\n"
+            f"ssl_options.keyfile = {self._seen(pki.server_key)}\n"
             "ssl_options.verify = verify_peer\n"
             f"ssl_options.fail_if_no_peer_cert = {str(self.require_client_cert).lower()}\n"
         )
 
+    def _seen(self, path: Path) -> Path:
+        """``path`` (on the host) as the node sees it: inside its chroot, if it runs in one."""
+        chroot = self._tools.chroot
+        return path if chroot is None else chroot.inner_path(path)
+
     def _env(self) -> dict[str, str]:
         # Inherited RABBITMQ_* / ERL_EPMD_* settings would point at some other node.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_EPMD_"))}
+        if self._tools.chroot is not None:
+            env.update(_CHROOT_ENV)
         cookie_args = f" -setcookie {self.cookie}" if self.cookie else ""
         if self.cookie:
             env["RABBITMQ_CTL_ERL_ARGS"] = cookie_args.strip()  # rabbitmqctl must present the same cookie
@@ -522,13 +579,13 @@ class PrivateNode:
             RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
             RABBITMQ_NODE_PORT=str(self.amqp_port),
             RABBITMQ_DIST_PORT=str(self.dist_port),
-            RABBITMQ_MNESIA_BASE=str(self.dir / "mnesia"),
-            RABBITMQ_LOG_BASE=str(self.dir / "log"),
-            RABBITMQ_PID_FILE=str(self.pid_file),
-            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.dir / "enabled_plugins"),
-            RABBITMQ_CONFIG_FILE=str(self.dir / "rabbitmq"),  # without ".conf"
-            RABBITMQ_ADVANCED_CONFIG_FILE=str(self.dir / "advanced.config"),  # absent on purpose
-            RABBITMQ_CONF_ENV_FILE=str(self.dir / "rabbitmq-env.conf"),
+            RABBITMQ_MNESIA_BASE=str(self._seen(self.dir / "mnesia")),
+            RABBITMQ_LOG_BASE=str(self._seen(self.dir / "log")),
+            RABBITMQ_PID_FILE=str(self._seen(self.pid_file)),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self._seen(self.dir / "enabled_plugins")),
+            RABBITMQ_CONFIG_FILE=str(self._seen(self.dir / "rabbitmq")),  # without ".conf"
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(self._seen(self.dir / "advanced.config")),  # absent on purpose
+            RABBITMQ_CONF_ENV_FILE=str(self._seen(self.dir / "rabbitmq-env.conf")),
             RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" + cookie_args,
             # A private epmd: the node is registered nowhere else, and stopping it leaves nothing behind.
             ERL_EPMD_PORT=str(self.epmd_port),
@@ -540,7 +597,7 @@ class PrivateNode:
         """``rabbitmqctl -n <node> args...``; ``None`` if it timed out."""
         try:
             return subprocess.run(
-                [self._tools.ctl, "-n", self.node_name, *args],
+                [*self._tools.ctl, "-n", self.node_name, *args],
                 env=self._env(),
                 cwd=self.dir if self.dir.is_dir() else None,
                 stdin=subprocess.DEVNULL,
@@ -592,7 +649,7 @@ class PrivateNode:
     def _stop_epmd(self) -> None:
         if self._tools.epmd and _port_open(self.epmd_port):
             subprocess.run(
-                [self._tools.epmd, "-port", str(self.epmd_port), "-kill"],
+                [*self._tools.epmd, "-port", str(self.epmd_port), "-kill"],
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 timeout=10,
@@ -740,7 +797,7 @@ def _wait_for_management(client: ManagementClient, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def _container_broker(container_class: Any, image: str = DOCKER_IMAGE) -> Iterator[BrokerHandle]:
+def _container_broker(container_class: Any, image: str) -> Iterator[BrokerHandle]:
     container = container_class(image, port=5672, username=GUEST, password=GUEST).with_exposed_ports(15672)
     log.info("starting a RabbitMQ container (%s)", image)
     with container:
@@ -753,8 +810,8 @@ def _container_broker(container_class: Any, image: str = DOCKER_IMAGE) -> Iterat
 
 
 @contextlib.contextmanager
-def _private_broker(base_dir: str | os.PathLike[str] | None) -> Iterator[BrokerHandle]:
-    node = PrivateNode(base_dir)
+def _private_broker(base_dir: str | os.PathLike[str] | None, rabbitmq: str | None) -> Iterator[BrokerHandle]:
+    node = PrivateNode(base_dir, rabbitmq=rabbitmq)
     try:
         node.start()
     except BaseException:
@@ -767,14 +824,25 @@ def _private_broker(base_dir: str | os.PathLike[str] | None) -> Iterator[BrokerH
 
 
 @contextlib.contextmanager
-def provision_broker(base_dir: str | os.PathLike[str] | None = None) -> Iterator[BrokerHandle]:
+def provision_broker(
+    base_dir: str | os.PathLike[str] | None = None, *, rabbitmq: str | None = None
+) -> Iterator[BrokerHandle]:
     """Provide a running broker for the ``with`` block, and tear down whatever was started.
 
     Uses ``OJS_AMQP_URL`` when set (management API from ``OJS_MANAGEMENT_URL``
     or guessed as ``http://<host>:15672``; nothing is started or stopped),
     else a testcontainers RabbitMQ container when a Docker engine answers,
     else a :class:`PrivateNode` under ``base_dir``.
+
+    Parameters:
+        base_dir: parent of a private node's directory.
+        rabbitmq: the release of a container or private node (``"4.3"``, ``"4.0"``, ``"3.10"``;
+            default ``$OJS_RABBITMQ``, else 4.3); a broker named by ``OJS_AMQP_URL`` is what it is.
+
+    Raises:
+        BrokerError: the release is unknown, or the broker could not be installed or started.
     """
+    chosen = release(rabbitmq)
     external = os.environ.get(ENV_AMQP_URL)
     if external:
         yield _external_handle(external)
@@ -782,11 +850,11 @@ def provision_broker(base_dir: str | os.PathLike[str] | None = None) -> Iterator
     if _docker_available():
         container_class = _container_class()
         if container_class is not None:
-            with _container_broker(container_class) as handle:
+            with _container_broker(container_class, chosen.docker_image) as handle:
                 yield handle
             return
         log.warning("a Docker engine answers but testcontainers is not installed; using a private node")
-    with _private_broker(base_dir) as handle:
+    with _private_broker(base_dir, chosen.name) as handle:
         yield handle
 
 
@@ -799,8 +867,22 @@ def _cmd_install(args: argparse.Namespace) -> int:
     elif _docker_available():
         log.info("a Docker engine answers: brokers will run in containers, nothing to install")
     else:
-        ensure_rabbitmq_installed()
+        for name in args.rabbitmq or [None]:
+            ensure_rabbitmq_installed(name)
     return 0
+
+
+def add_release_option(command: str, parser: argparse.ArgumentParser) -> None:
+    """``--rabbitmq RELEASE`` on the commands that start or install a node (repeatable on ``install``)."""
+    if command not in ("start", "run", "install"):
+        return
+    parser.add_argument(
+        "--rabbitmq",
+        choices=list(RELEASES),
+        action="append" if command == "install" else "store",
+        help=f"the RabbitMQ release (default: ${ENV_RABBITMQ}, else 4.3)"
+        + ("; repeat to install several" if command == "install" else ""),
+    )
 
 
 def _raise_system_exit(signum: int, _frame: object) -> None:
@@ -817,12 +899,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 127
     # Turn SIGTERM (CI timeouts, `kill`) into an exception so the broker is still torn down.
     signal.signal(signal.SIGTERM, _raise_system_exit)
-    with provision_broker(args.dir) as handle:
+    state_path = _COMMANDS.state_path(args.dir)
+    with provision_broker(args.dir, rabbitmq=args.rabbitmq) as handle:
+        if handle.node is not None:  # so that `url` finds it while CMD runs
+            state_path.parent.mkdir(parents=True, exist_ok=True)
+            state_path.write_text(json.dumps(handle.node.to_dict(), indent=2) + "\n")
         try:
             return subprocess.call(command, env={**os.environ, **handle.env()})
         except FileNotFoundError:
             log.error("command not found: %s", command[0])
             return 127
+        finally:
+            if handle.node is not None:
+                state_path.unlink(missing_ok=True)
 
 
 def _add_command(parser: argparse.ArgumentParser) -> None:
@@ -834,13 +923,14 @@ _COMMANDS = ServerCommands(
     what="RabbitMQ node",
     state_file=STATE_FILE,
     default_dir=_default_base_dir,
-    create=PrivateNode,
+    create=lambda directory, args: PrivateNode(directory, rabbitmq=args.rabbitmq),
     load=PrivateNode.from_dict,
     install=_cmd_install,
-    install_help=f"install rabbitmq-server (apt) unless {ENV_AMQP_URL} or Docker provides a broker",
+    install_help=f"install RabbitMQ (a chroot, or apt for 3.10) unless {ENV_AMQP_URL} or Docker provides a broker",
     error=BrokerError,
     log=log,
     extra={"run": ("provision a broker, run CMD with OJS_AMQP_URL set, tear down", _cmd_run, _add_command)},
+    options=add_release_option,
 )
 
 

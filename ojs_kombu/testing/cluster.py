@@ -8,7 +8,7 @@ the machine is touched: every ``rabbitmqctl`` call names its node and uses the p
 
 Command line::
 
-    python -m ojs_kombu.testing.cluster start [--nodes 3] [--dir D]  # prints the URLs
+    python -m ojs_kombu.testing.cluster start [--nodes 3] [--rabbitmq 4.3] [--dir D]  # prints the URLs
     python -m ojs_kombu.testing.cluster urls  [--dir D]  # one AMQP URL per node, then management
     python -m ojs_kombu.testing.cluster url   [--dir D]  # kombu's failover form "a;b;c"
     python -m ojs_kombu.testing.cluster stop  [--dir D]  # stops the nodes, deletes their files
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ._servers import ServerCommands, free_ports
-from .broker import BrokerError, PrivateNode, _default_base_dir, ensure_rabbitmq_installed
+from .broker import BrokerError, PrivateNode, _default_base_dir, add_release_option, ensure_rabbitmq_installed
 from .management import ManagementClient, ManagementError
 
 __all__ = ["Cluster", "main"]
@@ -60,15 +60,22 @@ class Cluster:
     Parameters:
         nodes: how many nodes (at least 1).
         base_dir: parent of the nodes' directories (default ``<cwd>/.cache/rabbitmq``).
+        rabbitmq: the release every node runs (default ``$OJS_RABBITMQ``, else 4.3).
 
     Raises:
         BrokerError: ``nodes`` < 1, or RabbitMQ is not installed and cannot be.
     """
 
-    def __init__(self, nodes: int = DEFAULT_NODES, base_dir: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        nodes: int = DEFAULT_NODES,
+        base_dir: str | os.PathLike[str] | None = None,
+        *,
+        rabbitmq: str | None = None,
+    ):
         if nodes < 1:
             raise BrokerError(f"a cluster needs at least one node, not {nodes}")
-        ensure_rabbitmq_installed()
+        ensure_rabbitmq_installed(rabbitmq)
         self.cluster_id = secrets.token_hex(3)
         self.cookie = secrets.token_hex(16)
         self.epmd_port = free_ports(1)[0]
@@ -80,6 +87,7 @@ class Cluster:
                 node_name=f"ojs-{self.cluster_id}-{len(self.nodes) + 1}@localhost",
                 epmd_port=self.epmd_port,
                 cookie=self.cookie,
+                rabbitmq=rabbitmq,
             )
             ports = {node.amqp_port, node.dist_port, node.management_port}
             if ports & taken:  # free_ports() calls apart may hand out a port twice
@@ -93,6 +101,11 @@ class Cluster:
     def name(self) -> str:
         """The cluster's name: its first node's name (``rabbitmqctl cluster_status`` shows it)."""
         return self.nodes[0].name
+
+    @property
+    def release(self) -> str:
+        """The RabbitMQ release its nodes run (``"4.3"``, ``"4.0"``, ``"3.10"``)."""
+        return self.nodes[0].release
 
     @property
     def urls(self) -> list[str]:
@@ -268,8 +281,9 @@ def _print_urls(cluster: Cluster) -> None:
     print("\n".join([*cluster.urls, cluster.management_url]))
 
 
-def _install(_args: argparse.Namespace) -> int:
-    ensure_rabbitmq_installed()
+def _install(args: argparse.Namespace) -> int:
+    for name in args.rabbitmq or [None]:
+        ensure_rabbitmq_installed(name)
     return 0
 
 
@@ -280,10 +294,10 @@ def _commands() -> ServerCommands:
         what="RabbitMQ cluster",
         state_file=STATE_FILE,
         default_dir=_default_base_dir,
-        create=lambda directory: Cluster(DEFAULT_NODES, directory),
+        create=lambda directory, args: Cluster(DEFAULT_NODES, directory, rabbitmq=args.rabbitmq),
         load=Cluster.from_dict,
         install=_install,
-        install_help="install rabbitmq-server (apt)",
+        install_help="install RabbitMQ (a chroot, or apt for 3.10)",
         error=BrokerError,
         log=log,
     )
@@ -300,7 +314,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
     if cluster is not None and cluster.is_running():
         log.info("RabbitMQ cluster %s recorded in %s is already running", cluster.name, state_path)
     else:
-        cluster = Cluster(args.nodes, state_path.parent)
+        cluster = Cluster(args.nodes, state_path.parent, rabbitmq=args.rabbitmq)
         cluster.start()
         state_path.parent.mkdir(parents=True, exist_ok=True)
         state_path.write_text(json.dumps(cluster.to_dict(), indent=2) + "\n")
@@ -328,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "urls": (f"print the URLs of the cluster recorded in {STATE_FILE}", _cmd_urls),
         "url": (f"print the failover URL (a;b;c) of the cluster recorded in {STATE_FILE}", commands.url),
         "stop": (f"stop the cluster recorded in {STATE_FILE} and delete its files", commands.stop),
-        "install": ("install rabbitmq-server (apt)", commands.install),
+        "install": ("install RabbitMQ (a chroot, or apt for 3.10)", commands.install),
     }
     parser = argparse.ArgumentParser(prog=commands.prog, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
@@ -337,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command.add_argument("--dir", help=f"directory for the nodes and {STATE_FILE} (default: {_default_base_dir()})")
         if action == "start":
             command.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="how many nodes (default 3)")
+        add_release_option(action, command)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     try:

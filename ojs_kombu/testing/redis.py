@@ -386,7 +386,7 @@ _COMMANDS = ServerCommands(
     what="Redis",
     state_file=STATE_FILE,
     default_dir=_default_base_dir,
-    create=lambda directory: PrivateRedis(directory, die_with_parent=False),
+    create=lambda directory, _args: PrivateRedis(directory, die_with_parent=False),
     load=PrivateRedis.from_dict,
     install=_cmd_install,
     install_help=f"install redis-server (apt) unless {ENV_REDIS_URL} names a server",
