@@ -9,6 +9,7 @@ from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_conn
 from ojs_kombu.amqp.errors import is_permanent, map_exception, map_exceptions, raise_if_permanent
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import OnConflict, Topology
+from ojs_kombu.amqp.version import parse_version, rabbitmq_version
 
 __all__ = [
     "DEFAULT_HEARTBEAT",
@@ -21,6 +22,8 @@ __all__ = [
     "make_connection",
     "map_exception",
     "map_exceptions",
+    "parse_version",
+    "rabbitmq_version",
     "raise_if_permanent",
     "resolve_url",
     "safe_url",
