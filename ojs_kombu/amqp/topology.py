@@ -34,6 +34,12 @@ so it changes nothing.  When a reply cannot be read (an argument type it does
 not know), the differences found so far are kept and the passive fallback
 applies.
 
+Differences are compared by meaning, not form (:func:`~ojs_kombu.wire.entities.normalise_arguments`):
+RabbitMQ up to 4.2 compares arguments literally, so an ``x-max-age`` of ``"60m"`` differs
+from ``"1h"``, where 4.3 compares the milliseconds and accepts it; and RabbitMQ 4.x names
+an absent ``x-queue-type`` ``'classic'`` in its reply.  A queue that differs only in form
+is the same queue: it is used as it is, with no conflict recorded, on every version.
+
 The control stream ``ojs.queue.control.{q}`` (DESIGN §14) is declared with its
 job queue.  When it exists as another kind of queue (another OJS implementation
 declared it classic), the 406 is recorded and logged like any conflict, but
@@ -82,6 +88,7 @@ from ojs_kombu.wire.entities import (
     QueueSpec,
     Spec,
     frozen_arguments,
+    normalise_arguments,
     queue_type_arguments,
 )
 from ojs_kombu.wire.events import EventsOptions
@@ -110,6 +117,36 @@ _INTEGER_TYPES = frozenset(
 # Queue.Declare flags RabbitMQ may name as inequivalent; the others are x- arguments.
 _FLAGS = frozenset({"durable", "auto_delete"})
 _MAX_PROBES = 16  # more than the number of queue arguments RabbitMQ compares
+# The AMQP type of arguments whose existing value a 406 shows as 'v' while this side sent none:
+# RabbitMQ 4.x puts its default in place of an absent x-queue-type ("received 'classic' but
+# current is 'quorum'"), so both sides have the default's type.
+_ARGUMENT_KINDS = {
+    **dict.fromkeys(
+        (
+            "x-queue-type",
+            "x-overflow",
+            "x-dead-letter-exchange",
+            "x-dead-letter-routing-key",
+            "x-dead-letter-strategy",
+            "x-max-age",
+            "x-queue-leader-locator",
+        ),
+        "longstr",
+    ),
+    **dict.fromkeys(
+        (
+            "x-message-ttl",
+            "x-expires",
+            "x-max-length",
+            "x-max-length-bytes",
+            "x-max-priority",
+            "x-delivery-limit",
+            "x-consumer-timeout",
+            "x-stream-max-segment-size-bytes",
+        ),
+        "long",
+    ),
+}
 
 
 def parse_precondition_failed(entity: str, reply_text: str) -> TopologyConflictError:
@@ -125,12 +162,14 @@ class _Unknown(Exception):
     """A value in a 406 reply this module cannot turn back into an argument."""
 
 
-def existing_value(shown: str, requested: Any) -> tuple[bool, Any]:
+def existing_value(shown: str, requested: Any, argument: str = "") -> tuple[bool, Any]:
     """The existing value of an argument as RabbitMQ shows it in a 406 reply.
 
     Parameters:
         shown: the ``current is …`` part: ``none``, ``'v'`` or ``the value 'v' of type 't'``.
         requested: the value this side declared (its type is the existing one's in the ``'v'`` form).
+        argument: the argument's name: in the ``'v'`` form without a ``requested`` value (RabbitMQ
+            4.x compared its default, e.g. of ``x-queue-type``), its known type is the existing one's.
 
     Returns:
         ``(False, None)`` when the existing entity has no such argument, else ``(True, value)``.
@@ -149,6 +188,8 @@ def existing_value(shown: str, requested: Any) -> tuple[bool, Any]:
             raise _Unknown(shown)
         text = same["value"]
         kind = {bool: "bool", int: "long", float: "double", str: "longstr"}.get(type(requested), "")
+        if requested is None:
+            kind = _ARGUMENT_KINDS.get(argument, "")
     if kind == "longstr":
         return True, text
     if kind in _INTEGER_TYPES:
@@ -527,14 +568,31 @@ class Topology:
         self, connection: Connection, spec: ExchangeSpec | QueueSpec, conflict: TopologyConflictError
     ) -> Channel:
         """A 406 on ``spec``: the channel to go on with, or raise (see the module docstring)."""
+        channel: Channel | None = None
+        if isinstance(spec, QueueSpec):
+            conflict, channel = _probe_queue(connection, spec, conflict)
+            if channel is not None and not conflict.differences:
+                return self._equivalent(spec, conflict, channel)
         if isinstance(spec, QueueSpec) and spec.name == self.names.events_stream:
-            return self._events_conflict(connection, spec, conflict)
+            return self._events_conflict(connection, spec, conflict, channel)
         if isinstance(spec, QueueSpec) and spec.name in self._control_queues:
-            return self._control_conflict(connection, spec, conflict)
-        return self._conflict(connection, spec, conflict)
+            return self._control_conflict(connection, spec, conflict, channel)
+        return self._conflict(connection, spec, conflict, channel)
 
-    def _control_conflict(self, connection: Connection, spec: QueueSpec, conflict: TopologyConflictError) -> Channel:
+    def _equivalent(self, spec: QueueSpec, conflict: TopologyConflictError, channel: Channel) -> Channel:
+        """``spec`` exists with arguments that differ only in form (``x-max-age`` ``"60m"`` for ``"1h"``):
+        the same queue, used as it is without a conflict (RabbitMQ 4.3 accepts such a declaration itself)."""
+        self._conflicts.pop(spec.name, None)
+        self._accepted(spec)
+        logger.debug("%r exists with arguments equivalent to ours (%s)", spec.name, conflict.reply_text)
+        return channel
+
+    def _control_conflict(
+        self, connection: Connection, spec: QueueSpec, conflict: TopologyConflictError, channel: Channel | None
+    ) -> Channel:
         """The control queue exists but is not our stream: record, log, degrade (never raise)."""
+        if channel is not None:
+            close_quietly(channel)
         self._conflicts.pop(spec.name, None)
         self._conflicts[spec.name] = conflict
         self._control_degraded.add(self._control_queues[spec.name])
@@ -546,9 +604,10 @@ class Topology:
         )
         return connection.channel()  # the 406 closed the channel
 
-    def _events_conflict(self, connection: Connection, spec: QueueSpec, conflict: TopologyConflictError) -> Channel:
+    def _events_conflict(
+        self, connection: Connection, spec: QueueSpec, conflict: TopologyConflictError, channel: Channel | None
+    ) -> Channel:
         """The events stream exists with other arguments: record, log, use it or degrade (never raise)."""
-        conflict, channel = _probe_queue(connection, spec, conflict)
         self._conflicts.pop(spec.name, None)
         self._conflicts[spec.name] = conflict
         is_stream = channel is not None and all(d.argument != "x-queue-type" for d in conflict.differences)
@@ -567,12 +626,13 @@ class Topology:
         return connection.channel()  # the 406 closed the channel
 
     def _conflict(
-        self, connection: Connection, spec: ExchangeSpec | QueueSpec, conflict: TopologyConflictError
+        self,
+        connection: Connection,
+        spec: ExchangeSpec | QueueSpec,
+        conflict: TopologyConflictError,
+        channel: Channel | None,
     ) -> Channel:
         """Record a 406 on ``spec``, then refuse it or return a channel on which it exists as it is."""
-        channel: Channel | None = None
-        if isinstance(spec, QueueSpec):
-            conflict, channel = _probe_queue(connection, spec, conflict)
         self._conflicts.pop(spec.name, None)  # re-inserted: the latest record, one per entity
         self._conflicts[spec.name] = conflict
         dead_letters = isinstance(spec, QueueSpec) and bool(DEAD_LETTER_ARGUMENTS & set(spec.argument_dict))
@@ -645,6 +705,31 @@ def _reply_text(exc: BaseException) -> str:
     return str(getattr(exc, "reply_text", "") or exc)
 
 
+def _real_differences(spec: QueueSpec, differences: list[ArgumentDifference]) -> list[ArgumentDifference]:
+    """The ``differences`` that are not only of form: compared with :func:`normalise_arguments`.
+
+    RabbitMQ up to 4.2 compares arguments literally (``x-max-age`` ``"60m"`` differs from ``"1h"``)
+    and 4.x names ``x-queue-type`` ``'classic'`` where nothing was sent; what means the same is no
+    difference, so every version gives the same answer.
+    """
+    ours = normalise_arguments(spec.argument_dict)
+    real = []
+    for difference in differences:
+        name = difference.argument
+        if name in _FLAGS:
+            real.append(difference)
+            continue
+        try:
+            present, value = existing_value(difference.existing, spec.argument_dict.get(name), name)
+        except (_Unknown, ValueError):
+            real.append(difference)
+            continue
+        theirs = normalise_arguments({name: value} if present else {}).get(name)
+        if theirs != ours.get(name):
+            real.append(difference)
+    return real
+
+
 def _queue_declare(channel: Channel, name: str, arguments: dict[str, Any], flags: dict[str, bool]) -> None:
     channel.queue_declare(
         name,
@@ -675,7 +760,7 @@ def _probe_queue(
                 present, value = existing_value(last.existing, True)
                 flags[last.argument] = bool(value) if present else False
             else:
-                present, value = existing_value(last.existing, arguments.get(last.argument))
+                present, value = existing_value(last.existing, arguments.get(last.argument), last.argument)
                 if present:
                     arguments[last.argument] = value
                 else:
@@ -694,7 +779,7 @@ def _probe_queue(
         except BaseException:
             close_quietly(channel)
             raise
-        found = TopologyConflictError(spec.name, differences, conflict.reply_text)
+        found = TopologyConflictError(spec.name, _real_differences(spec, differences), conflict.reply_text)
         return found, channel
     logger.info("could not learn every argument in which %r differs; known: %s", spec.name, differences)
     return TopologyConflictError(spec.name, differences, conflict.reply_text), None

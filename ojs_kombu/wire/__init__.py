@@ -4,7 +4,7 @@ Pure Python: nothing here imports kombu or py-amqp.
 """
 
 from ojs_kombu.wire.codec import CONTENT_TYPE, OutgoingMessage, decode, encode
-from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueOptions, QueueSpec
+from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueOptions, QueueSpec, normalise_arguments
 from ojs_kombu.wire.headers import Header, error_headers, strip_death_headers
 
 __all__ = [
@@ -18,5 +18,6 @@ __all__ = [
     "decode",
     "encode",
     "error_headers",
+    "normalise_arguments",
     "strip_death_headers",
 ]

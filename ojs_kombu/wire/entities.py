@@ -5,6 +5,8 @@ Pure descriptions; :mod:`ojs_kombu.amqp.topology` declares them on a connection.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -29,6 +31,84 @@ DEFAULT_DELIVERY_LIMIT = 20
 #: closes) returns its letters; on RabbitMQ 4.x the default limit of 20 would drop them.  (-1,
 #: "unlimited" on 4.x, drops a message at its first return on 3.x.)
 DEAD_LETTER_DELIVERY_LIMIT = 2**31 - 1
+
+
+#: The type of a queue declared without ``x-queue-type`` (a virtual host's ``default_queue_type``,
+#: RabbitMQ 3.13+, may say otherwise).
+DEFAULT_QUEUE_TYPE = "classic"
+
+#: Milliseconds in each unit of a RabbitMQ duration (``x-max-age``): as ``rabbit_amqqueue:check_max_age``
+#: counts them (a month is 30 days, a year 365).
+DURATION_UNITS_MS = {
+    "Y": 365 * 86_400_000,
+    "M": 30 * 86_400_000,
+    "D": 86_400_000,
+    "h": 3_600_000,
+    "m": 60_000,
+    "s": 1_000,
+}
+_DURATION = re.compile(r"(?P<value>[0-9]+)(?P<unit>[YMDhms]?)")
+#: Queue arguments whose value is a duration string (``"7D"``, ``"2h"``).
+DURATION_ARGUMENTS = frozenset({"x-max-age"})
+
+
+def duration_ms(text: str) -> int | None:
+    """The milliseconds of a RabbitMQ duration.
+
+    Parameters:
+        text: a number and a unit of :data:`DURATION_UNITS_MS` (``"2h"``), or digits alone, read as
+            milliseconds: how RabbitMQ 4.3 shows an ``x-max-age`` in a 406 reply (``'7200000'``).
+
+    Returns:
+        The milliseconds, or ``None`` when ``text`` is not a duration.
+    """
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        return None
+    return int(match["value"]) * DURATION_UNITS_MS.get(match["unit"], 1)
+
+
+def normalise_argument(name: str, value: Any) -> Any:
+    """One form for the value of queue argument ``name``, so that values that mean the same compare equal.
+
+    RabbitMQ compares arguments literally up to 4.2 (``x-max-age`` ``"2h"`` and ``"120m"`` are
+    inequivalent) and 4.3 compares durations in milliseconds; an integer's AMQP type (``signedint``,
+    ``long``) never matters to it.  Every comparison of arguments in the library and its tests goes
+    through this function (and :func:`normalise_arguments`), so the answer is the same on every version.
+
+    Parameters:
+        name: the argument (``x-max-age`` ...).
+        value: its value as declared, listed by the management API or read from a 406 reply.
+
+    Returns:
+        A duration argument in milliseconds (an ``int``; a value that is not a duration as it is), an
+        integer as a plain ``int``, anything else unchanged.
+    """
+    if name in DURATION_ARGUMENTS and isinstance(value, str):
+        ms = duration_ms(value)
+        return value if ms is None else ms
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def normalise_arguments(arguments: Mapping[str, Any] | None, *, queue_type: str | None = None) -> dict[str, Any]:
+    """The arguments of a queue in one form: see :func:`normalise_argument`, plus its type.
+
+    A queue declared without ``x-queue-type`` gets the default type; RabbitMQ 4.x lists a classic
+    queue's arguments with ``x-queue-type: classic`` and 3.x without, and both are the same queue.
+
+    Parameters:
+        arguments: declared, listed by the management API, or ``None``.
+        queue_type: the queue's type when ``arguments`` may not say it (the management API's
+            ``type``); default :data:`DEFAULT_QUEUE_TYPE`.
+
+    Returns:
+        A new dict whose ``x-queue-type`` is always set.
+    """
+    normal = {name: normalise_argument(name, value) for name, value in (arguments or {}).items()}
+    normal.setdefault("x-queue-type", queue_type or DEFAULT_QUEUE_TYPE)
+    return normal
 
 
 def queue_type_arguments(queue_type: QueueType | None) -> dict[str, Any]:
@@ -177,6 +257,9 @@ Spec = ExchangeSpec | QueueSpec | BindingSpec
 __all__ = [
     "DEAD_LETTER_DELIVERY_LIMIT",
     "DEFAULT_DELIVERY_LIMIT",
+    "DEFAULT_QUEUE_TYPE",
+    "DURATION_ARGUMENTS",
+    "DURATION_UNITS_MS",
     "QUORUM_ARGUMENTS",
     "BindingSpec",
     "ExchangeSpec",
@@ -185,6 +268,9 @@ __all__ = [
     "QueueSpec",
     "QueueType",
     "Spec",
+    "duration_ms",
     "frozen_arguments",
+    "normalise_argument",
+    "normalise_arguments",
     "queue_type_arguments",
 ]

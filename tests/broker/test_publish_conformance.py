@@ -23,6 +23,7 @@ from ojs_kombu import (
 )
 from ojs_kombu.testing.schema import validate_job
 from ojs_kombu.wire.codec import CONTENT_TYPE
+from ojs_kombu.wire.entities import normalise_arguments
 from ojs_kombu.wire.headers import Header
 
 
@@ -56,8 +57,12 @@ def test_amqp_003_job_queue_properties(client, management, names):
 
 def test_amqp_004_dead_letter_arguments_and_dlq(client, management, names):
     client.declare_queue("email")
-    args = management.queue(names.job_queue("email"))["arguments"]
-    assert args == {"x-dead-letter-exchange": names.dead_letter_exchange, "x-dead-letter-routing-key": "email"}
+    queue = management.queue(names.job_queue("email"))
+    assert queue["type"] == "classic"
+    # Exactly these arguments; RabbitMQ 4.x lists the queue's type among them too.
+    assert normalise_arguments(queue["arguments"]) == normalise_arguments(
+        {"x-dead-letter-exchange": names.dead_letter_exchange, "x-dead-letter-routing-key": "email"}
+    )
     dlq = management.queue(names.dead_letter_queue("email"))
     assert dlq["durable"] is True and dlq["exclusive"] is False and dlq["auto_delete"] is False
     bindings = management.bindings(source=names.dead_letter_exchange, destination=names.dead_letter_queue("email"))

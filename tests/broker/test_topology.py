@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 from support import get_messages, message_count, raw_channel
 
-from ojs_kombu import Client, Names, TopologyConflictError
+from ojs_kombu import Client, EventsOptions, Names, TopologyConflictError
+from ojs_kombu.wire.control import ControlOptions
+from ojs_kombu.wire.entities import normalise_arguments
 
 
 def _existing_job_queue(amqp_url: str, names: Names, queue: str, arguments: dict[str, Any]) -> None:
@@ -72,8 +74,10 @@ def test_other_differing_arguments_keep_the_passive_fallback(amqp_url, prefix, n
         assert sorted(d.argument for d in conflict.differences) == ["x-max-priority", "x-message-ttl"]
     [(_, properties, _)] = get_messages(amqp_url, names.job_queue("email"), 1)
     assert properties.message_id == job.id
-    # Probing declared only what exists: the queue kept its arguments.
-    assert management.queue(names.job_queue("email"))["arguments"] == arguments
+    # Probing declared only what exists: the queue kept its arguments (RabbitMQ 4.x lists its type too).
+    assert normalise_arguments(management.queue(names.job_queue("email"))["arguments"]) == normalise_arguments(
+        arguments
+    )
 
 
 def test_redeclaring_a_conflicting_queue_keeps_one_record(amqp_url, prefix, names):
@@ -84,6 +88,32 @@ def test_redeclaring_a_conflicting_queue_keeps_one_record(amqp_url, prefix, name
         [conflict] = client.topology.conflicts
         assert conflict.entity == names.job_queue("email")
         assert [d.argument for d in conflict.differences] == ["x-max-priority"]
+
+
+@pytest.mark.parametrize(
+    "stream,arguments",
+    [
+        pytest.param("events", {**EventsOptions().arguments(), "x-max-age": "60m"}, id="events-60m-for-1h"),
+        pytest.param("control", {**ControlOptions().arguments(), "x-max-age": "9600h"}, id="control-9600h-for-400D"),
+    ],
+)
+def test_a_stream_that_differs_only_in_form_is_used_without_a_conflict(
+    amqp_url, prefix, names, management, stream, arguments
+):
+    """RabbitMQ 4.3 accepts an ``x-max-age`` of the same length in another unit; 3.10 and 4.0 refuse it
+    (406), and the topology finds that it means the same: no conflict, no degraded plane, on every version."""
+    name = names.events_stream if stream == "events" else names.control_queue("default")
+    with raw_channel(amqp_url) as channel:
+        channel.queue_declare(name, durable=True, arguments=arguments)
+    with Client(amqp_url, prefix=prefix, on_conflict="raise") as client:
+        if stream == "events":
+            assert client.workers() == []
+            assert client.topology.events_is_stream()
+        else:
+            client.declare_queue("default")
+            assert client.topology.control_is_stream("default")
+        assert client.topology.conflicts == []
+    assert management.queue(name)["arguments"]["x-max-age"] == arguments["x-max-age"]  # never re-declared
 
 
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])

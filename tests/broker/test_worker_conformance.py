@@ -15,7 +15,7 @@ import pytest
 from support import get_messages, message_count, wait_until
 
 from ojs_kombu import Client, DeadLetter, Discard, Job, QueueOptions, RetryPolicy, Worker, current_job
-from ojs_kombu.wire.entities import queue_type_arguments
+from ojs_kombu.wire.entities import normalise_arguments, queue_type_arguments
 from ojs_kombu.wire.headers import Header
 
 
@@ -122,12 +122,14 @@ def test_amqp_017_018_rtr_001_exponential_retry_through_retry_queues(client, wor
     for delay in (1000, 2000, 4000):  # AMQP-017: the binding's per-delay retry queues, exactly §8.2
         queue = management.queue(names.retry_queue("default", delay))
         assert queue["durable"] is True and queue["exclusive"] is False and queue["auto_delete"] is False
-        assert queue["arguments"] == {
-            "x-dead-letter-exchange": names.direct_exchange,
-            "x-dead-letter-routing-key": "default",
-            "x-message-ttl": delay,
-            **queue_type_arguments(client.topology.queue_options.queue_type),  # quorum: tests/broker/test_quorum.py
-        }
+        assert normalise_arguments(queue["arguments"]) == normalise_arguments(
+            {
+                "x-dead-letter-exchange": names.direct_exchange,
+                "x-dead-letter-routing-key": "default",
+                "x-message-ttl": delay,
+                **queue_type_arguments(client.topology.queue_options.queue_type),  # quorum: tests/broker/test_quorum.py
+            }
+        )
     wait_until(lambda: message_count(client.url, names.job_queue("default")) == 0)
     assert message_count(client.url, names.dead_letter_queue("default")) == 0
 
