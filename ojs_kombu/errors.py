@@ -7,7 +7,8 @@ catch the whole family with one ``except``.  The tree::
     ├── ValidationError          bad argument / envelope (also a ValueError)
     │   └── DecodeError          a received message is not a usable OJS job
     ├── TopologyError            declaring exchanges / queues failed
-    │   └── TopologyConflictError  406 PRECONDITION_FAILED: inequivalent arguments
+    │   ├── TopologyConflictError  406 PRECONDITION_FAILED: inequivalent arguments
+    │   └── QueueArgumentRefusedError  (also a BrokerRefusedError) an argument the broker does not accept
     ├── PublishError             a job was not accepted by the broker
     │   ├── UnroutableError      Basic.Return: no queue bound for the routing key
     │   ├── PublishNackedError   the broker answered Basic.Nack to our publish
@@ -15,6 +16,7 @@ catch the whole family with one ``except``.  The tree::
     ├── BrokerConnectionError    the broker could not be reached within the retry budget
     │   └── TlsVerificationError  (also a BrokerRefusedError) the TLS certificate failed verification
     ├── BrokerRefusedError       the broker refused for good: retrying cannot help
+    │   ├── QueueArgumentRefusedError  406 invalid arg (see TopologyError)
     │   ├── AccessRefusedError   403 ACCESS_REFUSED, 530 NOT_ALLOWED: credentials, vhost, permissions
     │   └── NotFoundError        404 NOT_FOUND: an entity that must exist does not
     └── WorkerError              a Worker stopped on its own (its consumer died); the cause is chained
@@ -166,6 +168,39 @@ class TlsVerificationError(BrokerConnectionError, BrokerRefusedError):
     same way each time."""
 
 
+class QueueArgumentRefusedError(TopologyError, BrokerRefusedError):
+    """The broker does not accept a queue argument for that type of queue (406 ``invalid arg``).
+
+    Raised when the broker refuses the declaration, and before it is sent when the broker's
+    version is known to refuse it (``reply_code`` is then 0): for example ``x-consumer-timeout``
+    (``QueueOptions.consumer_timeout``) on a classic queue of RabbitMQ 4.3.  Permanent: the same
+    declaration is refused again, so a Worker stops with it rather than reconnecting.
+
+    Attributes:
+        entity: the queue's AMQP name.
+        argument: the argument refused (``"x-consumer-timeout"``).
+        queue_type: the type of queue it was refused for (``"classic"``), or ``""`` when not said.
+        broker_version: the broker's version (``"4.3.6"``), or ``""`` when unknown.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        entity: str,
+        argument: str,
+        queue_type: str = "",
+        broker_version: str = "",
+        reply_code: int = 0,
+        reply_text: str = "",
+    ):
+        super().__init__(message, reply_code=reply_code, reply_text=reply_text, method="Queue.declare")
+        self.entity = entity
+        self.argument = argument
+        self.queue_type = queue_type
+        self.broker_version = broker_version
+
+
 class NotFoundError(BrokerRefusedError):
     """404 NOT_FOUND where the entity must already exist (a passive declare, a dead letter queue to read)."""
 
@@ -217,6 +252,7 @@ __all__ = [
     "PublishError",
     "PublishNackedError",
     "PublishTimeoutError",
+    "QueueArgumentRefusedError",
     "TlsVerificationError",
     "TopologyConflictError",
     "TopologyError",

@@ -40,6 +40,12 @@ from ``"1h"``, where 4.3 compares the milliseconds and accepts it; and RabbitMQ 
 an absent ``x-queue-type`` ``'classic'`` in its reply.  A queue that differs only in form
 is the same queue: it is used as it is, with no conflict recorded, on every version.
 
+A 406 ``invalid arg`` is not a conflict: the broker does not accept that argument on that
+type of queue at all (``x-consumer-timeout`` on a classic queue of RabbitMQ 4.3).  It is raised
+as :class:`~ojs_kombu.errors.QueueArgumentRefusedError`, with what to do instead, and before
+anything is sent when the declaration names the queue's type and the broker's version is
+known to refuse it (:func:`check_arguments`).
+
 The control stream ``ojs.queue.control.{q}`` (DESIGN §14) is declared with its
 job queue.  When it exists as another kind of queue (another OJS implementation
 declared it classic), the 406 is recorded and logged like any conflict, but
@@ -76,7 +82,8 @@ from amqp.exceptions import PreconditionFailed
 
 from ojs_kombu.amqp.connection import close_quietly
 from ojs_kombu.amqp.errors import map_exceptions
-from ojs_kombu.errors import ArgumentDifference, TopologyConflictError, ValidationError
+from ojs_kombu.amqp.version import Version, rabbitmq_version
+from ojs_kombu.errors import ArgumentDifference, QueueArgumentRefusedError, TopologyConflictError, ValidationError
 from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.wire.control import ControlOptions
@@ -148,6 +155,30 @@ _ARGUMENT_KINDS = {
     ),
 }
 
+_INVALID_ARG = re.compile(
+    r"invalid arg '(?P<arg>[^']+)' for queue '(?P<name>[^']+)' in vhost '[^']*'"
+    r"(?: of queue type (?P<type>\w+)|: (?P<reason>.+))?"
+)
+_QUEUE_TYPE_MODULES = {
+    "rabbit_classic_queue": "classic",
+    "rabbit_quorum_queue": "quorum",
+    "rabbit_stream_queue": "stream",
+}
+_CONSUMER_TIMEOUT_ON_CLASSIC = (
+    "RabbitMQ 4.3 evaluates no consumer timeout on classic queues (rabbitmq-server#16983): it refuses "
+    "x-consumer-timeout on them (4.3.2 and later; 4.3.0 and 4.3.1 ignore it), and a consumer-timeout policy "
+    "is accepted but has no effect, so a classic queue never takes a delivery back however long its job runs. "
+    "Drop consumer_timeout (x-consumer-timeout) if it was there to let long jobs run; for a timeout that takes "
+    "a stuck worker's job back, use queue_type='quorum'"
+)
+# Queue arguments a range of RabbitMQ versions refuses (or ignores) on a type of queue, checked
+# before the declaration is sent: (argument, queue type) -> (first version, first version not
+# known to, what to do).  Later versions are left to the broker, whose refusal (406 invalid arg)
+# gets the same error and hint.
+_REFUSED_ARGUMENTS: dict[tuple[str, str], tuple[Version, Version, str]] = {
+    ("x-consumer-timeout", "classic"): ((4, 3, 0), (4, 4, 0), _CONSUMER_TIMEOUT_ON_CLASSIC),
+}
+
 
 def parse_precondition_failed(entity: str, reply_text: str) -> TopologyConflictError:
     """Turn RabbitMQ's 406 reply text into a TopologyConflictError naming the differing argument."""
@@ -156,6 +187,80 @@ def parse_precondition_failed(entity: str, reply_text: str) -> TopologyConflictE
     if match:
         differences.append(ArgumentDifference(match["arg"], match["requested"], match["existing"]))
     return TopologyConflictError(entity, differences, reply_text or "")
+
+
+def _version_text(version: Version | None) -> str:
+    return ".".join(map(str, version)) if version else ""
+
+
+def _argument_refused(
+    entity: str, argument: str, queue_type: str, version: Version | None, *, reply_text: str = "", reason: str = ""
+) -> QueueArgumentRefusedError:
+    """The error for ``argument`` refused on queue ``entity`` of ``queue_type``, with what to do about it."""
+    known = _REFUSED_ARGUMENTS.get((argument, queue_type))
+    shown = _version_text(version)
+    broker = f"RabbitMQ {shown}" if shown else "the broker"
+    of_type = f" {queue_type}" if queue_type else ""
+    why = f" ({reason})" if reason else ""
+    hint = known[2] if known else "remove it from the queue's options, or declare another type of queue"
+    message = f"{broker} does not accept {argument} on the{of_type} queue {entity!r}{why}: {hint}"
+    if reply_text:
+        message += f" (the broker said: 406 {reply_text})"
+    return QueueArgumentRefusedError(
+        message,
+        entity=entity,
+        argument=argument,
+        queue_type=queue_type,
+        broker_version=shown,
+        reply_code=406 if reply_text else 0,
+        reply_text=reply_text,
+    )
+
+
+def parse_invalid_argument(reply_text: str, version: Version | None = None) -> QueueArgumentRefusedError | None:
+    """Turn RabbitMQ's 406 ``invalid arg`` reply into a :class:`~ojs_kombu.errors.QueueArgumentRefusedError`.
+
+    Parameters:
+        reply_text: the 406 reply, e.g. ``invalid arg 'x-consumer-timeout' for queue 'q' in vhost '/'
+            of queue type rabbit_classic_queue``.
+        version: the broker's version, named in the message.
+
+    Returns:
+        The error, or ``None`` when the reply is not an ``invalid arg`` one (an inequivalent argument).
+    """
+    match = _INVALID_ARG.search(reply_text or "")
+    if match is None:
+        return None
+    queue_type = _QUEUE_TYPE_MODULES.get(match["type"] or "", match["type"] or "")
+    return _argument_refused(
+        match["name"], match["arg"], queue_type, version, reply_text=reply_text, reason=match["reason"] or ""
+    )
+
+
+def check_arguments(specs: Iterable[Spec], version: Version | None) -> None:
+    """Refuse, before anything is sent, a queue argument that RabbitMQ ``version`` refuses on its type of queue.
+
+    Only queues whose type the declaration names are checked (one declared without
+    ``x-queue-type`` gets the virtual host's default type, unknown here): the broker's own
+    refusal of the others gets the same error.
+
+    Parameters:
+        specs: the declarations about to be sent.
+        version: the broker's version (``None``: unknown, nothing is checked).
+
+    Raises:
+        QueueArgumentRefusedError: e.g. ``x-consumer-timeout`` on a classic queue of RabbitMQ 4.3.
+    """
+    if version is None:
+        return
+    for spec in specs:
+        if not isinstance(spec, QueueSpec):
+            continue
+        arguments = spec.argument_dict
+        queue_type = arguments.get("x-queue-type")
+        for (argument, refused_type), (since, until, _) in _REFUSED_ARGUMENTS.items():
+            if argument in arguments and queue_type == refused_type and since <= version < until:
+                raise _argument_refused(spec.name, argument, refused_type, version)
 
 
 class _Unknown(Exception):
@@ -478,6 +583,9 @@ class Topology:
         Raises:
             TopologyConflictError: an entity exists with other arguments and ``on_conflict``
                 is ``"raise"``, or its dead-letter arguments differ.
+            QueueArgumentRefusedError: the broker does not accept an argument on that type of
+                queue (raised before anything is sent when its version is known to refuse it,
+                see :func:`check_arguments`).
             AccessRefusedError: the user may not declare it (403).
             NotFoundError: the passive declare after a conflict found nothing.
         """
@@ -485,6 +593,7 @@ class Topology:
             todo = [s for s in specs if force or s not in self._declared]
             if not todo:
                 return
+            check_arguments(todo, rabbitmq_version(connection))
             channel = connection.channel()
             try:
                 while todo:
@@ -512,6 +621,9 @@ class Topology:
                     except PreconditionFailed as exc:
                         if isinstance(spec, BindingSpec):
                             raise
+                        refused = parse_invalid_argument(_reply_text(exc), rabbitmq_version(connection))
+                        if refused is not None:
+                            raise refused from None
                         replaced = self._refused(
                             connection, spec, parse_precondition_failed(spec.name, _reply_text(exc))
                         )
@@ -794,6 +906,8 @@ __all__ = [
     "QueueOptions",
     "QueueSpec",
     "Topology",
+    "check_arguments",
     "existing_value",
+    "parse_invalid_argument",
     "parse_precondition_failed",
 ]

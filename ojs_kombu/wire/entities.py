@@ -140,7 +140,9 @@ class QueueOptions:
     holding it, a ``requeue=True``) is dead-lettered into its DLQ.
     ``consumer_timeout`` (milliseconds, ``x-consumer-timeout``, RabbitMQ ≥ 3.12; older
     brokers accept and ignore it) must exceed the longest job a worker holds unacked:
-    past it the broker takes the delivery back (``docs/rabbitmq-4.md``).
+    past it the broker takes the delivery back (``docs/rabbitmq-4.md``).  RabbitMQ 4.3
+    has no consumer timeout for classic queues and refuses the argument on them: declaring
+    such a queue raises :class:`~ojs_kombu.errors.QueueArgumentRefusedError`.
 
     Raises:
         ValidationError: a negative or non-integer size, an unknown ``overflow`` or

@@ -11,10 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import kombu
 import pytest
 from support import get_messages, message_count, raw_channel
 
-from ojs_kombu import Client, EventsOptions, Names, TopologyConflictError
+from ojs_kombu import (
+    Client,
+    EventsOptions,
+    Names,
+    QueueArgumentRefusedError,
+    QueueOptions,
+    TopologyConflictError,
+    WorkerError,
+)
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import normalise_arguments
 
@@ -116,14 +125,79 @@ def test_a_stream_that_differs_only_in_form_is_used_without_a_conflict(
     assert management.queue(name)["arguments"]["x-max-age"] == arguments["x-max-age"]  # never re-declared
 
 
-@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
-def test_consumer_timeout_is_declared_on_the_job_queue(amqp_url, prefix, names, management, queue_type):
-    """``consumer_timeout`` reaches the broker as ``x-consumer-timeout`` (RabbitMQ 3.12+ enforces it; 3.10 keeps it)."""
+def _consumer_timeout_refused(rabbitmq_version: tuple[int, ...], queue_type: str | None) -> bool:
+    """Whether RabbitMQ refuses ``x-consumer-timeout`` on the job queue: 4.3.2+ on classic queues
+    (rabbitmq-server#16557, #17144; 4.3.0 and 4.3.1 accepted and ignored it), which is also the
+    type of a queue declared without one on this test broker."""
+    return (4, 3, 2) <= rabbitmq_version < (4, 4) and queue_type != "quorum"
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum", None])
+def test_consumer_timeout_is_declared_on_the_job_queue_or_refused_with_what_to_do(
+    amqp_url, prefix, names, management, rabbitmq_version, queue_type
+):
+    """``consumer_timeout`` reaches the broker as ``x-consumer-timeout`` (RabbitMQ 3.12 to 4.2 enforce it on
+    every queue; 3.10 keeps it; 4.3 on quorum queues only).  RabbitMQ 4.3 refuses it on classic queues and has
+    no consumer timeout for them: the Client says so with a typed error, before anything is sent when the
+    declaration names the type."""
     with Client(amqp_url, prefix=prefix) as client:
-        client.declare_queue("long", queue_type=queue_type, consumer_timeout=7_200_000)
         try:
+            if _consumer_timeout_refused(rabbitmq_version, queue_type):
+                with pytest.raises(QueueArgumentRefusedError) as refused:
+                    client.declare_queue("long", queue_type=queue_type, consumer_timeout=7_200_000)
+                error = refused.value
+                assert (error.entity, error.argument, error.queue_type) == (
+                    names.job_queue("long"),
+                    "x-consumer-timeout",
+                    "classic",
+                )
+                assert "queue_type='quorum'" in str(error)  # what to do instead
+                assert management.queue(names.job_queue("long")) is None
+                if queue_type == "classic":  # refused before any I/O: not even the exchanges were declared
+                    assert error.reply_code == 0
+                    assert management.exchanges(prefix + ".") == []
+                else:  # the vhost's default type: the broker's own refusal, with the same error
+                    assert error.reply_code == 406
+                return
+            client.declare_queue("long", queue_type=queue_type, consumer_timeout=7_200_000)
             declared = management.queue(names.job_queue("long"))
             assert declared["arguments"]["x-consumer-timeout"] == 7_200_000
-            assert declared["type"] == queue_type
+            assert declared["type"] == (queue_type or "classic")
         finally:
             client.teardown()
+
+
+def test_consumer_timeout_from_a_framework_queue_argument(amqp_url, prefix, names, management, rabbitmq_version):
+    """Celery's ``queue_arguments={"x-consumer-timeout": ms}`` through the ``ojs://`` transport: the same
+    declaration as ``QueueOptions.consumer_timeout``, and on RabbitMQ 4.3 the same typed error."""
+    url = "ojs" + amqp_url[amqp_url.index("://") :]
+    queue = kombu.Queue("long", durable=True, queue_arguments={"x-consumer-timeout": 7_200_000})
+    with kombu.Connection(url, transport_options={"prefix": prefix}) as conn:
+        if _consumer_timeout_refused(rabbitmq_version, None):
+            with pytest.raises(QueueArgumentRefusedError) as refused:
+                queue(conn.channel()).declare()
+            assert refused.value.argument == "x-consumer-timeout" and refused.value.queue_type == "classic"
+            assert management.queue(names.job_queue("long")) is None
+            return
+        queue(conn.channel()).declare()
+    assert management.queue(names.job_queue("long"))["arguments"]["x-consumer-timeout"] == 7_200_000
+
+
+def test_a_worker_with_a_consumer_timeout_on_a_classic_queue_of_rabbitmq_4_3_stops_with_the_typed_error(
+    worker_factory, management, names, rabbitmq_version
+):
+    """Retrying cannot help (the error is a ``BrokerRefusedError``): the worker stops at once, not in a reconnect loop."""
+    worker = worker_factory(
+        queues=("long",), queue_options=QueueOptions(queue_type="classic", consumer_timeout=7_200_000)
+    )
+    worker.handler("x", lambda: None)
+    worker.start()
+    if not _consumer_timeout_refused(rabbitmq_version, "classic"):
+        assert worker.wait_until_ready()
+        assert management.queue(names.job_queue("long"))["arguments"]["x-consumer-timeout"] == 7_200_000
+        return
+    assert not worker.wait_until_ready(timeout=10)
+    worker.stop(timeout=5)
+    assert isinstance(worker.error, WorkerError)
+    assert isinstance(worker.error.__cause__, QueueArgumentRefusedError)
+    assert management.queue(names.job_queue("long")) is None

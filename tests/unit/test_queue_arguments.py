@@ -1,4 +1,4 @@
-"""Queue arguments compared by meaning (pure logic).
+"""Queue arguments compared by meaning, and the ones RabbitMQ does not accept (406 ``invalid arg``) (pure logic).
 
 The same comparison serves the topology's conflict handling and the broker tests' assertions on
 what the management API lists, so they agree on RabbitMQ 3.10, 4.0 and 4.3 (docs/rabbitmq-4.md).
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from ojs_kombu import OjsError
-from ojs_kombu.amqp.topology import existing_value
-from ojs_kombu.wire.entities import duration_ms, normalise_arguments
+from ojs_kombu import OjsError, QueueArgumentRefusedError
+from ojs_kombu.amqp.topology import check_arguments, existing_value, parse_invalid_argument
+from ojs_kombu.errors import BrokerRefusedError, TopologyError
+from ojs_kombu.wire.entities import QueueOptions, QueueSpec, duration_ms, frozen_arguments, normalise_arguments
 
 
 @pytest.mark.parametrize(
@@ -61,3 +62,53 @@ def test_a_default_filled_in_by_rabbitmq_4_is_read_by_the_arguments_type():
     with pytest.raises(Exception) as info:
         existing_value("'quorum'", None)  # the type is unknown without the argument's name
     assert not isinstance(info.value, OjsError)  # internal: the probe stops and the fallback applies
+
+
+def test_parse_invalid_argument_names_the_argument_the_queue_type_and_what_to_do():
+    reply = (
+        "PRECONDITION_FAILED - invalid arg 'x-consumer-timeout' for queue 'p.ojs.queue.long' in vhost '/' "
+        "of queue type rabbit_classic_queue"
+    )
+    error = parse_invalid_argument(reply, (4, 3, 6))
+    assert isinstance(error, QueueArgumentRefusedError)
+    assert isinstance(error, TopologyError) and isinstance(error, BrokerRefusedError)  # permanent
+    assert (error.entity, error.argument, error.queue_type) == ("p.ojs.queue.long", "x-consumer-timeout", "classic")
+    assert (error.reply_code, error.broker_version, error.method) == (406, "4.3.6", "Queue.declare")
+    assert "RabbitMQ 4.3.6" in str(error) and "quorum" in str(error) and "#16983" in str(error)
+    invalid = parse_invalid_argument(
+        "PRECONDITION_FAILED - invalid arg 'x-max-age' for queue 'q' in vhost '/': invalid_max_age"
+    )
+    assert invalid is not None and invalid.argument == "x-max-age" and "invalid_max_age" in str(invalid)
+    inequivalent = (
+        "PRECONDITION_FAILED - inequivalent arg 'x-max-age' for queue 'q' in vhost '/': "
+        "received '1h' but current is '2h'"
+    )
+    assert parse_invalid_argument(inequivalent) is None  # a conflict, handled as one
+
+
+def _job_queue(options: QueueOptions) -> QueueSpec:
+    return QueueSpec("p.ojs.queue.long", frozen_arguments(options.arguments()))
+
+
+@pytest.mark.parametrize("version", [(4, 3, 0), (4, 3, 6), (4, 3, 99)])
+def test_consumer_timeout_on_a_classic_queue_of_rabbitmq_4_3_is_refused_before_it_is_sent(version):
+    with pytest.raises(QueueArgumentRefusedError) as info:
+        check_arguments([_job_queue(QueueOptions(queue_type="classic", consumer_timeout=60_000))], version)
+    assert info.value.reply_code == 0  # nothing was sent
+    assert info.value.argument == "x-consumer-timeout" and info.value.queue_type == "classic"
+
+
+@pytest.mark.parametrize(
+    "options,version",
+    [
+        (QueueOptions(queue_type="classic", consumer_timeout=60_000), (4, 2, 3)),
+        (QueueOptions(queue_type="classic", consumer_timeout=60_000), (3, 10, 8)),
+        (QueueOptions(queue_type="classic", consumer_timeout=60_000), (4, 4, 0)),  # left to the broker
+        (QueueOptions(queue_type="classic", consumer_timeout=60_000), None),  # unknown broker
+        (QueueOptions(queue_type="quorum", consumer_timeout=60_000), (4, 3, 6)),
+        (QueueOptions(consumer_timeout=60_000), (4, 3, 6)),  # the vhost's default type: the broker decides
+        (QueueOptions(queue_type="classic"), (4, 3, 6)),
+    ],
+)
+def test_other_declarations_are_left_to_the_broker(options, version):
+    check_arguments([_job_queue(options)], version)
