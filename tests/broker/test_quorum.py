@@ -188,22 +188,35 @@ def test_existing_classic_cascade_raises_with_on_conflict_raise(amqp_url, prefix
     assert any(d.argument == "x-queue-type" for d in raised.value.differences)
 
 
-def test_delivery_limit_dead_letters_a_message_returned_too_often(amqp_url, prefix, names):
-    """Each return (here ``Basic.Nack(requeue=True)``) counts; at the limit the job goes to its DLQ, not away."""
+@pytest.mark.parametrize("give_back", ["reject", "nack"])
+def test_delivery_limit_dead_letters_a_message_returned_too_often(amqp_url, prefix, names, rabbitmq_version, give_back):
+    """Each failed delivery (here ``Basic.Reject(requeue=True)``) counts; at the limit the job goes to its DLQ,
+    not away.  ``Basic.Nack(requeue=True)`` counts the same up to RabbitMQ 4.2; 4.3 counts it as a return,
+    not a failure (rabbitmq-server#15387), so a nacked job stays in its queue however often it comes back."""
+    counted = give_back == "reject" or rabbitmq_version < (4, 3)
     with Client(amqp_url, prefix=prefix, queue_options=QueueOptions(queue_type="quorum", delivery_limit=2)) as client:
         job = client.enqueue("q.job", [1])
     returns = 0
     with raw_channel(amqp_url) as channel:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        while returns < 6 and time.monotonic() < deadline:  # twice what the limit lets through
             method, _, _ = channel.basic_get(names.job_queue("default"), auto_ack=False)
             if method is None:
                 if message_count(amqp_url, names.dead_letter_queue("default")):
                     break
                 time.sleep(0.02)
                 continue
-            channel.basic_nack(method.delivery_tag, requeue=True)
+            if give_back == "reject":
+                channel.basic_reject(method.delivery_tag, requeue=True)
+            else:
+                channel.basic_nack(method.delivery_tag, requeue=True)
             returns += 1
+    if not counted:
+        assert returns == 6
+        assert message_count(amqp_url, names.dead_letter_queue("default")) == 0
+        [(_, properties, _)] = get_messages(amqp_url, names.job_queue("default"), 1)
+        assert properties.message_id == job.id
+        return
     assert returns == 3  # delivered 3 times: returned twice within the limit, the third return crossed it
     [(_, properties, _)] = get_messages(amqp_url, names.dead_letter_queue("default"), 1, timeout=10)
     assert properties.message_id == job.id
