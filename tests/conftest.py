@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import support
 
 from ojs_kombu import Client, Names
 from ojs_kombu.testing.broker import BrokerError, BrokerHandle, PrivateNode, provision_broker
@@ -54,7 +55,7 @@ def management(broker: BrokerHandle) -> ManagementClient:
 @pytest.fixture(scope="session")
 def rabbitmq_version(management: ManagementClient) -> tuple[int, ...]:
     """The session broker's RabbitMQ version, e.g. ``(4, 3, 6)``: for tests whose expectation depends on it."""
-    return tuple(int(part) for part in management.overview()["rabbitmq_version"].split(".")[:3] if part.isdigit())
+    return support.rabbitmq_version(management)
 
 
 @pytest.fixture

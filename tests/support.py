@@ -11,12 +11,17 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import pika
 
 
-def pika_parameters(amqp_url: str) -> pika.URLParameters:
-    """pika parameters for a kombu-style URL (``amqp://u:p@h:port//`` means vhost ``/``)."""
+def pika_url(amqp_url: str) -> str:
+    """pika's form of a kombu-style URL (``amqp://u:p@h:port//`` means vhost ``/``, which pika spells ``%2F``)."""
     parts = urlsplit(amqp_url.replace("ojs://", "amqp://", 1))
     vhost = parts.path[1:] if parts.path.startswith("/") else parts.path
     vhost = vhost or "/"
-    return pika.URLParameters(urlunsplit(("amqp", parts.netloc, "/" + quote(vhost, safe=""), "", "")))
+    return urlunsplit(("amqp", parts.netloc, "/" + quote(vhost, safe=""), "", ""))
+
+
+def pika_parameters(amqp_url: str) -> pika.URLParameters:
+    """pika parameters for a kombu-style URL (see :func:`pika_url`)."""
+    return pika.URLParameters(pika_url(amqp_url))
 
 
 @contextmanager
@@ -129,6 +134,11 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, message
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def rabbitmq_version(management: Any) -> tuple[int, ...]:
+    """The broker's RabbitMQ version (management API ``/api/overview``), e.g. ``(4, 3, 6)``."""
+    return tuple(int(part) for part in management.overview()["rabbitmq_version"].split("-")[0].split("."))
 
 
 def ojs_url(amqp_url: str) -> str:

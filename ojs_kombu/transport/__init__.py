@@ -55,7 +55,9 @@ The transport is py-amqp's, with a :class:`Channel` that rewrites task traffic
 * **Settling.**  ``basic_reject(requeue=False)`` sends a real ``Basic.Nack``
   (dead-lettered into ``ojs.queue.dlx.{q}``); ``requeue=True`` on a job never
   requeues: it counts a failed attempt (``requeued``: retry queue, confirmed,
-  then ack; or the dead letter queue once the attempts are spent).  Job
+  then ack; or the dead letter queue once the attempts are spent), and so does
+  ``basic_nack(tag, requeue=True)`` of one job (RabbitMQ 4.3 does not count a
+  nack's return towards a quorum queue's delivery limit).  Job
   deliveries count ``ojs_amqp_messages_consumed/acked/nacked_total`` like the
   Worker's.  ``basic_qos`` is always ``global=False``.  A broker-initiated
   consumer cancel is logged and counted, then raised as kombu's recoverable

@@ -593,21 +593,39 @@ class Channel(pyamqp.Channel):
         ``requeue=True`` on a job counts a failed attempt (``requeued``): the
         Settler retries it or dead-letters it once its attempts are spent.
         """
-        unsettled = self._unsettled.get(delivery_tag)
-        if requeue and unsettled is not None and unsettled.job is not None:
-            job, attempt = unsettled.job, unsettled.job.attempt + 1
-            unsettled.job = None  # settling now: a second reject must not count another attempt
-            failure = Failure("requeued", "Requeued", f"attempt {attempt} was rejected with requeue=True")
-            self.settler.fail(unsettled.delivery, job, attempt, failure, decide(job, attempt, error_type="requeued"))
+        if requeue and self._fail_requeued_job(delivery_tag, "rejected"):
             return None
         if requeue:
             return super().basic_reject(delivery_tag, requeue, argsig)
         return self.basic_nack(delivery_tag)
 
     def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = False) -> None:
-        """Send a real ``Basic.Nack`` (py-amqp has none); ``requeue=False`` dead-letters the message."""
+        """Send a real ``Basic.Nack`` (py-amqp has none); ``requeue=False`` dead-letters the message.
+
+        ``requeue=True`` on one job counts a failed attempt (``requeued``), as :meth:`basic_reject`
+        does.  ``multiple=True`` with ``requeue=True`` goes to the broker as it is: the jobs come
+        back ``redelivered`` and each counts a failed attempt (``worker_lost``) then, so on every
+        RabbitMQ version (4.3 does not count a nack's return towards a quorum queue's delivery
+        limit) a job given back every time still ends in its dead letter queue.
+        """
+        if requeue and not multiple and self._fail_requeued_job(delivery_tag, "nacked"):
+            return
         self._forget(delivery_tag, multiple, METRICS.messages_nacked)
         self.send_method(spec.Basic.Nack, "Lbb", (delivery_tag, multiple, requeue))
+
+    def _fail_requeued_job(self, delivery_tag: int, how: str) -> bool:
+        """A job delivery given back with ``requeue=True``: a failed attempt (``requeued``), settled by
+        the Settler (retry queue, or the DLQ once its attempts are spent).  False if not a job's."""
+        unsettled = self._unsettled.get(delivery_tag)
+        if unsettled is None:
+            return False
+        if unsettled.job is None:  # settling already: a second requeue counts no attempt and sends nothing
+            return True
+        job, attempt = unsettled.job, unsettled.job.attempt + 1
+        unsettled.job = None
+        failure = Failure("requeued", "Requeued", f"attempt {attempt} was {how} with requeue=True")
+        self.settler.fail(unsettled.delivery, job, attempt, failure, decide(job, attempt, error_type="requeued"))
+        return True
 
     def _forget(self, delivery_tag: int, multiple: bool, counter: Any) -> None:
         tags = [t for t in self._unsettled if t <= delivery_tag] if multiple else [delivery_tag]

@@ -136,8 +136,9 @@ class QueueOptions:
     letter queue, retry queues and the scheduling cascade, are declared with
     :data:`QUORUM_ARGUMENTS` (``docs/cluster.md``).  A quorum job queue also gets
     ``x-delivery-limit`` (``delivery_limit``, default :data:`DEFAULT_DELIVERY_LIMIT`):
-    a message returned to it that many times (a consumer's connection lost while
-    holding it, a ``requeue=True``) is dead-lettered into its DLQ.
+    a message returned to it that many times (a consumer's channel or connection
+    lost while holding it, a ``Basic.Reject(requeue=True)``; on RabbitMQ 4.3 not a
+    ``Basic.Nack(requeue=True)``, see ``docs/cluster.md``) is dead-lettered into its DLQ.
     ``consumer_timeout`` (milliseconds, ``x-consumer-timeout``, RabbitMQ ≥ 3.12; older
     brokers accept and ignore it) must exceed the longest job a worker holds unacked:
     past it the broker takes the delivery back (``docs/rabbitmq-4.md``).  RabbitMQ 4.3

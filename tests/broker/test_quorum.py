@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import select
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -20,7 +23,7 @@ from typing import Any
 import pytest
 import test_dead_letters as dead_letters
 import test_worker_conformance as conformance
-from support import get_messages, message_count, raw_channel, wait_until
+from support import get_messages, message_count, pika_url, rabbitmq_version, raw_channel, wait_until
 
 from ojs_kombu import Client, RetryPolicy, Worker
 from ojs_kombu.errors import TopologyConflictError, ValidationError
@@ -188,36 +191,110 @@ def test_existing_classic_cascade_raises_with_on_conflict_raise(amqp_url, prefix
     assert any(d.argument == "x-queue-type" for d in raised.value.differences)
 
 
-@pytest.mark.parametrize("give_back", ["reject", "nack"])
-def test_delivery_limit_dead_letters_a_message_returned_too_often(amqp_url, prefix, names, rabbitmq_version, give_back):
-    """Each failed delivery (here ``Basic.Reject(requeue=True)``) counts; at the limit the job goes to its DLQ,
-    not away.  ``Basic.Nack(requeue=True)`` counts the same up to RabbitMQ 4.2; 4.3 counts it as a return,
-    not a failure (rabbitmq-server#15387), so a nacked job stays in its queue however often it comes back."""
-    counted = give_back == "reject" or rabbitmq_version < (4, 3)
-    with Client(amqp_url, prefix=prefix, queue_options=QueueOptions(queue_type="quorum", delivery_limit=2)) as client:
-        job = client.enqueue("q.job", [1])
+# What counts towards x-delivery-limit, measured on each version (docs/cluster.md#the-delivery-limit):
+# on 3.10.8 and 4.0.5 every return; on 4.3.6 every return but Basic.Nack(requeue=True), which
+# raises x-acquired-count instead (rabbitmq-server#15387).
+DELIVERY_LIMIT = 2
+
+_HOLD_AND_DIE = """
+import sys, time, pika
+channel = pika.BlockingConnection(pika.URLParameters(sys.argv[1])).channel()
+while channel.basic_get(sys.argv[2], auto_ack=False)[0] is None:
+    time.sleep(0.02)
+print("holding", flush=True)
+time.sleep(60)  # killed here, the delivery unacked
+"""
+
+
+def _enqueue_under_a_limit(amqp_url: str, prefix: str) -> str:
+    """One job on a quorum queue with ``x-delivery-limit=2``; returns its id."""
+    options = QueueOptions(queue_type="quorum", delivery_limit=DELIVERY_LIMIT)
+    with Client(amqp_url, prefix=prefix, queue_options=options) as client:
+        return client.enqueue("q.job", [1]).id
+
+
+def _next_delivery(amqp_url: str, channel: Any, names: Names) -> Any:
+    """``Basic.Get`` the job from its queue; None once it is in its dead letter queue instead."""
+    while True:
+        method, _, _ = channel.basic_get(names.job_queue("default"), auto_ack=False)
+        if method is not None:
+            return method
+        if message_count(amqp_url, names.dead_letter_queue("default")):
+            return None
+        time.sleep(0.02)
+
+
+def _hold_and_die(amqp_url: str, names: Names) -> bool:
+    """A process takes the job and is SIGKILLed holding it (no Close); False once the job is in its DLQ."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD_AND_DIE, pika_url(amqp_url), names.job_queue("default")],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        assert holder.stdout is not None
+        try:
+            while not message_count(amqp_url, names.dead_letter_queue("default")):
+                if select.select([holder.stdout], [], [], 0.05)[0]:
+                    return holder.stdout.readline() == "holding\n"
+                assert holder.poll() is None, "the holding process ended on its own"
+            return False
+        finally:
+            holder.kill()
+
+
+def _assert_dead_lettered_at_the_limit(amqp_url: str, names: Names, job_id: str) -> None:
+    [(_, properties, _)] = get_messages(amqp_url, names.dead_letter_queue("default"), 1, timeout=10)
+    assert properties.message_id == job_id
+    assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert message_count(amqp_url, names.job_queue("default")) == 0
+
+
+@pytest.mark.parametrize("death", ["channel closed", "connection closed", "process killed"])
+def test_delivery_limit_dead_letters_a_job_whose_consumer_keeps_dying(amqp_url, prefix, names, death):
+    """A delivery still held when its channel or connection goes away is a counted return on every
+    version (3.10, 4.0, 4.3): a job that takes its consumer down each time ends in its DLQ at the
+    limit, never dropped, never delivered forever.  (A Worker settles a redelivered job as a failed
+    attempt first; the limit catches a job that brings the consumer down before that.)"""
+    job_id = _enqueue_under_a_limit(amqp_url, prefix)
+    deliveries = 0
+    while deliveries <= DELIVERY_LIMIT + 1:  # a delivery past the limit would be counted, and fail
+        if death == "process killed":
+            if not _hold_and_die(amqp_url, names):
+                break
+        else:
+            with raw_channel(amqp_url) as channel:
+                if _next_delivery(amqp_url, channel, names) is None:
+                    break
+                if death == "channel closed":
+                    channel.close()
+                # "connection closed": raw_channel closes the connection, the delivery unacked
+        deliveries += 1
+    assert deliveries == DELIVERY_LIMIT + 1  # delivered once, returned twice within the limit
+    _assert_dead_lettered_at_the_limit(amqp_url, names, job_id)
+
+
+@pytest.mark.parametrize("method", ["reject", "nack"])
+def test_explicit_requeues_count_towards_the_limit_except_nacks_on_4_3(amqp_url, management, prefix, names, method):
+    """``Basic.Reject(requeue=True)`` counts on every version; ``Basic.Nack(requeue=True)`` on 3.10
+    and 4.0, not on 4.3 (rabbitmq-server#15387), where a consumer nacking a job keeps it forever.
+    The library never requeues a job, so it relies on neither (docs/cluster.md#the-delivery-limit)."""
+    counted = method == "reject" or rabbitmq_version(management) < (4, 3)
+    job_id = _enqueue_under_a_limit(amqp_url, prefix)
+    followed = 4 * DELIVERY_LIMIT  # how many uncounted returns are followed before giving up
     returns = 0
     with raw_channel(amqp_url) as channel:
-        deadline = time.monotonic() + 10
-        while returns < 6 and time.monotonic() < deadline:  # twice what the limit lets through
-            method, _, _ = channel.basic_get(names.job_queue("default"), auto_ack=False)
-            if method is None:
-                if message_count(amqp_url, names.dead_letter_queue("default")):
-                    break
-                time.sleep(0.02)
-                continue
-            if give_back == "reject":
-                channel.basic_reject(method.delivery_tag, requeue=True)
+        while (delivery := _next_delivery(amqp_url, channel, names)) is not None:
+            if returns == followed:
+                channel.basic_ack(delivery.delivery_tag)
+                break
+            if method == "reject":
+                channel.basic_reject(delivery.delivery_tag, requeue=True)
             else:
-                channel.basic_nack(method.delivery_tag, requeue=True)
+                channel.basic_nack(delivery.delivery_tag, requeue=True)
             returns += 1
-    if not counted:
-        assert returns == 6
+    if counted:
+        assert returns == DELIVERY_LIMIT + 1  # the return past the limit dead-lettered it
+        _assert_dead_lettered_at_the_limit(amqp_url, names, job_id)
+    else:
+        assert returns == followed  # still delivered at four times the limit
         assert message_count(amqp_url, names.dead_letter_queue("default")) == 0
-        [(_, properties, _)] = get_messages(amqp_url, names.job_queue("default"), 1)
-        assert properties.message_id == job.id
-        return
-    assert returns == 3  # delivered 3 times: returned twice within the limit, the third return crossed it
-    [(_, properties, _)] = get_messages(amqp_url, names.dead_letter_queue("default"), 1, timeout=10)
-    assert properties.message_id == job.id
-    assert properties.headers["x-death"][0]["reason"] == "delivery_limit"

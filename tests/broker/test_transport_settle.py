@@ -8,7 +8,8 @@ from datetime import timedelta
 import kombu
 import pika
 import pytest
-from support import get_messages, ojs_url, raw_channel, wait_until
+from prometheus_client import REGISTRY
+from support import get_messages, message_count, ojs_url, raw_channel, wait_until
 
 from ojs_kombu import Client
 from ojs_kombu.amqp.topology import Topology
@@ -139,3 +140,77 @@ def test_an_expired_job_is_discarded_unless_left_to_the_framework(discard, expec
     settler, recorder = _settler(discard_expired=discard)
     assert (settler.triage(_delivery(job)) is None) is discard
     assert recorder.calls == expected
+
+
+@pytest.mark.parametrize(
+    ("requeue", "code"), [("reject", "requeued"), ("nack", "requeued"), ("nack multiple", "worker_lost")]
+)
+def test_a_job_given_back_with_requeue_every_time_ends_in_its_dlq_after_its_attempts(
+    amqp_url, prefix, names, requeue, code
+):
+    """A consumer on ``ojs://`` that gives a job back with ``requeue=True`` every time sees it
+    ``max_attempts`` times, then the job is in its DLQ (reason ``rejected``), on every version.
+    ``reject`` / ``basic_nack`` of one job are failed attempts (``requeued``), never broker requeues;
+    a ``multiple`` nack reaches the broker, and the job, back ``redelivered``, counts a lost attempt
+    (``worker_lost``).  Neither relies on the broker counting the return: RabbitMQ 4.3 does not
+    count a nack's (docs/cluster.md#the-delivery-limit)."""
+    queue_name = f"rq{uuid.uuid4().hex[:8]}"
+    retry = {"max_attempts": 3, "initial_interval": "PT0.1S", "backoff_coefficient": 1.0, "jitter": False}
+    with Client(amqp_url, prefix=prefix, queue_type="quorum") as client:
+        job = client.enqueue("given.back", [1], queue=queue_name, retry=retry)
+    attempts: list[int] = []
+
+    def give_back(body, message) -> None:
+        attempts.append(message.headers["retries"])
+        if requeue == "reject":
+            message.requeue()  # kombu: Basic.Reject(requeue=True)
+        else:
+            message.channel.basic_nack(message.delivery_tag, multiple=requeue == "nack multiple", requeue=True)
+
+    queue = kombu.Queue(queue_name, durable=True)
+    dead: list = []
+    with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix, "queue_type": "quorum"}) as conn:
+        with kombu.Consumer(conn.channel(), [queue], callbacks=[give_back]):
+
+            def dead_lettered() -> bool:
+                _drain(conn, 0.05)
+                dead.extend(get_messages(amqp_url, names.dead_letter_queue(queue_name), 1, timeout=0.05))
+                return bool(dead)
+
+            wait_until(dead_lettered, timeout=20, interval=0, message="the job in its DLQ")
+    assert attempts == [0, 1, 2]  # Celery's retries; a redelivery is settled before the framework sees it
+    _, properties, _ = dead[0]
+    assert properties.message_id == job.id
+    assert properties.headers["x-death"][0]["reason"] == "rejected"  # dead-lettered by the library, not the limit
+    assert properties.headers["x-ojs-attempt"] == 3  # the third attempt, dead-lettered when it failed too
+    assert properties.headers["x-ojs-error-code"] == code  # the previous attempt's failure
+
+
+@pytest.mark.parametrize("second", ["basic_reject", "basic_nack"])
+def test_a_second_requeue_of_a_job_counts_no_attempt_and_sends_nothing(amqp_url, prefix, names, second):
+    """The first ``basic_reject(requeue=True)`` settles the job (retry queue, then ack); a second
+    requeue of the same tag is ignored, not a ``Basic.Reject`` of a tag the transport acks (406)."""
+    queue_name = f"rr{uuid.uuid4().hex[:8]}"
+    retry_queue = names.retry_queue(queue_name, 60_000)
+    with Client(amqp_url, prefix=prefix) as client:
+        retry = {"max_attempts": 3, "initial_interval": "PT1M", "jitter": False}
+        client.enqueue("given.back", [1], queue=queue_name, retry=retry)
+    received: list = []
+
+    def acked() -> float:
+        return REGISTRY.get_sample_value("ojs_amqp_messages_acked_total", {"queue": queue_name}) or 0.0
+
+    with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+        channel = conn.channel()
+        with kombu.Consumer(
+            channel, [kombu.Queue(queue_name, durable=True)], callbacks=[lambda b, m: received.append(m)]
+        ):
+            wait_until(lambda: _drain(conn, 0.05) or received, timeout=10, interval=0, message="the delivery")
+            channel.basic_reject(received[0].delivery_tag, requeue=True)
+            getattr(channel, second)(received[0].delivery_tag, requeue=True)  # before: 406, unknown delivery tag
+            wait_until(lambda: _drain(conn, 0.05) or acked() == 1, message="the retry confirmed, the job acked")
+            channel.basic_qos(0, 10, False)  # a round trip: it fails if the broker closed the channel
+    assert message_count(amqp_url, names.job_queue(queue_name)) == 0  # acked, not requeued
+    assert message_count(amqp_url, retry_queue) == 1  # one retry ...
+    [(_, properties, _)] = get_messages(amqp_url, retry_queue, 1)
+    assert properties.headers["x-ojs-attempt"] == 2  # ... of one failed attempt
