@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from amqp import Channel, Message
@@ -1016,17 +1016,6 @@ class Client:
         except (TypeError, ValueError) as exc:  # what the JSON encoder raises
             raise ValidationError(f"job {job.id} cannot be encoded as JSON: {exc}", field="args") from exc
 
-    def _destination(
-        self, message: OutgoingMessage, job: Job, scheduled: datetime | None
-    ) -> tuple[OutgoingMessage, str, str]:
-        """Message, exchange and routing key for ``job``, computed right before its publish:
-        the cascade's delay must be measured from the moment the job enters it, or the job is
-        late by however long the batch took to reach it."""
-        delay_ms = delay_ms_until(scheduled) if scheduled is not None else 0
-        if delay_ms > 0:
-            return self.cascade.route(message, delay_ms, job.queue)
-        return message, self.names.direct_exchange, job.queue
-
     def _publish_jobs(self, jobs: list[Job]) -> list[EnqueueResult]:
         if len(jobs) < GC_PAUSE_MIN_JOBS:
             return self._publish_batch(jobs)
@@ -1083,20 +1072,25 @@ class Client:
                             results[index] = EnqueueResult(job, exc)
                             continue
                     if index in delayed:
-                        message, exchange, key = self._destination(message, job, delayed[index])
+                        # The delay is measured after the publisher's channel set-up (publish_when_ready).
+                        ticket = session.publisher.publish_when_ready(
+                            partial(self.cascade.destination, message, delayed[index], job.queue),
+                            queue=job.queue,
+                            job_id=job.id,
+                            confirm_timeout=self.confirm_timeout,
+                            flush=False,
+                        )
                     else:
-                        exchange, key = direct, job.queue
-                    tickets.append(
-                        publish(
+                        ticket = publish(
                             message,
-                            exchange=exchange,
-                            routing_key=key,
+                            exchange=direct,
+                            routing_key=job.queue,
                             queue=job.queue,
                             job_id=job.id,
                             confirm_timeout=self.confirm_timeout,
                             flush=False,  # pipelined: written in batches, at the latest by wait()
                         )
-                    )
+                    tickets.append(ticket)
                     sent.append(index)
                 # After a nack the publisher moves to a fresh channel (RabbitMQ 3.10's stale quorum leader).
                 session.publisher.wait(tickets, self.confirm_timeout)

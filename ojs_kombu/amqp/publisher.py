@@ -41,6 +41,9 @@ from ojs_kombu.errors import PublishError, PublishNackedError, PublishTimeoutErr
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.wire.codec import OutgoingMessage
 
+#: A message and where to publish it: ``(message, exchange, routing_key)``.
+Destination = tuple[OutgoingMessage, str, str]
+
 
 @dataclass(slots=True)
 class PublishTicket:
@@ -152,8 +155,7 @@ class ConfirmedPublisher:
             ValueError: a property does not fit its AMQP type.
             OSError and py-amqp's connection errors: the connection failed.
         """
-        if self._nacked and not self._unconfirmed:
-            self._renew_channel()
+        self._renew_if_nacked()
         # Straight to the frames: py-amqp's basic_publish may be its one-at-a-time
         # confirm wrapper, and its plain version polls the socket before every publish.
         key = (exchange, routing_key)
@@ -181,6 +183,66 @@ class ConfirmedPublisher:
         if len(self._unconfirmed) >= self.window:
             self._drain(lambda: len(self._unconfirmed) < self.window // 2, confirm_timeout)
         return ticket
+
+    def publish_when_ready(
+        self,
+        destination: Destination | Callable[[], Destination],
+        *,
+        queue: str,
+        prepare: Callable[[Connection, Destination], None] | None = None,
+        job_id: str | None = None,
+        confirm_timeout: float = 30.0,
+        on_done: Callable[[PublishTicket], None] | None = None,
+        flush: bool = True,
+    ) -> PublishTicket:
+        """Publish what ``destination`` says once nothing is left to wait for: as :meth:`publish`.
+
+        A delayed job (the scheduling cascade, a retry queue) is due a delay after its
+        publish, so every wait between measuring the delay and publishing makes it that much
+        late.  Here what can wait comes first: ``prepare`` (declarations: a fresh cascade of
+        35 quorum queues takes up to a second on a loaded broker) and this publisher's new
+        channel after a ``Basic.Nack``; then ``destination()`` is asked for and published at
+        once.  If it needs another exchange or routing key than the one just prepared (a
+        retry's ladder step went down meanwhile), that one is prepared and asked for again;
+        the delay only shrinks, so this ends.
+
+        Parameters:
+            destination: ``(message, exchange, routing_key)``, or what computes it from the clock.
+            queue: the job queue it is for (metrics, errors).
+            prepare: ``prepare(connection, destination)`` declares what a publish to the
+                destination's exchange and routing key needs (cheap once declared).
+            job_id: the job's id (errors, a ``Basic.Return``); default the message's ``message_id``.
+            confirm_timeout, on_done, flush: as :meth:`publish`.
+
+        Returns:
+            The publish's ticket.
+
+        Raises:
+            What ``prepare`` and :meth:`publish` raise.
+        """
+        prepared: Destination | None = None
+        while True:
+            self._renew_if_nacked()
+            current = destination() if callable(destination) else destination
+            if prepare is None or (prepared is not None and current[1:] == prepared[1:]):
+                break
+            prepare(self.connection, current)
+            prepared = current
+        message, exchange, routing_key = current
+        return self.publish(
+            message,
+            exchange=exchange,
+            routing_key=routing_key,
+            queue=queue,
+            job_id=job_id if job_id is not None else message.properties.get("message_id"),
+            confirm_timeout=confirm_timeout,
+            on_done=on_done,
+            flush=flush,
+        )
+
+    def _renew_if_nacked(self) -> None:
+        if self._nacked and not self._unconfirmed:
+            self._renew_channel()
 
     def flush(self) -> None:
         """Write the publishes buffered by ``publish(..., flush=False)``.
@@ -277,4 +339,4 @@ class ConfirmedPublisher:
         close_quietly(self.channel)
 
 
-__all__ = ["ConfirmedPublisher", "PublishTicket"]
+__all__ = ["ConfirmedPublisher", "Destination", "PublishTicket"]

@@ -109,6 +109,35 @@ class Cascade:
         headers = {**message.headers, "BCC": bit_keys(delay_ms)}
         return replace(message, headers=headers), self.entry_exchange(delay_ms), queue
 
+    def destination(
+        self, message: OutgoingMessage, when: datetime, queue: str, now: datetime | None = None
+    ) -> tuple[OutgoingMessage, str, str]:
+        """``(message, exchange, routing_key)`` that deliver ``message`` to job queue ``queue`` at
+        ``when`` if it is published ``now``: through the cascade for the delay left, or straight
+        to the queue (the direct exchange) once ``when`` has come.
+
+        The delay runs from the publish: ask for this as the last thing before it, after
+        whatever can wait (declarations, a channel's set-up), or the job is late by that wait
+        (:meth:`ConfirmedPublisher.publish_when_ready
+        <ojs_kombu.amqp.publisher.ConfirmedPublisher.publish_when_ready>` does).
+
+        Parameters:
+            message: the job's message.
+            when: its ``scheduled_at`` as an aware datetime.
+            queue: its OJS queue.
+            now: the current time (default: now, UTC).
+
+        Returns:
+            The message (with the delay's ``BCC`` keys when it enters the cascade), exchange, routing key.
+
+        Raises:
+            ValidationError: the delay is beyond the cascade's range.
+        """
+        delay_ms = delay_ms_until(when, now)
+        if delay_ms > 0:
+            return self.route(message, delay_ms, queue)
+        return message, self.names.direct_exchange, queue
+
     def exchange(self, level: int) -> str:
         """The direct exchange of ``level``."""
         return self.names.schedule_exchange(level)

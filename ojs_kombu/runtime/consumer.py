@@ -62,7 +62,7 @@ from ojs_kombu.amqp.errors import raise_if_permanent
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.framing import FrameReader, WriteBatch
 from ojs_kombu.amqp.framing import supports as framing_supports
-from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination, PublishTicket
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import OjsError
 from ojs_kombu.observability.logs import message_log_extra
@@ -82,8 +82,11 @@ _write_batch: Callable[[Any], WriteBatch] = WriteBatch
 _CHANNELS = 2
 
 #: A settle request from a handler thread: ``("ack" | "nack", delivery)``, or
-#: ``("republish", delivery, message, exchange, routing_key, queue, prepare)``.
-_Request = tuple[str, "Delivery"] | tuple[str, "Delivery", OutgoingMessage, str, str, str, Callable[[Any], None] | None]
+#: ``("republish", delivery, destination, queue, prepare)``.
+_Request = (
+    tuple[str, "Delivery"]
+    | tuple[str, "Delivery", Destination | Callable[[], Destination], str, Callable[[Any, Destination], None] | None]
+)
 
 
 @dataclass
@@ -208,19 +211,20 @@ class Consumer:
     def republish(
         self,
         delivery: Delivery,
-        message: OutgoingMessage,
-        exchange: str,
-        routing_key: str,
+        destination: Destination | Callable[[], Destination],
         queue: str,
-        prepare: Callable[[Any], None] | None = None,
+        prepare: Callable[[Any, Destination], None] | None = None,
     ) -> None:
-        """Publish ``message`` (confirmed), then ack ``delivery`` (DESIGN §5: never ack first).
+        """Publish ``destination`` (confirmed), then ack ``delivery`` (DESIGN §5: never ack first).
 
-        ``prepare(connection)`` runs first in the loop thread (e.g. to declare a
-        retry queue).  If the broker does not confirm the publish, ``delivery``
-        is nacked into its DLQ so the job is never lost.
+        Carried out in the loop thread by
+        :meth:`~ojs_kombu.amqp.publisher.ConfirmedPublisher.publish_when_ready`:
+        ``prepare(connection, destination)`` first (e.g. to declare a retry queue), then a
+        callable ``destination`` is asked for (a delay runs from there, not from this
+        request).  If the broker does not confirm the publish, ``delivery`` is nacked into
+        its DLQ so the job is never lost.
         """
-        self._request(("republish", delivery, message, exchange, routing_key, queue, prepare))
+        self._request(("republish", delivery, destination, queue, prepare))
 
     def stop_consuming(self) -> None:
         """Cancel every consumer (no new deliveries); the loop keeps settling."""
@@ -714,18 +718,11 @@ class Consumer:
 
     def _execute_republish(self, item: _Request) -> None:
         delivery = item[1]
-        if len(item) == 7:
-            _, _, message, exchange, routing_key, queue, prepare = item
-            if prepare is not None:
-                prepare(self._kombu.connection)
+        if len(item) == 5:
+            _, _, destination, queue, prepare = item
             assert self._publisher is not None  # connected
-            self._publisher.publish(
-                message,
-                exchange=exchange,
-                routing_key=routing_key,
-                queue=queue,
-                job_id=message.properties.get("message_id"),
-                on_done=self._republished(delivery),
+            self._publisher.publish_when_ready(
+                destination, queue=queue, prepare=prepare, on_done=self._republished(delivery)
             )
 
     def _republished(self, delivery: Delivery) -> Callable[[PublishTicket], None]:

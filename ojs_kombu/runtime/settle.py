@@ -28,22 +28,31 @@ Dramatiq adapter pass their :class:`~ojs_kombu.runtime.consumer.Consumer`;
 the ``ojs://`` transport passes an adapter over its kombu channel
 (:mod:`ojs_kombu.transport.settlement`).  Every republish is published
 (confirmed) first and acked after.
+
+A delayed republish (an early job back into the cascade, a retry) says where it goes
+as a function of the clock, not as a delay measured here: the Settlement asks for it
+right before the publish, after the declarations and the channel's set-up
+(:meth:`~ojs_kombu.amqp.publisher.ConfirmedPublisher.publish_when_ready`), so neither
+those waits nor the request's wait for the consumer's loop make the job late.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Literal, Protocol
 
+from ojs_kombu.amqp.publisher import Destination
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
-from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, record_failure
-from ojs_kombu.policy.schedule import Cascade, delay_ms_until
+from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure
+from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
@@ -98,21 +107,22 @@ class Settlement(Protocol):
     def republish(
         self,
         delivery: Delivery,
-        message: OutgoingMessage,
-        exchange: str,
-        routing_key: str,
+        destination: Destination | Callable[[], Destination],
         queue: str,
-        prepare: Callable[[Any], None] | None = None,
+        prepare: Callable[[Any, Destination], None] | None = None,
     ) -> None:
-        """Publish ``message`` (confirmed), then ack ``delivery``; nack it if the broker refuses the publish.
+        """Publish ``destination`` (confirmed), then ack ``delivery``; nack it if the broker refuses the publish.
+
+        Through :meth:`~ojs_kombu.amqp.publisher.ConfirmedPublisher.publish_when_ready`: a
+        callable ``destination`` is asked for after ``prepare`` and the channel's set-up.
 
         Parameters:
             delivery: the delivery the republish replaces.
-            message: what to publish.
-            exchange: where to publish it.
-            routing_key: its routing key.
+            destination: ``(message, exchange, routing_key)``, or what computes it from the
+                clock (a delay), called in the thread that publishes.
             queue: the OJS queue it belongs to (metrics, errors).
-            prepare: called with the py-amqp connection before publishing (e.g. to declare a retry queue).
+            prepare: ``prepare(connection, destination)`` with the py-amqp connection, before
+                publishing (e.g. to declare a retry queue).
         """
 
 
@@ -232,45 +242,56 @@ class Settler:
             return
         if self.dead_letter_mode == "republish":
             message = failed_message(delivery.outgoing(), record_failure(job, attempt, failure), failure)
-            self.consumer.republish(delivery, message, self.names.dead_letter_exchange, job.queue, job.queue)
+            self.consumer.republish(delivery, (message, self.names.dead_letter_exchange, job.queue), job.queue)
         else:
             logger.info("job %s dead-lettered: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
             self.consumer.nack(delivery)
         self._emit("dead-lettered", job, attempt, failure)
 
     def retry(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, delay_ms: int) -> None:
-        """Publish ``job`` (attempt+1, error recorded) to ``ojs.queue.retry.{q}.{delay_ms}``, then ack;
+        """Publish ``job`` (attempt+1, error recorded) to its retry queue ``delay_ms`` from now, then ack;
         emits ``retried``.
 
-        ``delay_ms`` must be a step of :func:`~ojs_kombu.policy.retry.ladder_ms` (one queue per delay).
+        The retry queue is ``ojs.queue.retry.{q}.{ms}`` for the step of
+        :func:`~ojs_kombu.policy.retry.ladder_ms` that carries what is left of ``delay_ms`` when
+        it is published: ``delay_ms`` itself, unless declaring its queue (or waiting for the
+        consumer's loop) took long enough for a smaller step to do.
         """
         message = failed_message(delivery.outgoing(), record_failure(job, attempt, failure), failure)
         queue = job.queue
+        due = time.monotonic() + delay_ms / 1000
+        steps: dict[str, int] = {}  # routing key -> its step, for prepare
+
+        def destination() -> Destination:
+            step = min(delay_ms, ladder_ms((due - time.monotonic()) * 1000))
+            key = self.names.retry_routing_key(queue, step)
+            steps[key] = step
+            return message, self.names.retry_exchange, key
+
         self.consumer.republish(
             delivery,
-            message,
-            self.names.retry_exchange,
-            self.names.retry_routing_key(queue, delay_ms),
+            destination,
             queue,
-            prepare=lambda connection: self.topology.ensure_retry_queue(connection, queue, delay_ms),
+            prepare=lambda connection, to: self.topology.ensure_retry_queue(connection, queue, steps[to[2]]),
         )
         self._emit("retried", job, attempt, failure)
 
     def delay(self, delivery: Delivery, job: Job, delay_ms: int) -> None:
-        """A job that arrived before its ``scheduled_at``: back into the cascade, unchanged."""
+        """A job that arrived ``delay_ms`` before its ``scheduled_at``: back into the cascade, unchanged,
+        for the time left until ``scheduled_at`` when it is published (after the cascade is declared)."""
         try:
-            message, exchange, key = self.cascade.route(delivery.outgoing(), delay_ms, job.queue)
+            check_delay(delay_ms)  # the delay only shrinks until the publish: in range then too
         except ValidationError as exc:
             self.reject_invalid(delivery, "invalid_schedule", str(exc))
             return
         logger.debug("job %s arrived %d ms early; delaying it again", job.id, delay_ms, extra=job_log_extra(job))
+        when = job.scheduled_datetime or utcnow() + timedelta(milliseconds=delay_ms)
+        message, queue = delivery.outgoing(), job.queue
         self.consumer.republish(
             delivery,
-            message,
-            exchange,
-            key,
-            job.queue,
-            prepare=lambda connection: self.topology.ensure_scheduling(connection, job.queue, self.cascade),
+            lambda: self.cascade.destination(message, when, queue),
+            queue,
+            prepare=lambda connection, _: self.topology.ensure_scheduling(connection, queue, self.cascade),
         )
 
     def reject_invalid(self, delivery: Delivery, code: str, message: str) -> None:
@@ -285,9 +306,7 @@ class Settler:
         )
         self.consumer.republish(
             delivery,
-            delivery.outgoing(error_headers(code, message)),
-            self.names.dead_letter_exchange,
-            delivery.queue,
+            (delivery.outgoing(error_headers(code, message)), self.names.dead_letter_exchange, delivery.queue),
             delivery.queue,
         )
 
@@ -301,7 +320,7 @@ class Settler:
             self.triage(delivery)  # settles a redelivery as a failed attempt; never runs it
             return
         self.consumer.republish(
-            delivery, delivery.outgoing(), self.names.direct_exchange, delivery.queue, delivery.queue
+            delivery, (delivery.outgoing(), self.names.direct_exchange, delivery.queue), delivery.queue
         )
 
 

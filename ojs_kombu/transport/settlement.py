@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import amqp
 
-from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination, PublishTicket
 from ojs_kombu.runtime.consumer import Delivery
-from ojs_kombu.wire.codec import ACCEPTED_CONTENT_TYPES, CONTENT_TYPE, OutgoingMessage
+from ojs_kombu.wire.codec import ACCEPTED_CONTENT_TYPES, CONTENT_TYPE
 from ojs_kombu.wire.headers import Header
 
 logger = logging.getLogger(__name__)
@@ -30,10 +30,6 @@ class SettlingChannel(Protocol):
     @property
     def is_open(self) -> bool:
         """Whether the channel can still settle its deliveries."""
-
-    @property
-    def connection(self) -> Any:
-        """The py-amqp connection."""
 
     @property
     def publisher(self) -> ConfirmedPublisher:
@@ -70,23 +66,21 @@ class ChannelSettlement:
     def republish(
         self,
         delivery: Delivery,
-        message: OutgoingMessage,
-        exchange: str,
-        routing_key: str,
+        destination: Destination | Callable[[], Destination],
         queue: str,
-        prepare: Callable[[Any], None] | None = None,
+        prepare: Callable[[Any, Destination], None] | None = None,
     ) -> None:
-        """Publish ``message`` through the connection's confirmed publisher, then ack ``delivery``.
+        """Publish ``destination`` through the connection's confirmed publisher, then ack ``delivery``.
 
-        The confirm is read whenever the connection is next drained (the
-        framework's consumer loop), so a delivery callback never blocks on it.
-        If the broker refuses the publish, ``delivery`` is nacked into its
-        dead letter queue; if the channel has closed meanwhile, the broker
-        redelivers the original.
+        The publisher (its channel set up first) carries it out with
+        :meth:`~ojs_kombu.amqp.publisher.ConfirmedPublisher.publish_when_ready`: ``prepare``,
+        then a callable ``destination`` is asked for.  The confirm is read whenever the
+        connection is next drained (the framework's consumer loop), so a delivery callback
+        never blocks on it.  If the broker refuses the publish, ``delivery`` is nacked into
+        its dead letter queue; if the channel has closed meanwhile, the broker redelivers
+        the original.
         """
         channel = self.channel
-        if prepare is not None:
-            prepare(channel.connection)
 
         def settle(ticket: PublishTicket) -> None:
             if not channel.is_open:
@@ -99,14 +93,7 @@ class ChannelSettlement:
                 )
                 channel.basic_nack(delivery.delivery_tag)
 
-        channel.publisher.publish(
-            message,
-            exchange=exchange,
-            routing_key=routing_key,
-            queue=queue,
-            job_id=message.properties.get("message_id"),
-            on_done=settle,
-        )
+        channel.publisher.publish_when_ready(destination, queue=queue, prepare=prepare, on_done=settle)
 
 
 def is_envelope(properties: dict[str, Any]) -> bool:

@@ -9,12 +9,12 @@ from typing import Any
 
 import amqp
 
-from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import QUEUE_NAME_RE, ojs_queue_for
 from ojs_kombu.policy.retry import ladder_ms_until
-from ojs_kombu.policy.schedule import Cascade, delay_ms_until
+from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.transport.control import ConnectionControl
 from ojs_kombu.transport.queues import QueueMap
 from ojs_kombu.transport.settings import QUEUE_ARGUMENT_OPTIONS, Settings, TaskCodec
@@ -178,9 +178,16 @@ class ConnectionState:
         properties = {k: v for k, v in msg.properties.items() if k != "application_headers"}
         headers = dict(msg.properties.get("application_headers") or {})
         job, message = self.codec.to_job(body, properties, headers, queue)
-        message, exchange, key = self._destination(message, job, queue)
-        ticket = self.publisher.publish(message, exchange=exchange, routing_key=key, queue=queue, job_id=job.id)
-        self.publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
+        publisher = self.publisher  # a new channel is set up before any delay is measured
+        if job.attempt == 0 and job.scheduled_at is None:  # most tasks: no clock to read
+            self.ensure_queue(queue)
+            ticket = publisher.publish(
+                message, exchange=self.names.direct_exchange, routing_key=queue, queue=queue, job_id=job.id
+            )
+        else:
+            destination, prepare = self._delayed(message, job, queue)
+            ticket = publisher.publish_when_ready(destination, queue=queue, prepare=prepare, job_id=job.id)
+        publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
         ticket.raise_for_error()
 
     def publish_cancel(self, job_id: str, queue: str, confirm_timeout: float | None = None) -> None:
@@ -212,21 +219,34 @@ class ConnectionState:
         self.publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
         ticket.raise_for_error()
 
-    def _destination(self, message: OutgoingMessage, job: Job, queue: str) -> tuple[OutgoingMessage, str, str]:
-        """Where a job goes: its retry queue (a retry), the cascade (a future ETA) or its queue."""
+    def _delayed(
+        self, message: OutgoingMessage, job: Job, queue: str
+    ) -> tuple[Callable[[], Destination], Callable[[Any, Destination], None]]:
+        """Where a retry (its retry queue) or a task with an ETA (the cascade) goes, as a function of the
+        clock, and what declares it: asked for after the declarations, so they do not make it late."""
         scheduled = job.scheduled_datetime
-        if job.attempt > 0:
-            delay_ms = 1 if scheduled is None else ladder_ms_until(scheduled)
+        if job.attempt > 0:  # a retry: the ladder step for the time left until its ETA
+            steps: dict[str, int] = {}  # routing key -> its step, for prepare
+
+            def retry() -> Destination:
+                step = 1 if scheduled is None else ladder_ms_until(scheduled)
+                key = self.names.retry_routing_key(queue, step)
+                steps[key] = step
+                return message, self.names.retry_exchange, key
+
+            def prepare_retry(connection: Any, destination: Destination) -> None:
+                self.ensure_queue(queue)
+                self.ensure_retry_queue(queue, steps[destination[2]])
+
+            return retry, prepare_retry
+        assert scheduled is not None  # publish_task: a first attempt comes here only with an ETA
+
+        def prepare_scheduled(connection: Any, destination: Destination) -> None:
             self.ensure_queue(queue)
-            self.ensure_retry_queue(queue, delay_ms)
-            return message, self.names.retry_exchange, self.names.retry_routing_key(queue, delay_ms)
-        self.ensure_queue(queue)
-        delay_ms = delay_ms_until(scheduled) if scheduled is not None else 0
-        if delay_ms > 0:
-            scheduled_message = self.cascade.route(message, delay_ms, queue)
-            self.ensure_scheduling(queue)
-            return scheduled_message
-        return message, self.names.direct_exchange, queue
+            if destination[1] != self.names.direct_exchange:  # still ahead: through the cascade
+                self.ensure_scheduling(queue)
+
+        return lambda: self.cascade.destination(message, scheduled, queue), prepare_scheduled
 
 
 __all__ = ["ConnectionState"]

@@ -57,6 +57,12 @@ test_scheduled_job_not_delivered_before_its_time = (
 )
 test_short_delay = conformance.test_del_003_short_delay
 test_early_delivery_is_delayed_again = conformance.test_early_delivery_is_delayed_again
+test_a_job_delayed_again_is_on_time_however_long_its_cascade_takes_to_declare = (
+    conformance.test_a_job_delayed_again_is_on_time_however_long_its_cascade_takes_to_declare
+)
+test_a_retry_is_on_time_however_long_its_retry_queue_takes_to_declare = (
+    conformance.test_a_retry_is_on_time_however_long_its_retry_queue_takes_to_declare
+)
 test_dead_letters_lists_oldest_first_without_removing = (
     dead_letters.test_dead_letters_lists_oldest_first_without_removing
 )

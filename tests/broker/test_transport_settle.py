@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 
@@ -9,7 +10,7 @@ import kombu
 import pika
 import pytest
 from prometheus_client import REGISTRY
-from support import get_messages, message_count, ojs_url, raw_channel, wait_until
+from support import get_messages, message_count, ojs_url, raw_channel, slow_first_call, wait_until
 
 from ojs_kombu import Client
 from ojs_kombu.amqp.topology import Topology
@@ -86,6 +87,37 @@ def test_a_redelivered_job_counts_a_lost_worker_and_is_not_run_again(amqp_url, p
     assert properties.message_id == job.id
 
 
+def test_a_job_delayed_again_is_on_time_however_long_its_cascade_takes_to_declare(amqp_url, prefix, names, monkeypatch):
+    """The channel delays an early job again through the Worker's Settler, over its own Settlement:
+    the delay is measured after the cascade is declared (made 1.5 s slower here), not before."""
+    queue_name = f"early{uuid.uuid4().hex[:8]}"
+    received: list[float] = []
+
+    def receive(body, message) -> None:
+        received.append(time.time())
+        message.ack()
+
+    with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+        channel = conn.channel()
+        declarations = slow_first_call(monkeypatch, channel.ojs.topology, "ensure_scheduling", 1.5)
+        with kombu.Consumer(channel, [kombu.Queue(queue_name, durable=True)], callbacks=[receive]):
+            job = Job.create("early.job", [], queue=queue_name, scheduled_at=timedelta(seconds=3))
+            message = encode(job)
+            with raw_channel(amqp_url) as raw:  # straight into the job queue, 3 s early
+                raw.basic_publish(
+                    names.direct_exchange,
+                    queue_name,
+                    message.body,
+                    pika.BasicProperties(
+                        content_type=message.properties["content_type"], message_id=job.id, headers=message.headers
+                    ),
+                )
+            wait_until(lambda: _drain(conn, 0.05) or received, timeout=15, interval=0, message="the job")
+    due = job.scheduled_datetime.timestamp()
+    assert declarations and declarations[0] >= 1.5  # the scenario: the re-delay waited for it
+    assert due <= received[0] < due + 0.75, received[0] - due
+
+
 # -- the Settler's parameters for the transport (pure logic: a recording Settlement, no broker) -------
 
 
@@ -101,7 +133,8 @@ class RecordingSettlement:
     def nack(self, delivery: Delivery) -> None:
         self.calls.append(("nack", ""))
 
-    def republish(self, delivery, message, exchange, routing_key, queue, prepare=None) -> None:
+    def republish(self, delivery, destination, queue, prepare=None) -> None:
+        _, exchange, _ = destination() if callable(destination) else destination
         self.calls.append(("republish", exchange))
 
 

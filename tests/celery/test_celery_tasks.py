@@ -11,8 +11,9 @@ import pytest
 from celery import chain, chord, group, signals
 from celery.exceptions import ChordError, Reject, TaskRevokedError
 from celery.worker import state as worker_state
-from support import get_messages, message_count, total_messages, wait_until
+from support import get_messages, message_count, slow_first_call, total_messages, wait_until
 
+from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.policy.schedule import LEVELS
 from ojs_kombu.testing.schema import validate_job
 
@@ -241,6 +242,44 @@ def test_countdown_is_never_early_and_nothing_waits_unacked(celery_app, worker_f
     assert len(seen) == 2
     for call in seen.calls:
         assert call["ran_at"] - call["sent_at"] >= 6.0
+
+
+def test_an_eta_is_on_time_however_long_the_cascade_takes_to_declare(celery_app, worker_factory, monkeypatch):
+    """The producer measures an ETA's delay after it has declared the cascade (made 1.5 s slower
+    here: a fresh cascade takes up to ~1 s on a loaded RabbitMQ 4.3), not before."""
+    seen = Recorder()
+
+    @celery_app.task
+    def later():
+        seen.add(ran_at=time.time())
+
+    declarations = slow_first_call(monkeypatch, Topology, "ensure_scheduling", 1.5)
+    with worker_factory(celery_app):
+        eta = datetime.now(UTC) + timedelta(seconds=3)
+        later.apply_async(eta=eta).get(timeout=20)
+    assert declarations and declarations[0] >= 1.5  # the scenario: the publish waited for it
+    late = seen.calls[0]["ran_at"] - eta.timestamp()
+    assert 0 <= late < 0.75, late
+
+
+def test_a_retry_is_on_time_however_long_its_retry_queue_takes_to_declare(celery_app, worker_factory, monkeypatch):
+    """A retry's ladder step is chosen for the time left until its ETA once its queue is declared
+    (made 0.8 s slower here): the 1 s countdown does not become 1.8 s."""
+    seen = Recorder()
+
+    @celery_app.task(bind=True, max_retries=1)
+    def flaky(self):
+        seen.add(retries=self.request.retries)
+        if self.request.retries == 0:
+            raise self.retry(countdown=1, exc=RuntimeError("once"))
+        return "ok"
+
+    declarations = slow_first_call(monkeypatch, Topology, "ensure_retry_queue", 0.8)
+    with worker_factory(celery_app):
+        assert flaky.delay().get(timeout=20) == "ok"
+    assert declarations and declarations[0] >= 0.8
+    gap = seen.calls[1]["at"] - seen.calls[0]["at"]
+    assert 1.0 - 0.01 <= gap < 1.4, gap
 
 
 def test_expires(celery_app, worker_factory):

@@ -51,6 +51,19 @@ def test_route_adds_the_bits_and_keeps_the_message():
     assert "BCC" not in original.headers
 
 
+def test_destination_is_the_cascade_for_the_delay_left_then_the_queue():
+    """The delay is measured at the call (the publish), not when the job was first looked at."""
+    cascade = Cascade(Names("p"))
+    original = OutgoingMessage(b"{}", {"message_id": "m"})
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    message, exchange, key = cascade.destination(original, when, "a.b", now=when - timedelta(milliseconds=6))
+    assert (exchange, key, message.headers["BCC"]) == (cascade.exchange(2), "a.b", ["bit:02", "bit:01"])
+    _, exchange, _ = cascade.destination(original, when, "a.b", now=when - timedelta(milliseconds=2))
+    assert exchange == cascade.exchange(1)  # the same job a few ms later: a lower level
+    for now in (when, when + timedelta(seconds=1)):  # due: straight to its queue
+        assert cascade.destination(original, when, "a.b", now=now) == (original, Names("p").direct_exchange, "a.b")
+
+
 def simulate(cascade: Cascade, delay_ms: int, queue: str) -> tuple[int, list[str]]:
     """Follow a message through the declared entities as RabbitMQ routes it: direct
     matching on the routing key plus the BCC keys, the alternate exchange when nothing
