@@ -1193,7 +1193,7 @@ class Client:
                     failing_since = connecting_since if connecting_since is not None else time.monotonic()
                 failures += 1
                 elapsed = time.monotonic() - failing_since
-                failed_url = conn.as_uri()  # kombu leaves the password out
+                failed_url = safe_url(conn.as_uri())  # kombu leaves the password out, as user:**@
                 delay = self._backoff(conn, failures, elapsed)
                 if delay is None:
                     raise connection_error(self.url, exc, failures, elapsed) from exc

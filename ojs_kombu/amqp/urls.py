@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from urllib.parse import urlsplit
+import re
+from collections.abc import Iterable, Sequence
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from kombu.connection import Connection
 
 from ojs_kombu.errors import ValidationError
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672//"
+
+#: What a password is replaced with, in every URL and message the package shows.
+MASK = "***"
+
+#: The management API's port when the broker URL does not say otherwise (RabbitMQ's default).
+DEFAULT_MANAGEMENT_PORT = 15672
+
+# ``scheme://user:password@``: the password runs from the userinfo's first ':' to the last '@' before
+# the path (greedy: a password may hold an unescaped '@').
+_URL_USERINFO = re.compile(
+    r"(?P<head>\b[a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^\s/]*@",
+    re.IGNORECASE,
+)
 
 #: URL schemes that mean TLS.
 TLS_SCHEMES = frozenset({"amqps", "ojss"})
@@ -20,7 +34,7 @@ BrokerUrls = str | Sequence[str]
 
 
 def _masked(entry: str) -> str:
-    """``entry`` with the password replaced by ``**``, even when it is not a well-formed URL."""
+    """``entry`` with the password replaced by :data:`MASK`, even when it is not a well-formed URL."""
     scheme, sep, rest = entry.partition("://")
     if not sep:
         scheme, rest = "", entry
@@ -29,7 +43,38 @@ def _masked(entry: str) -> str:
     userinfo, _, hostpart = rest.rpartition("@")  # rpartition: a password may hold an unescaped '@'
     if ":" not in userinfo:
         return entry
-    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:**@{hostpart}"
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:{MASK}@{hostpart}"
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` without passwords: the one masking of the package, for logs, errors and pages.
+
+    Every URL's password becomes :data:`MASK` (``amqp://guest:***@host:5672//``, the user
+    kept); elsewhere, each of ``secrets`` becomes :data:`MASK` too.  A URL's user name is
+    left alone even when it equals a password (``guest:guest``), so a URL always reads
+    ``user:***@``.
+
+    Parameters:
+        text: any text bound for a log, a terminal or a page.
+        secrets: passwords to hide where they appear outside a URL (e.g. quoted by an error).
+
+    Returns:
+        The text, safe to show.
+    """
+    hidden = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def outside(part: str) -> str:
+        for secret in hidden:
+            part = part.replace(secret, MASK)
+        return part
+
+    pieces, end = [], 0
+    for match in _URL_USERINFO.finditer(text):
+        pieces.append(outside(text[end : match.start()]))
+        pieces.append(f"{match['head']}{MASK}@")
+        end = match.end()
+    pieces.append(outside(text[end:]))
+    return "".join(pieces)
 
 
 def _check_entry(entry: str, position: int) -> str:
@@ -111,16 +156,81 @@ def resolve_url(url: BrokerUrls | None) -> str:
 
 
 def safe_url(url: str) -> str:
-    """``url`` (or each URL of a ``;`` failover list) with any password masked, for logs and error messages."""
+    """``url`` (or each URL of a ``;`` failover list) with any password masked, for logs and error messages.
+
+    Parameters:
+        url: a broker URL or failover list.
+
+    Returns:
+        The URL as kombu reads it (default port filled in), the password as :data:`MASK`:
+        ``amqp://guest:***@localhost:5672//``.
+    """
     if not url:
         return url
     if ";" in url:
         return ";".join(safe_url(part) if part.strip() else part for part in url.split(";"))
     try:
-        masked: str = Connection(url).as_uri(include_password=False)
+        shown: str = Connection(url).as_uri(include_password=False)  # kombu writes "user:**@"
     except Exception:  # noqa: BLE001 - a URL kombu cannot parse is still shown, without its password
         return _masked(url)
-    return masked
+    return redact(shown)
 
 
-__all__ = ["DEFAULT_URL", "TLS_SCHEMES", "BrokerUrls", "resolve_url", "safe_url", "split_urls"]
+def management_url_for(broker_url: str, port: int = DEFAULT_MANAGEMENT_PORT) -> str:
+    """The management API a broker URL implies, as rabbitmqadmin and most tools find it.
+
+    The first host of a failover list, over ``http``, on ``port``, with the broker URL's
+    user and password (``guest``/``guest`` when it names none).  The vhost is not part of
+    the API root: see :func:`vhost_of`.
+
+    Parameters:
+        broker_url: a broker URL or ``;``-separated failover list.
+        port: the management port (RabbitMQ's default 15672).
+
+    Returns:
+        ``http://user:password@host:port/`` (the password in clear: pass it to the
+        management client, show it through :func:`redact`).
+
+    Raises:
+        ValidationError: the URL names no host.
+    """
+    first = broker_url.split(";")[0].strip()
+    try:
+        parts = urlsplit(first)
+        host = parts.hostname
+    except ValueError as exc:
+        raise ValidationError(f"bad broker URL {_masked(first)!r}: {exc}", field="url") from None
+    if not host:
+        raise ValidationError(f"the broker URL {_masked(first)!r} names no host", field="url")
+    user = quote(unquote(parts.username or "guest"), safe="")
+    password = quote(unquote(parts.password if parts.password is not None else "guest"), safe="")
+    netloc = f"{user}:{password}@{f'[{host}]' if ':' in host else host}:{port}"
+    return urlunsplit(("http", netloc, "/", "", ""))
+
+
+def vhost_of(broker_url: str) -> str:
+    """The vhost of a broker URL (the first of a failover list): its path without the ``/``; ``/`` when empty.
+
+    Parameters:
+        broker_url: a broker URL or ``;``-separated failover list.
+
+    Returns:
+        The vhost, unquoted (``amqp://h//`` and ``amqp://h`` both give ``/``).
+    """
+    path = urlsplit(broker_url.split(";")[0].strip()).path
+    return unquote(path[1:]) if path and path != "/" else "/"
+
+
+__all__ = [
+    "DEFAULT_MANAGEMENT_PORT",
+    "DEFAULT_URL",
+    "MASK",
+    "TLS_SCHEMES",
+    "BrokerUrls",
+    "management_url_for",
+    "redact",
+    "resolve_url",
+    "safe_url",
+    "split_urls",
+    "vhost_of",
+]

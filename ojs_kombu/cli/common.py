@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ojs_kombu.amqp.urls import redact as redact_text
 from ojs_kombu.client import Client
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.timefmt import parse_timestamp, utcnow
@@ -27,7 +28,6 @@ MISSING = "–"
 
 # Passwords met on the command line or in $OJS_AMQP_URL: never printed (see redact()).
 _SECRETS: set[str] = set()
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^\s/]*@", re.IGNORECASE)
 
 
 def remember_secrets(url: str | Sequence[str] | None) -> None:
@@ -45,16 +45,16 @@ def remember_secrets(url: str | Sequence[str] | None) -> None:
 def redact(text: str) -> str:
     """``text`` without URL passwords: ``user:secret@`` becomes ``user:***@``, and known passwords ``***``.
 
+    The package's one masking (:func:`ojs_kombu.amqp.urls.redact`), with the passwords
+    :func:`remember_secrets` noted.
+
     Parameters:
         text: any text bound for the terminal.
 
     Returns:
         The text, safe to print.
     """
-    text = _URL_PASSWORD.sub(r"\g<head>***@", text)
-    for secret in sorted(_SECRETS, key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
+    return redact_text(text, _SECRETS)
 
 
 def error_line(exc: BaseException) -> str:

@@ -17,25 +17,45 @@ from ojs_kombu.cli.common import (
     print_table,
 )
 from ojs_kombu.client import DEFAULT_STALE_AFTER
+from ojs_kombu.model.ids import EXAMPLE_JOB_ID, UUID_RE
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
 from ojs_kombu.wire.events import WorkerPresence
 
 _QUEUE = click.option("--queue", required=True, help="the OJS queue of the job")
 
 
+def job_id_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """The ``JOB_ID`` argument of ``cancel`` and ``info``: a UUID, in any case; returned stripped, lowercase.
+
+    An OJS job id is a UUIDv7; a Celery task id and a Dramatiq ``message_id`` (what
+    ``send()`` returned) are UUIDs too, and the workers of those adapters know jobs by them,
+    so any UUID version is accepted.
+
+    Raises:
+        click.BadParameter: not a UUID (a usage error: exit status 2).
+    """
+    job_id = value.strip().lower()
+    if not UUID_RE.fullmatch(job_id):
+        raise click.BadParameter(
+            f"{value!r} is not a job id: expected a UUID such as {EXAMPLE_JOB_ID} "
+            "(an OJS job id, a Celery task id or a Dramatiq message id)"
+        )
+    return job_id
+
+
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", callback=job_id_arg)
 @_QUEUE
 @connection_options
 def cancel(job_id: str, queue: str, url: str | None, prefix: str) -> None:
     """Cancel a job (binding §5.6): it never runs, or its running handler is stopped."""
     with open_client(url, prefix) as client:
         client.cancel(job_id, queue=queue)
-    click.echo(json.dumps({"cancelled": job_id.strip().lower(), "queue": queue}))
+    click.echo(json.dumps({"cancelled": job_id, "queue": queue}))
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", callback=job_id_arg)
 @_QUEUE
 @click.option("--timeout", type=float, default=2.0, show_default=True, help="seconds to wait for answers")
 @json_option

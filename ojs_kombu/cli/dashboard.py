@@ -21,7 +21,8 @@ from ojs_kombu.dashboard.overview import management_client
 @click.option(
     "--management-url",
     envvar="OJS_MANAGEMENT_URL",
-    help="management API root, for the queue list, retry queues and rates (default $OJS_MANAGEMENT_URL)",
+    help="management API root, for the queue list, retry queues and rates (default $OJS_MANAGEMENT_URL, "
+    "else the broker URL's first host on port 15672 with its credentials)",
 )
 @connection_options
 def dashboard(

@@ -14,8 +14,11 @@ Where the numbers come from:
   (:meth:`~ojs_kombu.client.Client.paused_queues`); that costs about 0.1 ms per
   retained cancel (5.5 s for 50,000), so ``--no-paused`` skips it (the column is unknown).
 
-The management API is reached at ``--management-url`` (default ``$OJS_MANAGEMENT_URL``)
-with the user and password of that URL, else of the broker URL, on the broker URL's vhost.
+The management API is reached at ``--management-url`` (default ``$OJS_MANAGEMENT_URL``, else
+derived from the broker URL as rabbitmqadmin does: its first host, ``http``, port 15672) with the
+user and password of that URL, else of the broker URL, on the broker URL's vhost;
+``--management-url ''`` goes without it.  When it does not answer, ``status`` says which URL it
+tried and what to set; a broker that refuses the login or does not answer is reported as such.
 The data (:func:`~ojs_kombu.dashboard.overview.snapshot`) is shared with the web dashboard.
 """
 
@@ -87,7 +90,8 @@ _PAUSED = click.option(
 _MANAGEMENT = click.option(
     "--management-url",
     envvar="OJS_MANAGEMENT_URL",
-    help="management API root, e.g. http://localhost:15672 (default $OJS_MANAGEMENT_URL)",
+    help="management API root, e.g. http://localhost:15672 (default $OJS_MANAGEMENT_URL, else the broker "
+    "URL's first host on port 15672 with its credentials; '' for none)",
 )
 
 

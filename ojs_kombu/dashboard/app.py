@@ -22,6 +22,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from ojs_kombu.amqp.urls import redact
 from ojs_kombu.client import Client
 from ojs_kombu.dashboard.history import DepthHistory
 from ojs_kombu.dashboard.overview import Snapshot, snapshot
@@ -59,10 +60,9 @@ class Dashboard:
         self._secrets = [s for s in {password, unquote(password) if password else None} if s]
 
     def redact(self, text: str) -> str:
-        """``text`` without the broker password (a broker error may quote the URL)."""
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        """``text`` without the broker password (a broker error may quote the URL): see
+        :func:`ojs_kombu.amqp.urls.redact`."""
+        return redact(text, self._secrets)
 
     def snapshot(self, only: tuple[str, ...] = ()) -> Snapshot:
         """A :func:`~ojs_kombu.dashboard.overview.snapshot`, recorded in the depth history."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ojs_kombu.amqp.urls import management_url_for, vhost_of
 from ojs_kombu.client import Client
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.testing.management import ManagementClient, ManagementError
@@ -61,21 +62,59 @@ class Snapshot:
         }
 
 
-def management_client(management_url: str | None, broker_url: str) -> ManagementClient | None:
-    """A management API client for ``management_url`` (None when not given).
+class Management(ManagementClient):
+    """A :class:`ManagementClient` that knows where its URL came from, for the messages when it does not answer.
 
-    The credentials are the URL's own, else the broker URL's; the vhost is the broker URL's.
+    Parameters:
+        base_url, user, password, vhost: as for :class:`ManagementClient`.
+        derived: the URL was derived from the broker URL (none was given).
     """
+
+    def __init__(self, base_url: str, user: str, password: str, vhost: str, *, derived: bool) -> None:
+        super().__init__(base_url, user, password, vhost, timeout=5.0)
+        self.derived = derived
+
+    def unreachable(self, exc: ManagementError) -> str:
+        """What to say when the API did not answer: which URL was tried, why, and what to set."""
+        if self.derived:
+            origin = "derived from the broker URL"
+            advice = "set --management-url or $OJS_MANAGEMENT_URL to its root (e.g. http://HOST:15672)"
+        else:
+            origin = "from --management-url or $OJS_MANAGEMENT_URL"
+            advice = "check --management-url or $OJS_MANAGEMENT_URL"
+        return f"the management API at {self.base_url} ({origin}) did not answer: {exc}; {advice}"
+
+
+def management_client(management_url: str | None, broker_url: str) -> Management | None:
+    """The management API client of a command or of the dashboard.
+
+    Parameters:
+        management_url: the API root given (``--management-url``, ``$OJS_MANAGEMENT_URL``); None:
+            derived from the broker URL (:func:`~ojs_kombu.amqp.urls.management_url_for`: its
+            first host, ``http``, port 15672, its user and password); ``""``: no management API.
+        broker_url: the broker URL (or failover list); its vhost is the API's.
+
+    Returns:
+        The client (credentials: the management URL's own, else the broker URL's, else
+        guest/guest), or None for ``""``.
+
+    Raises:
+        ValidationError: the broker URL names no host (only when the URL is derived).
+    """
+    derived = management_url is None
+    if management_url is None:
+        management_url = management_url_for(broker_url)
     if not management_url:
         return None
     parts = urlsplit(management_url)
     broker = urlsplit(broker_url.split(";")[0].strip())
     user = unquote(parts.username or broker.username or "guest")
     password = unquote(parts.password or broker.password or "guest")
-    vhost = unquote(broker.path[1:]) if broker.path and broker.path != "/" else "/"
-    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    host = (f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or "") + (
+        f":{parts.port}" if parts.port else ""
+    )
     base = urlunsplit((parts.scheme, host, parts.path, "", ""))  # without the credentials
-    return ManagementClient(base, user, password, vhost or "/", timeout=5.0)
+    return Management(base, user, password, vhost_of(broker_url), derived=derived)
 
 
 def _rate(queue: dict[str, Any], stat: str) -> float:
@@ -103,15 +142,24 @@ def snapshot(
     names = client.names
     listed: dict[str, dict[str, Any]] | None = None
     note = ""
+    cascade = [client.cascade.queue(level) for level in range(client.cascade.levels)]
+    unanswered = ""
     if management is not None:
         try:
             listed = {q["name"]: q for q in management.queues(names.job_queue(""))}
         except ManagementError as exc:
-            note = f"management API not used ({exc}): unacked, retrying and rates unknown"
+            unanswered = (
+                management.unreachable(exc)
+                if isinstance(management, Management)
+                else f"the management API at {management.base_url} did not answer: {exc}"
+            )
+            note = f"unacked, retrying and rates unknown: {unanswered}"
     if listed is None and not only:
+        # The broker itself first: a wrong password or a closed port is the cause to report
+        # (BrokerRefusedError, BrokerConnectionError), not the management API it also broke.
+        client.queue_counts(cascade)
         raise ValidationError(
-            "name the queues with --queue: the management API "
-            + ("is not configured (--management-url, $OJS_MANAGEMENT_URL)" if management is None else "did not answer"),
+            (unanswered or "no management API (--management-url '')") + "; or name the queues with --queue",
             field="queue",
         )
     if listed is not None:
@@ -126,7 +174,6 @@ def snapshot(
             owner = name[len(retry_head) :].rsplit(".", 1)[0]
             if owner in retry_queues:
                 retry_queues[owner].append(name)
-    cascade = [client.cascade.queue(level) for level in range(client.cascade.levels)]
     counts = client.queue_counts(
         [
             *(names.job_queue(q) for q in queues),
@@ -165,4 +212,4 @@ def snapshot(
     return Snapshot(rows, scheduled, listed is not None, note)
 
 
-__all__ = ["QueueStatus", "Snapshot", "management_client", "snapshot"]
+__all__ = ["Management", "QueueStatus", "Snapshot", "management_client", "snapshot"]

@@ -437,10 +437,11 @@ def read_events(
         if record is not None and on_event(record) is False:
             state["done"] = True
 
+    consumer_tag = None
     try:
         with map_exceptions():
             channel.basic_qos(0, prefetch, False)
-            channel.basic_consume(
+            consumer_tag = channel.basic_consume(
                 names.events_stream, no_ack=False, callback=on_message, arguments={"x-stream-offset": since}
             )
             channel.basic_publish(
@@ -458,6 +459,15 @@ def read_events(
                 except TimeoutError:
                     continue
     finally:
+        # Cancel first: a stream consumer stopped early (a limit, the marker) still has up to
+        # ``prefetch`` deliveries in flight; Basic.Cancel-Ok comes after the last of them (they
+        # reach on_message, which ignores them once done), so Channel.Close meets none and
+        # py-amqp does not log "Received method (60, 60) during closing channel" for each.
+        if consumer_tag is not None and channel.is_open:
+            try:
+                channel.basic_cancel(consumer_tag)
+            except Exception:  # noqa: BLE001 - clean-up: the channel or connection may be gone already
+                pass
         close_quietly(channel)
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -450,9 +451,113 @@ def test_control_commands_cancel_info_pause_resume(capsys, client, worker_factor
     assert code == 0 and json.loads(out) == {"cancelled": unknown, "queue": "default"}
     wait_until(lambda: worker.cancellations.is_cancelled(unknown), message="the cancel to reach the worker")
 
+    dramatiq_id = str(uuid.uuid4())  # a Dramatiq message_id (UUIDv4) is a job id to cancel and info too
+    code, out, _ = run(capsys, "cancel", dramatiq_id, "--queue", "default", *common)
+    assert code == 0 and json.loads(out) == {"cancelled": dramatiq_id, "queue": "default"}
+    wait_until(lambda: worker.cancellations.is_cancelled(dramatiq_id), message="the cancel to reach the worker")
+    for command in ("cancel", "info"):
+        code, out, err = run(capsys, command, "12345", "--queue", "default", *common)
+        assert (code, out) == (2, "") and "'12345' is not a job id: expected a UUID" in err
+
     code, out, _ = run(capsys, "pause", "default", *common)
     assert code == 0 and json.loads(out) == {"paused": "default"}
     wait_until(lambda: worker.paused_queues == {"default"}, message="the pause")
     code, out, _ = run(capsys, "resume", "default", *common)
     assert code == 0 and json.loads(out) == {"resumed": "default"}
     wait_until(lambda: worker.paused_queues == frozenset(), message="the resume")
+
+
+# -- issue 29: the management API found from the broker URL; errors that name their cause ------------------
+
+
+def _cli_subprocess(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``ojs-amqp ARGV`` in a process of its own (real logging to stderr, as a user sees it)."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("OJS_AMQP_URL", "OJS_MANAGEMENT_URL")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), environ.get("PYTHONPATH", "")])
+    environ.update(env or {})
+    code = "import sys; from ojs_kombu.cli import main; sys.exit(main())"
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], env=environ, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def _port_is_closed(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.settimeout(2)
+        return probe.connect_ex((host, port)) != 0
+
+
+def test_status_finds_the_management_api_from_the_environment_or_says_which_url_failed(
+    client, amqp_url, prefix, management
+):
+    from urllib.parse import urlsplit
+
+    client.declare_queue("found")
+    # $OJS_MANAGEMENT_URL (no --management-url): every queue of the prefix, without --queue
+    done = _cli_subprocess(
+        "status", "--json", "--url", amqp_url, "--prefix", prefix, env={"OJS_MANAGEMENT_URL": management.base_url}
+    )
+    assert done.returncode == 0, done.stderr
+    *rows, last = json_lines(done.stdout)
+    assert [r["queue"] for r in rows] == ["found"] and last["management"] is True
+
+    # only the AMQP URL: the management API is derived (http://HOST:15672/); the session's node has it
+    # elsewhere, so the message names the URL tried and what to set
+    host = urlsplit(amqp_url).hostname or ""
+    if not _port_is_closed(host, 15672):
+        pytest.skip(f"something answers on {host}:15672: the derived URL cannot be shown failing here")
+    done = _cli_subprocess("status", "--json", "--url", amqp_url, "--prefix", prefix)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert f"the management API at http://{host}:15672 (derived from the broker URL) did not answer" in done.stderr
+    assert "set --management-url or $OJS_MANAGEMENT_URL" in done.stderr and "Connection refused" in done.stderr
+    # with --queue the numbers still come (passive declares), and stderr says what is missing and why
+    done = _cli_subprocess("status", "--json", "--queue", "found", "--url", amqp_url, "--prefix", prefix)
+    assert done.returncode == 0 and json_lines(done.stdout)[0]["ready"] == 0
+    assert f"unacked, retrying and rates unknown: the management API at http://{host}:15672" in done.stderr
+
+
+def test_status_reports_the_brokers_refusal_or_silence_not_the_queue_hint(amqp_url, prefix, management):
+    secret = "Wr0ng-pw"
+    wrong = amqp_url.replace("guest:guest@", f"guest:{secret}@")
+    assert wrong != amqp_url
+    for extra in ([], ["--management-url", management.base_url]):  # derived (refused too) or the right one
+        done = _cli_subprocess("status", "--json", "--url", wrong, "--prefix", prefix, *extra)
+        assert (done.returncode, done.stdout) == (1, ""), done.stderr
+        assert done.stderr.startswith("ojs-amqp: AccessRefusedError:") and "ACCESS_REFUSED" in done.stderr
+        assert "--queue" not in done.stderr and secret not in done.stderr
+        assert "guest:***@" in done.stderr
+
+    port = _unused_port()
+    closed = f"amqp://guest:{secret}@127.0.0.1:{port}//"
+    done = _cli_subprocess("status", "--url", closed, "--management-url", management.base_url)
+    assert (done.returncode, done.stdout) == (1, "")
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(
+        f"ojs-amqp: BrokerConnectionError: cannot reach the broker at amqp://guest:***@127.0.0.1:{port}"
+    )
+    assert "Connection refused" in last and "--queue" not in done.stderr and secret not in done.stderr
+
+
+def _unused_port() -> int:
+    """A port nothing listens on: bound, then released (the kernel does not hand it out again at once)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_events_with_a_limit_leave_no_py_amqp_warnings(worker_factory, client, amqp_url, prefix):
+    worker = worker_factory(events=True)
+    worker.handler("ok", lambda: None)
+    worker.start()
+    assert worker.wait_until_ready()
+    jobs = [client.enqueue("ok", []) for _ in range(30)]
+    wait_until(lambda: len(client.events(timedelta(minutes=5))) >= 2 * len(jobs), message="the jobs' events")
+
+    done = _cli_subprocess("events", "--since", "5m", "--limit", "3", "--json", "--url", amqp_url, "--prefix", prefix)
+    assert done.returncode == 0 and len(json_lines(done.stdout)) == 3
+    assert done.stderr == ""  # no "Received method (60, 60) during closing channel" for the deliveries in flight

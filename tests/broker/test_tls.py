@@ -172,7 +172,7 @@ def test_a_failover_list_verifies_each_node_against_its_own_name(node, ca, caplo
         with Client(f"{_refused_url()};{_url(node)}", prefix=prefix, ssl={"ca_certs": ca}, publish_timeout=10) as c:
             assert c.enqueue("a.b", [1]).id
     switched = [r.getMessage() for r in caplog.records if "switching to broker" in r.getMessage()]
-    assert switched == [f"switching to broker amqps://tlsuser:**@localhost:{node.tls_port}//"]
+    assert switched == [f"switching to broker amqps://tlsuser:***@localhost:{node.tls_port}//"]
     assert not [r for r in caplog.records if SECRET in r.getMessage()]
 
 

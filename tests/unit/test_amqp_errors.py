@@ -41,7 +41,7 @@ def test_map_exception_builds_the_typed_error_with_the_reply_and_a_masked_url():
     assert isinstance(error, AccessRefusedError) and isinstance(error, BrokerRefusedError)
     assert (error.reply_code, error.method) == (530, "Connection.open")
     assert error.reply_text == "NOT_ALLOWED - vhost x not found"
-    assert "hunter2" not in str(error) and "guest:**@host" in str(error)
+    assert "hunter2" not in str(error) and "guest:***@host" in str(error)
     not_found = map_exception(NO_QUEUE, must_exist=True)
     assert isinstance(not_found, NotFoundError) and not_found.reply_code == 404
     assert map_exception(NO_QUEUE) is None
