@@ -27,7 +27,10 @@ queue's unacknowledged count (management API), and the messages waiting in the b
 delay queues (their maxima are reported).  Each task records ``time.time() - due`` when it starts; per run: how many
 ran early (before their ETA), the lateness p50 / p95 / p99 / max, and the largest
 lateness of the first 10 tasks due (those that meet a cold path: the first use of a
-delay queue, a fresh connection).  The two sides
+delay queue, a fresh connection).  The worker also records when its consumer received each
+task (Celery's ``task_received``) against the ETA: how many reached it after their ETA, and
+the p50 / p99 of that arrival (negative: early, the worker then holds the task unacknowledged
+until its ETA), which tells the broker's part of the lateness from the worker's.  The two sides
 alternate over ``--rounds`` rounds (``pairs.py``'s order); printed: each run, then per
 side the median and the spread (min–max) of each figure over the rounds.
 
@@ -127,6 +130,13 @@ def run_worker(args: argparse.Namespace) -> None:
     def delayed(i: int, due: float) -> None:
         os.write(out, f"{i} {time.time() - due:.6f}\n".encode())
 
+    arrivals = os.open(args.out + ".arrivals", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    @signals.task_received.connect
+    def received(request, **_):  # the worker's consumer has the delivery: how long before its ETA
+        i, due = request.args[:2]
+        os.write(arrivals, f"{i} {time.time() - due:.6f}\n".encode())
+
     @signals.worker_ready.connect
     def ready(**_):
         os.write(1, b"READY\n")  # the worker redirects sys.stdout to its logger
@@ -213,13 +223,16 @@ def one_run(mode: str, args: argparse.Namespace, management) -> dict[str, float]
             waiting_in_broker = max(waiting_in_broker, delay_queue_messages(mode, prefix, job_queue, management))
             time.sleep(1.0)
         late = lines(out)
+        arrived = lines(out + ".arrivals")
         if len(late) < args.tasks:
             sys.exit(f"{mode}: only {len(late)} of {args.tasks} tasks ran")
     finally:
         stop_worker(worker)
         cleanup(mode, prefix, queue, management)
         app.close()
-        os.unlink(out)
+        for path in (out, out + ".arrivals"):
+            if os.path.exists(path):
+                os.unlink(path)
     ms = [v * 1000 for v in late.values()]
     first_due = [late[i] * 1000 for i in range(min(10, args.tasks))]
     figures = {
@@ -229,6 +242,9 @@ def one_run(mode: str, args: argparse.Namespace, management) -> dict[str, float]
         "p99": percentile(ms, 99),
         "max": max(ms),
         "max of first 10": max(first_due),
+        "arrived late": sum(v > 0 for v in arrived.values()),
+        "arrival p50": percentile([v * 1000 for v in arrived.values()], 50),
+        "arrival p99": percentile([v * 1000 for v in arrived.values()], 99),
         "max unacked": max_unacked,
         "max in delay queues": waiting_in_broker,
         "idle RSS": idle_rss,
@@ -237,7 +253,9 @@ def one_run(mode: str, args: argparse.Namespace, management) -> dict[str, float]
     }
     print(
         f"  {mode:5s} early {figures['early']:.0f}, lateness p50 {figures['p50']:.1f} / p95 {figures['p95']:.1f} / "
-        f"p99 {figures['p99']:.1f} / max {figures['max']:.1f} ms (first 10 due: max {max(first_due):.1f}); unacked max {max_unacked:.0f}; "
+        f"p99 {figures['p99']:.1f} / max {figures['max']:.1f} ms (first 10 due: max {max(first_due):.1f}); "
+        f"{figures['arrived late']:.0f} reached the worker after their ETA "
+        f"(arrival p50 {figures['arrival p50']:+.1f} / p99 {figures['arrival p99']:+.1f} ms); unacked max {max_unacked:.0f}; "
         f"max {waiting_in_broker} in delay queues; RSS {idle_rss:.1f} -> max {max_rss:.1f} MiB; "
         f"published in {publish_s:.1f}s  (load {load():.2f})",
         flush=True,
