@@ -14,6 +14,9 @@
    OJS >= 1.0x) and the median CPU per task of the whole system (worker and
    broker), the steadier of the two: the same worker against itself moved ~8 %
    on the rate and ~2 % on it in one sitting of 5 pairs.
+   ``--queue-type quorum`` makes both sides' task queue a quorum queue: stock Celery
+   through ``task_queues`` with ``x-queue-type`` (Celery >= 5.5 then turns global QoS
+   off), ``ojs://`` through its ``queue_type`` transport option.
 2. **Countdown.**  ``--eta-tasks`` (20,000) tasks with ``countdown=600`` are
    published, a worker runs for ``--eta-wait`` seconds, then its RSS and the
    queue's unacknowledged count are read: stock Celery prefetches every ETA task
@@ -54,6 +57,7 @@ HERE = Path(__file__).resolve()
 DEFAULT_URL = "amqp://guest:guest@localhost:5672//"
 CONCURRENCY = {"prefork": 2, "threads": 4}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+QUEUE_TYPE_VARIABLE = "OJS_BENCH_QUEUE_TYPE"  # --queue-type, read by the worker subprocesses too
 
 
 def make_app(mode: str, url: str, queue: str, prefix: str, concurrency: int, prefetch: int):
@@ -70,13 +74,18 @@ def make_app(mode: str, url: str, queue: str, prefix: str, concurrency: int, pre
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )
+    queue_type = os.environ.get(QUEUE_TYPE_VARIABLE) or None
     if mode == "ojs":
         from ojs_celery import Celery
 
-        app = Celery("bench", broker=url, broker_backend="ojs", broker_transport_options={"prefix": prefix}, **settings)
+        options = {"prefix": prefix} | ({"queue_type": queue_type} if queue_type else {})
+        app = Celery("bench", broker=url, broker_backend="ojs", broker_transport_options=options, **settings)
     else:
         from celery import Celery
+        from kombu import Queue
 
+        if queue_type:  # Celery >= 5.5 then turns global QoS off (worker_detect_quorum_queues)
+            settings["task_queues"] = [Queue(queue, queue_arguments={"x-queue-type": queue_type})]
         app = Celery("bench", broker=url, **settings)
 
     app.task(name="bench.noop")(_noop)
@@ -356,6 +365,12 @@ def main() -> None:
     parser.add_argument("--prefetch", type=int, default=4, help="worker_prefetch_multiplier (both transports)")
     parser.add_argument("--skip-eta", action="store_true")
     parser.add_argument(
+        "--queue-type",
+        choices=["classic", "quorum"],
+        default=None,
+        help="both sides' task queue: stock with x-queue-type, ojs:// with the queue_type option",
+    )
+    parser.add_argument(
         "--baseline", type=Path, help="another checkout of this repository: compare ojs:// here with ojs:// there"
     )
     # worker subprocess
@@ -370,6 +385,8 @@ def main() -> None:
     if args.worker:
         run_worker(args)
         return
+    if args.queue_type:
+        os.environ[QUEUE_TYPE_VARIABLE] = args.queue_type
 
     from ojs_kombu.testing.management import ManagementClient
 

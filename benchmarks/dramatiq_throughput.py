@@ -2,6 +2,7 @@
 
     python benchmarks/dramatiq_throughput.py [--messages 5000] [--rounds 3] [--threads 8] [--skip-delayed]
     python benchmarks/dramatiq_throughput.py --per-job
+    python benchmarks/dramatiq_throughput.py --queue-type quorum   # every side on quorum queues
 
 ``--per-job`` only prints what the consumer side costs per message in our code, in-process and
 without a broker (µs of thread CPU, min of 9 × 5,000 calls; steady on a loaded machine): the
@@ -44,7 +45,7 @@ import uuid
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import dramatiq
-from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.brokers.rabbitmq import DEAD_MESSAGE_TTL, RabbitmqBroker, xq_name
 from dramatiq.message import Message
 from pairs import alternate, report_ratio
 
@@ -69,6 +70,12 @@ def _args():
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--settle", type=float, default=15.0, help="seconds the delayed-backlog worker runs")
     parser.add_argument("--url", default=None, help="broker URL (default $OJS_AMQP_URL)")
+    parser.add_argument(
+        "--queue-type",
+        choices=["classic", "quorum"],
+        default=None,
+        help="every side's queues: OjsBroker's queue_type, RabbitmqBroker's queues declared with x-queue-type",
+    )
     parser.add_argument("--per-job", action="store_true", help="only the in-process costs per message (no broker)")
     parser.add_argument("--child", nargs=3, metavar=("KIND", "NAME", "THREADS"), help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -81,11 +88,34 @@ def pika_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + quote(vhost, safe=""), "", ""))
 
 
+QUEUE_TYPE_VARIABLE = "OJS_BENCH_QUEUE_TYPE"  # --queue-type, read by the delayed backlog's worker process too
+
+
+class QuorumRabbitmqBroker(RabbitmqBroker):
+    """``RabbitmqBroker`` with its three queues per actor queue (``q``, ``q.DQ``, ``q.XQ``) declared quorum.
+
+    Dramatiq has no queue-type option; its arguments otherwise stay as they are (at-most-once
+    dead-lettering into ``.XQ``).
+    """
+
+    def _build_queue_arguments(self, queue_name):
+        return {**super()._build_queue_arguments(queue_name), "x-queue-type": "quorum"}
+
+    def _declare_xq_queue(self, queue_name):
+        return self.channel.queue_declare(
+            queue=xq_name(queue_name),
+            durable=True,
+            arguments={"x-message-ttl": DEAD_MESSAGE_TTL, "x-queue-type": "quorum"},
+        )
+
+
 def make_broker(kind: str, url: str, name: str) -> dramatiq.Broker:
     """``kind``: ``stock`` / ``stock-confirm`` (RabbitmqBroker, queue ``name``) or ``ojs`` (prefix ``name``)."""
+    queue_type = os.environ.get(QUEUE_TYPE_VARIABLE) or None
     if kind == "ojs":
-        return OjsBroker(url, prefix=name)
-    return RabbitmqBroker(url=pika_url(url), confirm_delivery=kind == "stock-confirm")
+        return OjsBroker(url, prefix=name, queue_type=queue_type)
+    stock = QuorumRabbitmqBroker if queue_type == "quorum" else RabbitmqBroker
+    return stock(url=pika_url(url), confirm_delivery=kind == "stock-confirm")
 
 
 def queue_name(kind: str, name: str) -> str:
@@ -145,7 +175,7 @@ def throughput(kind: str, url: str, count: int, threads: int) -> tuple[float, fl
 
 def enqueue_many_rate(url: str, count: int) -> tuple[float, str]:
     name = f"bench{uuid.uuid4().hex[:8]}"
-    broker = OjsBroker(url, prefix=name)
+    broker = OjsBroker(url, prefix=name, queue_type=os.environ.get(QUEUE_TYPE_VARIABLE) or None)
     noop = dramatiq.actor(lambda i: None, broker=broker, actor_name="noop", queue_name="bench")
     broker.declare_queue("bench", ensure=True)
     started = time.perf_counter()
@@ -254,6 +284,8 @@ def main() -> None:
         per_job_costs()
         return
     url = resolve_url(args.url)
+    if args.queue_type:
+        os.environ[QUEUE_TYPE_VARIABLE] = args.queue_type
     if args.child:
         run_child(args.child[0], url, args.child[1], int(args.child[2]))
         return

@@ -1,6 +1,6 @@
 """Scheduling accuracy of the TTL cascade: how late (never early) scheduled jobs run.
 
-    python benchmarks/schedule.py [--count 2000] [--spread 10] [--url amqp://…]
+    python benchmarks/schedule.py [--count 2000] [--spread 10] [--queue-type quorum] [--url amqp://…]
 
 Schedules ``--count`` jobs uniformly 0..``--spread`` seconds ahead, enqueued at
 once in the order they fall due with ``Client.enqueue_many`` calls of
@@ -34,6 +34,12 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--batch", type=int, default=100, help="jobs per enqueue_many call")
     parser.add_argument("--url", default=None, help="broker URL (default $OJS_AMQP_URL)")
+    parser.add_argument(
+        "--queue-type",
+        choices=["classic", "quorum"],
+        default=None,
+        help="the job queue's and the cascade's type (default: the library's)",
+    )
     return parser.parse_args()
 
 
@@ -52,7 +58,9 @@ def main() -> None:
     done = threading.Event()
     lock = threading.Lock()
 
-    worker = Worker(url, prefix=prefix, queues=["sched"], concurrency=args.concurrency, grace_period=5)
+    worker = Worker(
+        url, prefix=prefix, queues=["sched"], concurrency=args.concurrency, grace_period=5, queue_type=args.queue_type
+    )
 
     @worker.handler("bench.scheduled")
     def record(_: int) -> None:
@@ -62,7 +70,7 @@ def main() -> None:
             if len(lateness) == args.count:
                 done.set()
 
-    client = Client(url, prefix=prefix)
+    client = Client(url, prefix=prefix, queue_type=args.queue_type)
     try:
         worker.start()
         if not worker.wait_until_ready(30):

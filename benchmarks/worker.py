@@ -1,6 +1,6 @@
 """Consuming throughput: ``ojs_kombu.Worker`` vs a plain pika consumer, in one run.
 
-    python benchmarks/worker.py [--count 10000] [--concurrency 10] [--rounds 3] [--url amqp://…]
+    python benchmarks/worker.py [--count 10000] [--concurrency 10] [--rounds 3] [--queue-type quorum] [--url amqp://…]
 
 Each side drains ``--count`` no-op jobs loaded into one queue with
 ``Client.enqueue_many``: an ``ojs_kombu.Worker`` (``--concurrency`` handler
@@ -41,6 +41,12 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--url", default=None, help="broker URL (default $OJS_AMQP_URL)")
+    parser.add_argument(
+        "--queue-type",
+        choices=["classic", "quorum"],
+        default=None,
+        help="the job queue's type (default: the library's)",
+    )
     return parser.parse_args()
 
 
@@ -163,12 +169,19 @@ def main() -> None:
     url = resolve_url(args.url)
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     jobs = noop_jobs(args.count)
-    client = Client(url, prefix=prefix)
+    client = Client(url, prefix=prefix, queue_type=args.queue_type)
     workers: list[Worker] = []
 
     def worker_side() -> float:
         load(client, jobs)
-        worker = Worker(url, prefix=prefix, queues=["bench"], concurrency=args.concurrency, grace_period=5)
+        worker = Worker(
+            url,
+            prefix=prefix,
+            queues=["bench"],
+            concurrency=args.concurrency,
+            grace_period=5,
+            queue_type=args.queue_type,
+        )
         workers.append(worker)
         return bench_worker(worker, args.count)
 
@@ -178,7 +191,8 @@ def main() -> None:
 
     worker_label = f"ojs_kombu.Worker, concurrency {args.concurrency}"
     pika_label = f"pika consumer, manual ack, prefetch {args.concurrency}"
-    print(f"{args.count:,} no-op jobs per side, {args.rounds} alternated rounds, {os.cpu_count()} cores")
+    kind = args.queue_type or "default"
+    print(f"{args.count:,} no-op jobs per side, {args.rounds} alternated rounds, {os.cpu_count()} cores, {kind} queues")
     try:
         client.declare_queue("bench")
         rates = alternate([(worker_label, worker_side), (pika_label, pika_side)], rounds=args.rounds, unit=" jobs/s")
