@@ -19,6 +19,8 @@ The public API::
 Importing the package registers the ``ojs://`` and ``ojss://`` kombu transports.
 """
 
+from typing import TYPE_CHECKING
+
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.client import Client, EnqueueResult, JobOptions
 from ojs_kombu.errors import (
@@ -27,6 +29,7 @@ from ojs_kombu.errors import (
     BrokerConnectionError,
     BrokerRefusedError,
     Cancelled,
+    ClientClosedError,
     DeadLetter,
     DecodeError,
     Discard,
@@ -44,6 +47,7 @@ from ojs_kombu.errors import (
     ValidationError,
     WorkerError,
 )
+from ojs_kombu.lazy import lazy_exports
 from ojs_kombu.model.info import JobInfo, JobState
 from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
@@ -58,7 +62,15 @@ from ojs_kombu.wire.entities import QueueOptions
 from ojs_kombu.wire.events import ActiveJob, EventsOptions, JobEventRecord, WorkerPresence
 from ojs_kombu.wire.headers import Header
 
+if TYPE_CHECKING:
+    from ojs_kombu.aio import AsyncClient
+
+# Loaded on first use: asyncio stays out of processes that do not use it.
+_EXPORTS = {"AsyncClient": ".aio"}
+
 register_aliases()
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __version__ = "0.1.0"
 
@@ -67,10 +79,12 @@ __all__ = [
     "AccessRefusedError",
     "ActiveJob",
     "ArgumentDifference",
+    "AsyncClient",
     "BrokerConnectionError",
     "BrokerRefusedError",
     "Cancelled",
     "Client",
+    "ClientClosedError",
     "ControlOptions",
     "DeadLetter",
     "DeadLetterEntry",

@@ -222,6 +222,11 @@ class Cancelled(BaseException):
     """
 
 
+class ClientClosedError(OjsError):
+    """The client was closed: a call made after :meth:`~ojs_kombu.AsyncClient.aclose`, or one still
+    waiting when it closed (an enqueue that had not started publishing is not published)."""
+
+
 class WorkerError(OjsError):
     """The worker stopped on its own: its consumer ended without being asked to.
 
@@ -243,6 +248,7 @@ __all__ = [
     "BrokerConnectionError",
     "BrokerRefusedError",
     "Cancelled",
+    "ClientClosedError",
     "DeadLetter",
     "DecodeError",
     "Discard",

@@ -154,6 +154,8 @@ class RunningEntry:
     active: bool = True  # False once the handler has returned: never interrupt it after
     interruptible: bool = True  # False once the handler has ended, before its run is left (see Cancellations.ended)
     aliases: tuple[str, ...] = ()  # other ids a cancel may name it by (a Dramatiq message id)
+    # A coroutine job's interruption (cancel its task), in place of an exception raised in the thread.
+    interrupt: Callable[[], None] | None = field(default=None, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _is_cancelled: bool = field(default=False, init=False, repr=False)
     _event: threading.Event | None = field(default=None, init=False, repr=False)
@@ -230,7 +232,9 @@ class Cancellations:
                 if entry.is_cancelled:
                     continue
                 entry._set_cancelled()
-                if self.mode == "interrupt" and entry.active and entry.interruptible:
+                if self.mode == "interrupt" and entry.active and entry.interrupt is not None:
+                    entry.interrupt()
+                elif self.mode == "interrupt" and entry.active and entry.interruptible:
                     entry.interrupted = _raise_in_thread(entry.thread_id, Cancelled)
                 logger.info(
                     "job %s cancelled while running%s",
@@ -255,7 +259,14 @@ class Cancellations:
         """
         return RunningScope(self, job_id, queue)
 
-    def enter(self, job_id: str, queue: str, *, aliases: Iterable[str] = ()) -> RunningEntry:
+    def enter(
+        self,
+        job_id: str,
+        queue: str,
+        *,
+        aliases: Iterable[str] = (),
+        interrupt: Callable[[], None] | None = None,
+    ) -> RunningEntry:
         """Register the calling thread as running ``job_id``, until :meth:`leave`: :meth:`running`
         for frameworks whose hooks bracket a handler (Dramatiq's middleware).
 
@@ -263,13 +274,24 @@ class Cancellations:
             job_id: the job's id.
             queue: its OJS queue (logs).
             aliases: other ids a cancel may name the job by (a Dramatiq message id).
+            interrupt: how ``"interrupt"`` mode interrupts this run (a coroutine job: cancel its
+                task); the thread is then never interrupted.  Not called for a job cancelled
+                before it entered: check the entry's ``is_cancelled``.
 
         Returns:
             The entry, its ``cancelled`` event set already when the job was cancelled before.
         """
         job_id = job_id.lower()
         others = tuple(dict.fromkeys(k for k in map(str.lower, aliases) if k != job_id)) if aliases else ()
-        entry = RunningEntry(job_id, queue, threading.get_ident(), aliases=others, lock=self._lock)
+        entry = RunningEntry(
+            job_id,
+            queue,
+            threading.get_ident(),
+            interruptible=interrupt is None,
+            aliases=others,
+            interrupt=interrupt,
+            lock=self._lock,
+        )
         ids = self.ids
         with self._lock:
             for key in entry.keys:

@@ -51,6 +51,15 @@ connection to a stand-in thread, which serves it (heartbeats, cancels, acks, new
 deliveries, to the handler threads) until the job returns
 (:mod:`~ojs_kombu.runtime.handover`).  ``inline=False`` runs every job on a handler thread.
 
+``async def`` handlers run as tasks of one event loop on a thread of the worker's own
+(:mod:`~ojs_kombu.runtime.coroutines`), at most ``concurrency`` at once (the prefetch):
+200 jobs that each ``await`` I/O take one thread, not 200, and a worker whose handlers
+are all ``async def`` starts one handler thread instead of ``concurrency``.  Each task
+has its own :func:`current_job`; its outcome is settled as a plain handler's (retry,
+dead letter).  In ``"interrupt"`` mode a cancel cancels the task
+(``asyncio.CancelledError`` in the handler).  A handler that blocks stalls every
+coroutine job of the worker.
+
 What a worker knows about its jobs: :attr:`Worker.lifecycle` emits the lifecycle
 events of every job it handles (started, succeeded, failed, retried,
 dead-lettered, cancelled, expired) under :attr:`Worker.worker_id`, and
@@ -75,7 +84,9 @@ How a worker ends:
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import inspect
 import logging
 import queue as queue_module
 import signal
@@ -83,6 +94,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from functools import partial
 from types import FrameType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
@@ -110,6 +122,7 @@ from ojs_kombu.runtime.control import (
     RunningEntry,
     record_cancelled,
 )
+from ojs_kombu.runtime.coroutines import CoroutineRunner
 from ojs_kombu.runtime.handover import Handover
 from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
@@ -210,7 +223,8 @@ class Worker:
             re-declares its topology and re-consumes there (``docs/cluster.md``, Failover).
         queues: OJS queue names to consume.
         concurrency: jobs run at once (handler threads; the consumer thread runs short jobs in one
-            of these slots), and the prefetch count.
+            of these slots; ``async def`` handlers run on one event loop instead), and the
+            prefetch count.
         prefix: multi-tenant entity prefix.
         grace_period: seconds a graceful shutdown waits for running jobs.
         queue_options: optional arguments of the job queues (must match the producers').
@@ -313,6 +327,9 @@ class Worker:
         self._ssl = ssl
         self._transport_options = transport_options
         self._handlers: dict[str, Callable[..., object]] = {}
+        self._async_types: set[str] = set()  # job types whose handler is an ``async def``
+        self._runner: CoroutineRunner | None = None  # their event loop, made for the first one
+        self._runner_lock = threading.Lock()
         self._work: queue_module.SimpleQueue[Delivery | None] = queue_module.SimpleQueue()  # cheaper hand-off
         self.inline = inline
         self._ready: deque[Delivery] = deque()  # delivered in this pass of the loop, not started
@@ -426,6 +443,8 @@ class Worker:
     ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
         """Register ``fn`` for ``job_type``; usable as ``@worker.handler("email.send")``.
 
+        ``fn`` may be an ``async def``: its jobs run on the worker's event loop (see the module).
+
         Parameters:
             job_type: the OJS job type (``email.send``).
             fn: the handler; omitted when used as a decorator.
@@ -439,7 +458,14 @@ class Worker:
         validate_job_type(job_type)
 
         def register(func: Callable[P, R]) -> Callable[P, R]:
-            self._handlers[job_type] = func
+            with self._lifecycle:
+                self._handlers[job_type] = func
+                if inspect.iscoroutinefunction(func):
+                    self._async_types.add(job_type)
+                else:
+                    self._async_types.discard(job_type)
+                if self._consumer_thread is not None and not self._stopping.is_set():
+                    self._add_handler_threads()  # a plain handler registered after start()
             return func
 
         return register(fn) if fn is not None else register
@@ -474,10 +500,7 @@ class Worker:
                 raise OjsError("the worker is already started")
             if self.metrics_port is not None:
                 self.metrics_server = serve_metrics(self.metrics_port, self.metrics_host)
-            for index in range(self.concurrency):
-                thread = threading.Thread(target=self._work_loop, name=f"ojs-handler-{index}", daemon=True)
-                thread.start()
-                self._threads.append(thread)
+            self._add_handler_threads()
             self._handover.start()
             self._consumer_thread = threading.Thread(target=self._run_consumer, name="ojs-consumer", daemon=True)
             self._consumer_thread.start()
@@ -560,6 +583,8 @@ class Worker:
         self._handover.stop()
         for thread in self._threads:
             thread.join(timeout=0.5)
+        if self._runner is not None:  # coroutines still running past the grace period: left to the broker
+            self._runner.stop()
         self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
         if self._beacon is not None:
             self._beacon.stop()  # after the last settle: its job events, then the offline presence
@@ -707,6 +732,19 @@ class Worker:
         with self._in_flight_lock:
             self._unsettled -= 1
 
+    def _add_handler_threads(self) -> None:
+        """Start the handler threads still missing (with ``_lifecycle`` held).
+
+        ``concurrency`` of them, or one when every handler is an ``async def``: coroutine
+        jobs run on the worker's event loop, the thread only starts those handed to it.
+        """
+        handlers = self._handlers
+        wanted = 1 if handlers and self._async_types.issuperset(handlers) else self.concurrency
+        while len(self._threads) < wanted:
+            thread = threading.Thread(target=self._work_loop, name=f"ojs-handler-{len(self._threads)}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
     def _work_loop(self) -> None:
         while (delivery := self._work.get()) is not None:
             self._handle(delivery)
@@ -726,8 +764,9 @@ class Worker:
             return
         with self._in_flight_lock:
             self._in_flight += 1
+        deferred = False  # a coroutine job: counted out when its coroutine ends
         try:
-            self._process(delivery)
+            deferred = self._process(delivery)
         except Exception:
             logger.exception(
                 "unexpected error processing a delivery; sending it to the DLQ",
@@ -735,9 +774,14 @@ class Worker:
             )
             self.consumer.nack(delivery)
         finally:
-            with self._in_flight_lock:
-                self._in_flight -= 1
-                self._unsettled -= 1
+            if not deferred:
+                self._done()
+
+    def _done(self) -> None:
+        """A job left its slot: run and settled, or left to the broker."""
+        with self._in_flight_lock:
+            self._in_flight -= 1
+            self._unsettled -= 1
 
     def _hand_back_waiting(self) -> None:
         """At shutdown: hand back every delivery no thread has started yet."""
@@ -759,15 +803,20 @@ class Worker:
         """An unstarted job at shutdown: republish it unchanged to its queue, then ack."""
         self.settler.hand_back(delivery)
 
-    def _process(self, delivery: Delivery) -> None:
+    def _process(self, delivery: Delivery) -> bool:
+        """Run ``delivery``'s job and settle it; True when it went to the event loop instead
+        (an ``async def`` handler), which settles it when its coroutine ends."""
         job = self.settler.triage(delivery)
         if job is None:
-            return
+            return False
         attempt = job.attempt + 1
         handler = self._handlers.get(job.type)
         if handler is None:
             self.settler.reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
-            return
+            return False
+        if job.type in self._async_types:
+            self._coroutines().submit(partial(self._run_coroutine, delivery, job, attempt, handler))
+            return True
         token = None
         self.lifecycle.emit("started", job, attempt)
         try:
@@ -776,35 +825,104 @@ class Worker:
                 with job_span(job, attempt):
                     handler(*job.args, **job.kwargs)
         except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
-            if self.cancellations.is_cancelled(job.id):
-                self._cancelled(delivery, job, attempt)
-                if isinstance(exc, Exception | Cancelled):
-                    return
-                self._exit_requested(exc)  # SystemExit / KeyboardInterrupt: the job is settled, then exit
-                return
-            extra = job_log_extra(job, attempt)
-            logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc, extra=extra)
-            failure = Failure.from_exception(exc)
-            self._failed(job, attempt, failure)
-            self.settler.fail(delivery, job, attempt, failure, decide(job, attempt, exc))
-            if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the program wants to end
-                logger.error(
-                    "the handler of job %s raised %s: attempt %d failed; the worker shuts down",
-                    job.id,
-                    type(exc).__name__,
-                    attempt,
-                    extra=extra,
-                )
-                self._exit_requested(exc)
+            self._settle_run(delivery, job, attempt, exc)
         else:
+            self._settle_run(delivery, job, attempt, None)
+        finally:
+            if token is not None:
+                _current_job.reset(token)
+        return False
+
+    def _coroutines(self) -> CoroutineRunner:
+        """The worker's event loop for ``async def`` handlers, started on first use."""
+        runner = self._runner
+        if runner is None:
+            with self._runner_lock:
+                runner = self._runner
+                if runner is None:
+                    runner = self._runner = CoroutineRunner(f"ojs-coroutines-{self.worker_id}")
+        return runner
+
+    async def _run_coroutine(self, delivery: Delivery, job: Job, attempt: int, handler: Callable[..., Any]) -> None:
+        """A coroutine job, as :meth:`_process` runs a plain one: its own task, its own ``current_job()``.
+
+        In ``"interrupt"`` mode a cancel cancels the task (``asyncio.CancelledError`` in the handler);
+        the run is settled as cancelled.  A task cancelled because the worker stops past its grace
+        period is not settled: the broker redelivers the job.
+        """
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def interrupt() -> None:
+            if task is not None:
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:  # the loop is closed: the worker has stopped
+                    pass
+
+        try:
+            self.lifecycle.emit("started", job, attempt)
+            outcome: BaseException | None = None
+            entry = self.cancellations.enter(job.id, job.queue, interrupt=interrupt)
+            try:
+                _current_job.set(RunningJob.of(job, attempt, entry))  # the task's own context
+                if entry.is_cancelled:  # cancelled before the task could be interrupted
+                    raise Cancelled()
+                with job_span(job, attempt):
+                    await handler(*job.args, **job.kwargs)
+            except asyncio.CancelledError:
+                if not entry.is_cancelled:
+                    raise
+                outcome = Cancelled()
+            except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
+                outcome = exc
+            finally:
+                self.cancellations.leave(entry)
+            self._settle_run(delivery, job, attempt, outcome)
+        except asyncio.CancelledError:
+            logger.warning(
+                "job %s still running when the worker stopped; the broker will redeliver it",
+                job.id,
+                extra=job_log_extra(job, attempt),
+            )
+        except Exception:
+            logger.exception(
+                "unexpected error processing a delivery; sending it to the DLQ",
+                extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
+            )
+            self.consumer.nack(delivery)
+        finally:
+            self._done()
+
+    def _settle_run(self, delivery: Delivery, job: Job, attempt: int, exc: BaseException | None) -> None:
+        """Settle a run of ``job`` whose handler returned (``exc`` None) or raised ``exc``."""
+        if exc is None:
             if self.cancellations.is_cancelled(job.id):
                 self._cancelled(delivery, job, attempt)
             else:
                 self.consumer.ack(delivery)
                 self.lifecycle.emit("succeeded", job, attempt)
-        finally:
-            if token is not None:
-                _current_job.reset(token)
+            return
+        if self.cancellations.is_cancelled(job.id):
+            self._cancelled(delivery, job, attempt)
+            if isinstance(exc, Exception | Cancelled):
+                return
+            self._exit_requested(exc)  # SystemExit / KeyboardInterrupt: the job is settled, then exit
+            return
+        extra = job_log_extra(job, attempt)
+        logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc, extra=extra)
+        failure = Failure.from_exception(exc)
+        self._failed(job, attempt, failure)
+        self.settler.fail(delivery, job, attempt, failure, decide(job, attempt, exc))
+        if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the program wants to end
+            logger.error(
+                "the handler of job %s raised %s: attempt %d failed; the worker shuts down",
+                job.id,
+                type(exc).__name__,
+                attempt,
+                extra=extra,
+            )
+            self._exit_requested(exc)
 
     def _failed(self, job: Job, attempt: int, failure: Failure) -> None:
         """Emit ``failed`` for a handler's failure (the Settler then emits ``retried`` / ``dead-lettered``)."""
