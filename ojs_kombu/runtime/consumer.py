@@ -339,6 +339,7 @@ class Consumer:
         """After a connection or channel error: disconnect; the back-off before connecting again
         (DESIGN §9), or re-raise when retrying cannot help or ``connect_retries`` is spent."""
         lost = safe_url(self._failover.current)
+        unsettled = sum(self._unacked.values())
         self._disconnect()
         raise_if_permanent(exc, url=self.url)  # 403 / 530: retrying cannot help
         if self._stop.is_set():
@@ -350,11 +351,18 @@ class Consumer:
         self.reconnections += 1
         METRICS.reconnected()
         logger.warning(
-            "consumer connection to %s lost (%s); reconnecting to %s in %.1fs",
+            "consumer connection to %s lost (%s); reconnecting to %s in %.1fs%s",
             lost,
             exc,
             safe_url(self._failover.current),
             delay,
+            # On RabbitMQ 4.3 a quorum queue keeps the deliveries of a consumer whose node became
+            # unreachable for x-consumer-disconnected-timeout (60 s by default) before it
+            # delivers them again: say how many jobs may wait that long (docs/cluster.md).
+            f"; {unsettled} unsettled deliveries go back to their queues (from a node that became "
+            "unreachable: after the queue's consumer-disconnected timeout)"
+            if unsettled
+            else "",
         )
         return delay
 
