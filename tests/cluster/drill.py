@@ -109,7 +109,7 @@ class JobStream:
 
     Job ``i`` is scheduled 0-3 s ahead when ``i % 4 == 0``, fails its first attempt (retried 1 s
     later through a retry queue) when ``i % 8 == 1``, and runs at once otherwise.  ``pace``
-    seconds pass between two enqueues.
+    seconds pass between two enqueues; :meth:`stop_publishing` ends the stream before ``total``.
     """
 
     urls: Sequence[str]
@@ -129,6 +129,7 @@ class JobStream:
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
+        self._stop_publishing = threading.Event()
         self.client = Client(
             list(self.urls),
             prefix=self.prefix,
@@ -163,6 +164,8 @@ class JobStream:
     def _publish(self) -> None:
         rng = random.Random(27)
         for i in range(self.total):
+            if self._stop_publishing.is_set():
+                return
             kind = "scheduled" if i % 4 == 0 else "flaky" if i % 8 == 1 else "now"
             job = Job.create(
                 "drill.job",
@@ -205,6 +208,10 @@ class JobStream:
             assert self.publisher.is_alive(), f"the stream ended with {len(self.confirmed)} ok, not {count}"
             assert time.monotonic() < deadline, f"only {len(self.confirmed)} of {count} enqueues ok"
             time.sleep(0.01)
+
+    def stop_publishing(self) -> None:
+        """End the stream after the enqueue under way."""
+        self._stop_publishing.set()
 
     def finish_publishing(self, timeout: float = 180) -> None:
         self.publisher.join(timeout=timeout)
