@@ -42,6 +42,14 @@ def rabbitmq_version(cluster: Cluster) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
 
 
+def set_dlx_resend(cluster: Cluster, ms: int) -> None:
+    """``dead_letter_worker_publisher_confirm_timeout`` on every running node (dead-letter workers read it when they start)."""
+    for node in cluster.nodes:
+        if node.is_running():
+            done = node.ctl("eval", f"application:set_env(rabbit, dead_letter_worker_publisher_confirm_timeout, {ms}).")
+            assert done is not None and done.returncode == 0, f"cannot set the dead-letter resend time on {node.name}"
+
+
 def held_dead_letters(queue: dict[str, Any]) -> int:
     """Dead letters a quorum queue holds until their target queue confirms them.
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from drill import rabbitmq_version
+from drill import rabbitmq_version, set_dlx_resend
 from support import wait_until
 
 from ojs_kombu import Client, Job, OjsError, RetryPolicy, Worker, current_job
@@ -59,14 +59,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
             return False
         time.sleep(0.2)
     return True
-
-
-def set_dlx_resend(cluster: Cluster, ms: int) -> None:
-    """``dead_letter_worker_publisher_confirm_timeout`` on every running node (dead-letter workers read it when they start)."""
-    for node in cluster.nodes:
-        if node.is_running():
-            done = node.ctl("eval", f"application:set_env(rabbit, dead_letter_worker_publisher_confirm_timeout, {ms}).")
-            assert done is not None and done.returncode == 0, f"cannot set the dead-letter resend time on {node.name}"
 
 
 def test_the_leader_node_is_killed_mid_stream_and_no_confirmed_job_is_lost(cluster: Cluster) -> None:

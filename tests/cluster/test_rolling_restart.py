@@ -7,6 +7,11 @@ closed) and started again; the next node goes only once the cluster is whole aga
 running and every quorum queue of the test with all its members online.  The stream runs until
 the last node is back; then every job whose enqueue returned ok must run, none early, with
 duplicates bounded.
+
+RabbitMQ 3.10 holds the dead letters whose forward was sent to a restarting leader until
+``dead_letter_worker_publisher_confirm_timeout`` (180 s): 91 scheduled jobs were still held 60 s
+after the last restart in a run on 3.10.8.  On 3.10 the test therefore shortens it to 5 s on every
+node (again on each node it restarts); 4.x resends on the leader change and keeps its default.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import uuid
 from collections import Counter
 
 import pytest
-from drill import CONFIRM_TIMEOUT, PUBLISH_TIMEOUT, HeldSampler, JobStream, rabbitmq_version
+from drill import CONFIRM_TIMEOUT, PUBLISH_TIMEOUT, HeldSampler, JobStream, rabbitmq_version, set_dlx_resend
 from support import wait_until
 
 from ojs_kombu.testing.broker import PrivateNode
@@ -28,6 +33,8 @@ MAX_JOBS = 5000  # the stream ends with the last restart; this only bounds it
 PACE = 0.02  # seconds between two enqueues: ~50 jobs/s over the restarts
 RUN_WITHIN = 60.0  # seconds after the last restart by which every confirmed job has run
 DUPLICATES_AT_MOST = 0.02  # of the confirmed jobs (a graceful stop returns what it delivered)
+DLX_RESEND_MS = 5000  # RabbitMQ 3.10 only, see the module docstring
+DLX_RESEND_DEFAULT_MS = 180000
 
 
 def whole(cluster: Cluster, asking: PrivateNode, prefix: str) -> bool:
@@ -47,6 +54,9 @@ def test_a_rolling_restart_under_load_loses_no_confirmed_job(cluster: Cluster) -
     stream = JobStream(cluster.urls, prefix, MAX_JOBS, pace=PACE)
     sampler = HeldSampler(lambda: cluster.management(next(n for n in cluster.nodes if n.is_running())), prefix)
     restarts: list[float] = []
+    shorten_dlx_resend = version < (4, 0)
+    if shorten_dlx_resend:
+        set_dlx_resend(cluster, DLX_RESEND_MS)  # before the queues exist: their dead-letter workers read it
     try:
         stream.declare()
         sampler.start()
@@ -55,6 +65,8 @@ def test_a_rolling_restart_under_load_loses_no_confirmed_job(cluster: Cluster) -
         for node in cluster.nodes:
             began = time.monotonic()
             cluster.restart(node)  # stop (its clients are disconnected), start, wait until it is a member again
+            if shorten_dlx_resend:
+                set_dlx_resend(cluster, DLX_RESEND_MS)  # a restarted node starts from its configuration
             wait_until(
                 lambda node=node: whole(cluster, node, prefix),
                 timeout=60,
@@ -90,4 +102,6 @@ def test_a_rolling_restart_under_load_loses_no_confirmed_job(cluster: Cluster) -
         for node in cluster.nodes:
             if not node.is_running():
                 cluster.restart(node)
+        if shorten_dlx_resend:
+            set_dlx_resend(cluster, DLX_RESEND_DEFAULT_MS)
         cluster.management().delete_by_prefix(prefix + ".")
