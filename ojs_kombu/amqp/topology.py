@@ -565,12 +565,12 @@ class Topology:
         """Re-declare everything declared so far: exchanges, then queues, then bindings."""
         with self._lock:
             specs = list(self._declared)
-            ordered = (
-                [s for s in specs if isinstance(s, ExchangeSpec)]
-                + [s for s in specs if isinstance(s, QueueSpec)]
-                + [s for s in specs if isinstance(s, BindingSpec)]
-            )
-            self.declare(connection, ordered, force=True)
+        ordered = (
+            [s for s in specs if isinstance(s, ExchangeSpec)]
+            + [s for s in specs if isinstance(s, QueueSpec)]
+            + [s for s in specs if isinstance(s, BindingSpec)]
+        )
+        self.declare(connection, ordered, force=True)
 
     def declare(self, connection: Connection, specs: Iterable[Spec], *, force: bool = False) -> None:
         """Declare ``specs`` in order on a channel of ``connection`` (a py-amqp connection).
@@ -589,17 +589,21 @@ class Topology:
             AccessRefusedError: the user may not declare it (403).
             NotFoundError: the passive declare after a conflict found nothing.
         """
+        # The lock guards this topology's records, never a wait for the broker: the connections
+        # sharing the topology (a Worker's consumer and beacon, a Client's pool) declare in
+        # parallel, so a declaration stuck on one node (a minority node waits 30 s for the
+        # metadata store of RabbitMQ 4.x) does not hold back another connection's failover.
         with self._lock:
             todo = [s for s in specs if force or s not in self._declared]
-            if not todo:
-                return
-            check_arguments(todo, rabbitmq_version(connection))
-            channel = connection.channel()
-            try:
-                while todo:
-                    channel, todo = self._declare_pipelined(connection, channel, todo)
-            finally:
-                close_quietly(channel)
+        if not todo:
+            return
+        check_arguments(todo, rabbitmq_version(connection))
+        channel = connection.channel()
+        try:
+            while todo:
+                channel, todo = self._declare_pipelined(connection, channel, todo)
+        finally:
+            close_quietly(channel)
 
     def _declare_pipelined(
         self, connection: Connection, channel: Channel, specs: list[Spec]
@@ -624,13 +628,16 @@ class Topology:
                         refused = parse_invalid_argument(_reply_text(exc), rabbitmq_version(connection))
                         if refused is not None:
                             raise refused from None
-                        replaced = self._refused(
-                            connection, spec, parse_precondition_failed(spec.name, _reply_text(exc))
-                        )
+                        with self._lock:  # a conflict is rare: its probe may hold the lock
+                            replaced = self._refused(
+                                connection, spec, parse_precondition_failed(spec.name, _reply_text(exc))
+                            )
                         close_quietly(channel)  # py-amqp reopened it after the 406
                         return replaced, [s for s, _ in sent[index + 1 :]]
-                    self._accepted(spec)
-                self._declared[spec] = None
+                    with self._lock:
+                        self._accepted(spec)
+                with self._lock:
+                    self._declared[spec] = None
         return channel, []
 
     def _send(self, channel: Channel, spec: Spec) -> Any:

@@ -54,6 +54,7 @@ from typing import Any
 from amqp import spec
 from amqp.basic_message import Message
 from amqp.channel import Channel
+from amqp.exceptions import RecoverableConnectionError
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import safe_url
@@ -193,6 +194,7 @@ class Consumer:
         self.connected = threading.Event()
         self._attempt = 0  # consecutive failed connections
         self._reconnect_at = 0.0  # monotonic: not before (the back-off of a connection lost in serve)
+        self._leave: str | None = None  # a node another connection found unable to commit (leave_node)
         self._sock: Any = None  # the connection's socket, for the passes
         self._interval = 1.0  # the longest a pass waits in select
         self._next_heartbeat_check = 0.0
@@ -243,6 +245,21 @@ class Consumer:
 
     def wake(self) -> None:
         """Make a pass waiting in ``select`` return now (thread-safe)."""
+        self._wake()
+
+    def leave_node(self, url: str, reason: str) -> None:
+        """Move to the next node if connected to ``url`` (thread-safe; the loop does it at its next pass).
+
+        For what another connection of the worker found out about that node and this connection
+        cannot see: a node cut off from the cluster's majority still answers heartbeats, but its
+        queues deliver nothing (the Worker's beacon notices that its presences are no longer
+        confirmed there).
+
+        Parameters:
+            url: the node's URL, as in this consumer's failover list.
+            reason: what was seen, for the log.
+        """
+        self._leave = f"{url}\n{reason}"
         self._wake()
 
     def connection_factory(self) -> Connection:
@@ -339,6 +356,7 @@ class Consumer:
         """After a connection or channel error: disconnect; the back-off before connecting again
         (DESIGN §9), or re-raise when retrying cannot help or ``connect_retries`` is spent."""
         lost = safe_url(self._failover.current)
+        unsettled = sum(self._unacked.values())
         self._disconnect()
         raise_if_permanent(exc, url=self.url)  # 403 / 530: retrying cannot help
         if self._stop.is_set():
@@ -350,11 +368,18 @@ class Consumer:
         self.reconnections += 1
         METRICS.reconnected()
         logger.warning(
-            "consumer connection to %s lost (%s); reconnecting to %s in %.1fs",
+            "consumer connection to %s lost (%s); reconnecting to %s in %.1fs%s",
             lost,
             exc,
             safe_url(self._failover.current),
             delay,
+            # On RabbitMQ 4.3 a quorum queue keeps the deliveries of a consumer whose node became
+            # unreachable for x-consumer-disconnected-timeout (60 s by default) before it
+            # delivers them again: say how many jobs may wait that long (docs/cluster.md).
+            f"; {unsettled} unsettled deliveries go back to their queues (from a node that became "
+            "unreachable: after the queue's consumer-disconnected timeout)"
+            if unsettled
+            else "",
         )
         return delay
 
@@ -459,6 +484,11 @@ class Consumer:
 
     def _pass(self) -> None:
         """One pass of the loop: settle requests, control, then wait for and dispatch frames."""
+        if self._leave is not None:
+            url, _, reason = self._leave.partition("\n")
+            self._leave = None
+            if url == self._failover.current:
+                raise RecoverableConnectionError(f"leaving {safe_url(url)}: {reason}")
         connection = self._kombu.connection
         sock = self._sock
         reader = self._reader

@@ -23,8 +23,14 @@ the worker's job lifecycle events (:mod:`ojs_kombu.runtime.lifecycle`, routing k
 ``job.{event}.{queue}``): :meth:`Beacon.offer` is the lifecycle subscriber, called
 in handler threads; it only puts the event on a bounded queue.  When that queue is
 full (the broker is unreachable for long), events are dropped, counted
-(:attr:`Beacon.dropped`) and logged.  Job events are best effort: they are not
-confirmed, and those queued when a worker is killed are lost.
+(:attr:`Beacon.dropped`) and logged.  Job events are best effort: the beacon
+does not wait for their confirms, and those queued when a worker is killed are lost.
+
+The beacon's channel is in confirm mode, and its presences double as a check of the node it is
+connected to: a node cut off from the cluster's majority still answers heartbeats but commits
+nothing, so a presence it has not confirmed after ``confirm_timeout`` seconds (by default three
+intervals, at least 30 s) makes the beacon move to the next node and call ``on_stalled`` with
+that node's URL (the Worker moves its consumer off that node too: ``docs/cluster.md``).
 
 :func:`read_events` reads the stream back for the Client.
 """
@@ -98,6 +104,9 @@ def record_of(event: JobEvent) -> JobEventRecord:
 
 _STOP = object()
 _PUMP_INTERVAL = 0.5  # seconds between two reads of the beacon's connection (heartbeats)
+#: The least time a presence may wait for its confirm before the node is taken as unable to commit
+#: (RabbitMQ 4.3 answers a metadata write on a minority node after 30 s).
+MIN_CONFIRM_TIMEOUT = 30.0
 
 
 class Beacon:
@@ -113,6 +122,10 @@ class Beacon:
         active: the provider of the jobs it runs now.
         interval: seconds between two presences.
         max_pending: job events held while they cannot be published.
+        confirm_timeout: seconds after which an unconfirmed presence means that the node cannot
+            commit (default: three intervals, at least :data:`MIN_CONFIRM_TIMEOUT`).
+        on_stalled: called in the beacon's thread with the URL of such a node and what was seen,
+            before the beacon moves to the next node.
         heartbeat, ssl, transport_options, connection_name: of the beacon's own connection.
 
     Raises:
@@ -135,6 +148,8 @@ class Beacon:
         ssl: Any = None,
         transport_options: dict[str, Any] | None = None,
         connection_name: str = "ojs_kombu worker events",
+        confirm_timeout: float | None = None,
+        on_stalled: Callable[[str, str], None] | None = None,
     ):
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValidationError(f"max_pending must be a positive integer, got {max_pending!r}", field="max_pending")
@@ -146,6 +161,11 @@ class Beacon:
         self.concurrency = concurrency
         self.active = active
         self.interval = check_presence_interval(interval)
+        self.confirm_timeout = (
+            max(MIN_CONFIRM_TIMEOUT, 3 * self.interval) if confirm_timeout is None else confirm_timeout
+        )
+        self.on_stalled = on_stalled
+        self.stalls = 0  # nodes left because they stopped confirming the presences
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.version = library_version()
@@ -167,6 +187,8 @@ class Beacon:
         self._failures = 0
         self._next_pump = 0.0
         self._drop_lock = threading.Lock()
+        self._published_on_channel = 0  # the delivery tag of the channel's last publish
+        self._unconfirmed: dict[int, float] = {}  # presence delivery tag -> monotonic time published
 
     # -- the worker's side ---------------------------------------------------------------------
 
@@ -244,7 +266,7 @@ class Beacon:
                 try:
                     channel = self._connected()
                     if time.monotonic() >= next_beat:
-                        self._publish(channel, presence_message(self.presence()), self._worker_key())
+                        self._publish(channel, presence_message(self.presence()), self._worker_key(), presence=True)
                         next_beat = time.monotonic() + self.interval
                     self._publish_pending(channel, wait=max(0.0, next_beat - time.monotonic()))
                 except self._errors as exc:  # a broker outage or refusal: only delays beacons
@@ -269,14 +291,20 @@ class Beacon:
         with map_exceptions(url=self.url):
             self._failover.connect(self._connection)
             self.topology.ensure_events(self._connection.connection, force=True)
-            self._channel = self._connection.connection.channel()
+            channel = self._connection.connection.channel()
+            channel.confirm_select()
+            channel.events["basic_ack"].add(self._confirmed)
+            channel.events["basic_nack"].add(self._confirmed)  # settled all the same: the node answers
+            self._published_on_channel = 0
+            self._unconfirmed.clear()
+            self._channel = channel
         self._failover.succeeded()
         if self._failures:
             logger.info("worker beacon reconnected to %s", safe_url(self._failover.current))
         self._failures = 0
         return self._channel
 
-    def _publish(self, channel: Channel, message: OutgoingMessage, routing_key: str) -> None:
+    def _publish(self, channel: Channel, message: OutgoingMessage, routing_key: str, *, presence: bool = False) -> None:
         with map_exceptions(url=self.url):
             channel.basic_publish(
                 WireMessage(message.body, application_headers=message.headers, **message.properties),
@@ -284,6 +312,41 @@ class Beacon:
                 routing_key=routing_key,
             )
         self.published += 1
+        self._published_on_channel += 1
+        if presence:
+            self._unconfirmed[self._published_on_channel] = time.monotonic()
+
+    def _confirmed(self, delivery_tag: int, multiple: bool = False, *_: Any) -> None:
+        """A ``Basic.Ack`` / ``Basic.Nack`` of the beacon's channel (read in the beacon's thread)."""
+        if multiple:
+            for tag in [t for t in self._unconfirmed if t <= delivery_tag]:
+                del self._unconfirmed[tag]
+        else:
+            self._unconfirmed.pop(delivery_tag, None)
+
+    def _check_confirms(self) -> None:
+        """Leave the node when a presence has waited ``confirm_timeout`` seconds for its confirm.
+
+        Raises:
+            OjsError: the node does not confirm (the caller reconnects to the next node).
+        """
+        if not self._unconfirmed:
+            return
+        waited = time.monotonic() - min(self._unconfirmed.values())
+        if waited < self.confirm_timeout:
+            return
+        url = self._failover.current
+        reason = (
+            f"a presence published {waited:.0f}s ago is not confirmed: the node commits nothing "
+            "(cut off from the cluster's majority?)"
+        )
+        self.stalls += 1
+        if self.on_stalled is not None:
+            try:
+                self.on_stalled(url, reason)
+            except Exception:  # a failing callback must not stop the beacon
+                logger.exception("worker beacon: on_stalled failed")
+        raise OjsError(f"leaving {safe_url(url)}: {reason}")
 
     def _publish_pending(self, channel: Channel, *, wait: float) -> None:
         """Publish queued job events until the next beat is due, keeping the connection alive."""
@@ -291,7 +354,8 @@ class Beacon:
         while not self._stopping.is_set():
             now = time.monotonic()
             if now >= self._next_pump:  # not per event: a busy worker's events would wait for it
-                self._pump()
+                self._pump()  # reads the confirms too
+                self._check_confirms()
                 self._next_pump = now + _PUMP_INTERVAL
             remaining = deadline - now
             if remaining <= 0:

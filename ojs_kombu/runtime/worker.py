@@ -517,6 +517,9 @@ class Worker:
                 ssl=self._ssl,
                 transport_options=self._transport_options,
                 connection_name=f"{self._consumer_name()} events",
+                # A node whose presences stay unconfirmed commits nothing (cut off from the
+                # majority): its queues deliver nothing either, so the consumer leaves it too.
+                on_stalled=self.consumer.leave_node,
             )
             self._beacon.start()
         logger.info(

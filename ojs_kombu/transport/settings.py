@@ -41,6 +41,7 @@ QUEUE_ARGUMENT_OPTIONS = {
     "x-queue-type": "queue_type",
     "x-delivery-limit": "delivery_limit",
     "x-consumer-timeout": "consumer_timeout",
+    "x-consumer-disconnected-timeout": "consumer_disconnected_timeout",
 }
 
 

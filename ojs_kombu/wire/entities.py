@@ -144,13 +144,20 @@ class QueueOptions:
     past it the broker takes the delivery back (``docs/rabbitmq-4.md``).  RabbitMQ 4.3
     has no consumer timeout for classic queues and refuses the argument on them: declaring
     such a queue raises :class:`~ojs_kombu.errors.QueueArgumentRefusedError`.
+    ``consumer_disconnected_timeout`` (milliseconds, ``x-consumer-disconnected-timeout``,
+    quorum queues, RabbitMQ ≥ 4.3; older brokers accept and ignore it): how long the queue
+    keeps the deliveries of a consumer whose node became unreachable (a node crash, a
+    partition) before it delivers them again elsewhere; RabbitMQ's default is 60 s, during
+    which those jobs wait (``docs/cluster.md``, Failover).  Shorter means sooner, and on a
+    partition that heals, more duplicates.
 
     Raises:
         ValidationError: a negative or non-integer size, an unknown ``overflow`` or
             ``queue_type``; with ``queue_type="quorum"``: ``max_priority`` (refused by
             RabbitMQ 3.x), an ``overflow`` other than ``"reject-publish"`` (``drop-head``
             would turn at-least-once dead-lettering off, ``reject-publish-dlx`` is not
-            supported); ``delivery_limit`` on a queue that is not quorum.
+            supported); ``delivery_limit`` or ``consumer_disconnected_timeout`` on a queue that
+            is not quorum.
     """
 
     max_priority: int | None = None
@@ -161,6 +168,7 @@ class QueueOptions:
     queue_type: QueueType | None = None
     delivery_limit: int | None = None
     consumer_timeout: int | None = None
+    consumer_disconnected_timeout: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -170,6 +178,7 @@ class QueueOptions:
             "message_ttl",
             "delivery_limit",
             "consumer_timeout",
+            "consumer_disconnected_timeout",
         ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
@@ -190,6 +199,10 @@ class QueueOptions:
             )
         if self.delivery_limit is not None and self.queue_type != "quorum":
             raise ValidationError("delivery_limit applies to quorum queues only", field="delivery_limit")
+        if self.consumer_disconnected_timeout is not None and self.queue_type != "quorum":
+            raise ValidationError(
+                "consumer_disconnected_timeout applies to quorum queues only", field="consumer_disconnected_timeout"
+            )
 
     def with_queue_type(self, queue_type: QueueType | None) -> QueueOptions:
         """These options with ``queue_type`` (``None``: unchanged).
@@ -209,6 +222,7 @@ class QueueOptions:
             ("x-overflow", self.overflow),
             ("x-message-ttl", self.message_ttl),
             ("x-consumer-timeout", self.consumer_timeout),
+            ("x-consumer-disconnected-timeout", self.consumer_disconnected_timeout),
         ):
             if value is not None:
                 args[key] = value

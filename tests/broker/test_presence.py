@@ -117,6 +117,35 @@ def test_presence_lists_active_jobs_with_their_start_times(amqp_url, names, clie
     assert abs(active.started_at - started) < timedelta(milliseconds=1)
 
 
+def test_a_node_that_confirms_the_presences_is_never_left(amqp_url, names, client):
+    """The beacon leaves a node whose presences stay unconfirmed (cut off from the cluster's majority:
+    ``tests/cluster/test_minority_node.py``).  A healthy broker confirms each one at once: with a
+    confirm timeout far below the presence interval, the beacon never leaves it, and the presences
+    it published were all confirmed (a confirm that never reached the beacon would make every worker
+    change nodes every 30 s)."""
+    left: list[str] = []
+    beacon = Beacon(
+        amqp_url,
+        names,
+        Topology(names),
+        worker_id="w-confirmed",
+        queues=["email"],
+        concurrency=1,
+        active=list,
+        interval=0.2,
+        confirm_timeout=0.5,
+        on_stalled=lambda url, reason: left.append(reason),
+    )
+    beacon.start()
+    try:
+        wait_until(lambda: beacon.published >= 10, timeout=10, message="ten presences")
+        assert client.workers()
+    finally:
+        beacon.stop()
+    assert left == []
+    assert beacon.stalls == 0
+
+
 def test_a_workers_presence_lists_the_job_its_handler_runs(worker_factory, client):
     release = threading.Event()
     worker = worker_factory(presence_interval=0.5)

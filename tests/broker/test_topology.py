@@ -99,6 +99,20 @@ def test_redeclaring_a_conflicting_queue_keeps_one_record(amqp_url, prefix, name
         assert [d.argument for d in conflict.differences] == ["x-max-priority"]
 
 
+def test_consumer_disconnected_timeout_is_declared_on_the_quorum_job_queue(amqp_url, prefix, names, management):
+    """``consumer_disconnected_timeout`` reaches the broker as ``x-consumer-disconnected-timeout``
+    (RabbitMQ 4.3 applies it; older brokers keep it and ignore it), on the job queue only."""
+    with Client(amqp_url, prefix=prefix, queue_type="quorum") as client:
+        client.declare_queue("crashy", queue_type="quorum", consumer_disconnected_timeout=5_000)
+        try:
+            declared = management.queue(names.job_queue("crashy"))
+            assert declared["arguments"]["x-consumer-disconnected-timeout"] == 5_000
+            dead_letters = management.queue(names.dead_letter_queue("crashy"))
+            assert "x-consumer-disconnected-timeout" not in dead_letters["arguments"]
+        finally:
+            client.teardown()
+
+
 @pytest.mark.parametrize(
     "stream,arguments",
     [

@@ -114,3 +114,18 @@ def test_consumer_timeout_option():
     for bad in (-1, 1.5, True, "1h"):
         with pytest.raises(ValidationError):
             QueueOptions(consumer_timeout=bad)  # type: ignore[arg-type]
+
+
+def test_consumer_disconnected_timeout_option():
+    """x-consumer-disconnected-timeout (ms) on quorum job queues; from QueueOptions and a framework's queue arguments."""
+    options = QueueOptions(queue_type="quorum", consumer_disconnected_timeout=5_000)
+    assert options.arguments()["x-consumer-disconnected-timeout"] == 5_000
+    assert "x-consumer-disconnected-timeout" not in QueueOptions(queue_type="quorum").arguments()
+    assert Settings.from_options({}).options_with(
+        {"x-queue-type": "quorum", "x-consumer-disconnected-timeout": 9_000}
+    ) == QueueOptions(queue_type="quorum", consumer_disconnected_timeout=9_000)
+    with pytest.raises(ValidationError, match="quorum queues only"):
+        QueueOptions(consumer_disconnected_timeout=5_000)
+    for bad in (-1, 1.5, True, "10s"):
+        with pytest.raises(ValidationError):
+            QueueOptions(queue_type="quorum", consumer_disconnected_timeout=bad)  # type: ignore[arg-type]
