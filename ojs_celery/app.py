@@ -40,6 +40,8 @@ from contextvars import ContextVar
 from typing import Any
 
 import celery
+import celery.app.task
+import celery.canvas
 from celery.app.amqp import AMQP as CeleryAMQP
 from celery.exceptions import ImproperlyConfigured
 
@@ -107,6 +109,23 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]  # Celery is untyped
         return super().as_task_v1(task_id, name, *_with_schedule(args, kwargs), **kwargs)
 
 
+def _install_uuid7_ids() -> None:
+    """Make Celery's own task id generator give UUIDv7 ids (idempotent).
+
+    Celery has no per-app hook for the ids it makes itself: :mod:`celery.canvas`
+    (``Signature.freeze``: chain, group and chord members, group and chord ids) and
+    :mod:`celery.app.task` (``Task.apply``, eager calls) call the ``uuid`` function
+    they import from :mod:`kombu.utils.uuid` (UUID4).  Their module-level name is
+    replaced by :func:`~ojs_kombu.model.ids.new_job_id`, so every id Celery makes
+    is an OJS job id, as the ids of ``send_task``/``delay`` are.  It is
+    process-wide, for every Celery app of the process: a UUIDv7 is an RFC 9562
+    UUID, and Celery treats task ids as opaque strings.
+    """
+    for module in (celery.canvas, celery.app.task):
+        if module.uuid is not new_job_id:
+            module.uuid = new_job_id
+
+
 def _with_schedule(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """``as_task_v*``'s positional arguments after ``name`` (``args, kwargs, countdown, eta, ...``), scheduled."""
     schedule = _SCHEDULE.get()
@@ -135,6 +154,7 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
         if broker_backend is not None and broker_backend not in _BACKENDS:
             raise ImproperlyConfigured(f"broker_backend must be one of {sorted(_BACKENDS)}, got {broker_backend!r}")
         register_aliases()
+        _install_uuid7_ids()
         self.broker_backend = broker_backend
         super().__init__(main, *args, **kwargs)
         if broker_backend is not None:

@@ -206,7 +206,7 @@ class OjsBroker(dramatiq.Broker):
         if events:
             self.lifecycle.subscribe(self._presence.offer)
         self.add_middleware(self._presence)
-        self._running = OjsRunning(self.cancellations, self.lifecycle)
+        self._running = OjsRunning(self.cancellations, self.lifecycle, self.activity)
         self.add_middleware(self._running)
         if max_priority is not None and not 0 < max_priority <= 255:
             raise ValueError("max_priority must be a value between 0 and 255")

@@ -45,6 +45,7 @@ from dramatiq.middleware import Middleware, SkipMessage
 from ojs_kombu.errors import OjsError
 from ojs_kombu.model.job import Job
 from ojs_kombu.policy.retry import Failure
+from ojs_kombu.runtime.activity import Activity
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import Cancellations, RunningEntry
 from ojs_kombu.runtime.lifecycle import Lifecycle
@@ -112,11 +113,14 @@ class OjsRunning(Middleware):
     Parameters:
         cancellations: the broker's cancels, shared with its consumers' control readers.
         lifecycle: where the events go.
+        activity: the broker's INFO answers: told each message's id as an alias of its job id,
+            so INFO finds it by the Dramatiq ``message_id`` too (None: not told).
     """
 
-    def __init__(self, cancellations: Cancellations, lifecycle: Lifecycle):
+    def __init__(self, cancellations: Cancellations, lifecycle: Lifecycle, activity: Activity | None = None):
         self.cancellations = cancellations
         self.lifecycle = lifecycle
+        self.activity = activity
         self._by_thread: dict[int, RunningMessage] = {}  # what each worker thread runs now
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
@@ -133,6 +137,8 @@ class OjsRunning(Middleware):
         message._cancellations = self.cancellations
         message._run_token = _current_run.set(entry)
         self._by_thread[thread_id] = message
+        if self.activity is not None:
+            self.activity.alias(job.id, (message.message_id,))
         if entry.is_cancelled:
             raise SkipMessage(f"message {message.message_id} was cancelled")
         self.lifecycle.emit("started", job, message.execution)

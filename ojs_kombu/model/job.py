@@ -693,4 +693,36 @@ def _check_size(job: Job) -> None:
     )
 
 
-__all__ = ["MAX_BACKTRACE_LINES", "SPEC_VERSION", "Job", "JobError"]
+#: Where a framework's own id of a job travels, when it is not the job ``id`` (wire format):
+#: ``meta.dramatiq.message_id`` (a Dramatiq ``message_id``, what ``send()`` returned; the job id
+#: is a UUIDv7 derived from it and the message timestamp, so it cannot be computed from the
+#: message id alone) and ``meta.celery.id`` (a Celery task id that is not a UUIDv7).
+FRAMEWORK_ID_FIELDS: tuple[tuple[str, str], ...] = (("dramatiq", "message_id"), ("celery", "id"))
+
+
+def framework_ids(job: Job) -> tuple[str, ...]:
+    """The other ids ``job`` may be named by: its framework's own id (:data:`FRAMEWORK_ID_FIELDS`), lowercase.
+
+    A job id is taken wherever one of these is (the dead letter filters, INFO), so
+    ``ojs-amqp dlq show default <what send() returned>`` finds a Dramatiq message.
+
+    Parameters:
+        job: a decoded job.
+
+    Returns:
+        The ids other than ``job.id`` (usually none or one), lowercase, in
+        :data:`FRAMEWORK_ID_FIELDS` order.
+    """
+    meta = job.meta
+    if not meta:
+        return ()
+    found: list[str] = []
+    for section_key, field_name in FRAMEWORK_ID_FIELDS:
+        section = meta.get(section_key)
+        other = section.get(field_name) if isinstance(section, dict) else None
+        if isinstance(other, str) and other and (other := other.lower()) != job.id and other not in found:
+            found.append(other)
+    return tuple(found)
+
+
+__all__ = ["FRAMEWORK_ID_FIELDS", "MAX_BACKTRACE_LINES", "SPEC_VERSION", "Job", "JobError", "framework_ids"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -89,6 +90,7 @@ class Activity:
         self.history = history
         self._running: dict[str, JobEvent] = {}  # by lowercase id: its ``started`` event
         self._finished: OrderedDict[str, _Finished] = OrderedDict()
+        self._aliases: OrderedDict[str, str] = OrderedDict()  # another id (a Dramatiq message id) -> job id
         self._lock = threading.Lock()
         self._sources: tuple[Lifecycle, ...] = ()
 
@@ -138,15 +140,38 @@ class Activity:
             while len(self._finished) > self.history:
                 self._finished.popitem(last=False)
 
+    def alias(self, job_id: str, others: Iterable[str]) -> None:
+        """Let :meth:`lookup` find ``job_id`` by ``others`` too (a framework's own id of the job,
+        :func:`~ojs_kombu.model.job.framework_ids`), for as long as the history window's size of
+        the latest aliases.
+
+        Parameters:
+            job_id: the job's id.
+            others: the other ids it may be named by.
+        """
+        job_id = job_id.lower()
+        with self._lock:
+            for other in others:
+                other = other.lower()
+                if other == job_id:
+                    continue
+                self._aliases.pop(other, None)
+                self._aliases[other] = job_id
+            while len(self._aliases) > self.history:
+                self._aliases.popitem(last=False)
+
     def lookup(self, job_id: str) -> JobInfo | None:
-        """What this worker knows about ``job_id`` (any case): running first, else its last outcome.
+        """What this worker knows about ``job_id`` (any case), or about the job it is an
+        :meth:`alias` of: running first, else its last outcome.
 
         Returns:
-            The info, or None when the job is neither running here nor in the history window.
+            The info (its ``job_id`` the OJS job id), or None when the job is neither running here
+            nor in the history window.
         """
         job_id = job_id.lower()
         self._catch_up()
         with self._lock:
+            job_id = self._aliases.get(job_id, job_id)
             running = self._running.get(job_id)
             finished = self._finished.get(job_id) if running is None else None
         if running is not None:

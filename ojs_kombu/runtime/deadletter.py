@@ -18,7 +18,7 @@ from typing import Any
 from amqp import Message
 
 from ojs_kombu.errors import DecodeError, ValidationError
-from ojs_kombu.model.job import Job
+from ojs_kombu.model.job import Job, framework_ids
 from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp, utcnow
 from ojs_kombu.wire.codec import decode
 from ojs_kombu.wire.headers import Header
@@ -115,7 +115,9 @@ class DeadLetterFilter:
             any case), or text found in its error message (any case).
         since: dead-lettered at or after this aware datetime (:attr:`DeadLetterEntry.dead_at`;
             a letter whose time is unknown never matches).
-        ids: its :attr:`DeadLetterEntry.letter_id` is one of these (any case).
+        ids: its :attr:`DeadLetterEntry.letter_id`, or the framework's own id its job carries
+            (:func:`~ojs_kombu.model.job.framework_ids`: a Dramatiq ``message_id``), is one of
+            these (any case).
 
     Raises:
         ValidationError: ``since`` is a naive datetime.
@@ -152,7 +154,8 @@ class DeadLetterFilter:
         if self.types is not None and (entry.job is None or entry.job.type not in self.types):
             return False
         if self.ids is not None and entry.letter_id not in self.ids:
-            return False
+            if entry.job is None or self.ids.isdisjoint(framework_ids(entry.job)):
+                return False
         if self.error is not None:
             wanted = self.error.lower()
             codes = {code.lower() for code in entry.error_codes}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from celery.worker import state as worker_state
 from support import get_messages, message_count, slow_first_call, total_messages, wait_until
 
 from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.model.ids import JOB_ID_RE
 from ojs_kombu.policy.schedule import LEVELS
 from ojs_kombu.testing.schema import validate_job
 
@@ -330,6 +332,30 @@ def test_chain_group_and_link_error(celery_app, worker_factory):
             failing.get(timeout=20)
         wait_until(lambda: len(errors) == 1, timeout=20, message="the errback")
     assert errors.calls[0]["task_id"] == failing.id and "cannot handle 3" in errors.calls[0]["exc"]
+
+
+def test_chain_and_group_members_get_uuid7_ids_and_run(celery_app, worker_factory):
+    ran = Recorder()
+
+    @celery_app.task(bind=True)
+    def add(self, x, y):
+        ran.add(task_id=self.request.id)
+        return x + y
+
+    @celery_app.task(bind=True)
+    def mul(self, x, y):
+        ran.add(task_id=self.request.id)
+        return x * y
+
+    with worker_factory(celery_app):
+        result = chain(add.s(1, 2), mul.s(10)).delay()
+        assert result.get(timeout=30) == 30
+        members = [result.parent.id, result.id]
+        grouped = group(add.s(i, i) for i in range(2)).delay()
+        assert grouped.get(timeout=30) == [0, 2]
+    ids = [*members, *(r.id for r in grouped.results), grouped.id]
+    assert all(JOB_ID_RE.fullmatch(i) and uuid.UUID(i).version == 7 for i in ids), ids
+    assert sorted(c["task_id"] for c in ran.calls) == sorted(ids[:4])  # the ids the tasks ran under
 
 
 def test_chords_with_the_redis_result_backend(celery_redis_app, worker_factory):
