@@ -770,12 +770,8 @@ class Worker:
         deferred = False  # a coroutine job: counted out when its coroutine ends
         try:
             deferred = self._process(delivery)
-        except Exception:
-            logger.exception(
-                "unexpected error processing a delivery; sending it to the DLQ",
-                extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
-            )
-            self.consumer.nack(delivery)
+        except Exception:  # noqa: BLE001 - logged with its traceback, the delivery dead-lettered
+            self._dead_letter_unexpected(delivery)
         finally:
             if not deferred:
                 self._done()
@@ -888,14 +884,18 @@ class Worker:
                 job.id,
                 extra=job_log_extra(job, attempt),
             )
-        except Exception:
-            logger.exception(
-                "unexpected error processing a delivery; sending it to the DLQ",
-                extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
-            )
-            self.consumer.nack(delivery)
+        except Exception:  # noqa: BLE001 - logged with its traceback, the delivery dead-lettered
+            self._dead_letter_unexpected(delivery)
         finally:
             self._done()
+
+    def _dead_letter_unexpected(self, delivery: Delivery) -> None:
+        """A bug of ours met this delivery: log it with its traceback and send the delivery to its DLQ."""
+        logger.exception(
+            "unexpected error processing a delivery; sending it to the DLQ",
+            extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
+        )
+        self.consumer.nack(delivery)
 
     def _settle_run(self, delivery: Delivery, job: Job, attempt: int, exc: BaseException | None) -> None:
         """Settle a run of ``job`` whose handler returned (``exc`` None) or raised ``exc``."""

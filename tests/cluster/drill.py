@@ -235,6 +235,16 @@ class JobStream:
         with self.lock:
             return sum(count - 1 for job_id, count in self.done.items() if job_id in self.confirmed and count > 1)
 
+    def assert_survived(self, duplicates_at_most: float) -> None:
+        """What every drill asserts besides "nothing lost": no job early, the Worker alive and reconnected,
+        duplicates within ``duplicates_at_most`` of the confirmed jobs, and every refused enqueue a typed
+        error within the Client's budgets, never a hang."""
+        assert self.early == []
+        assert self.worker.error is None
+        assert self.worker.consumer.reconnections >= 1
+        assert self.duplicates() <= duplicates_at_most * len(self.confirmed)
+        assert max(self.durations) < CONFIRM_TIMEOUT + PUBLISH_TIMEOUT + 5
+
     def close(self) -> None:
         if self.publisher.is_alive():
             self.publisher.join(timeout=60)
