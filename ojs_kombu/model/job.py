@@ -237,9 +237,11 @@ class Job(OjsModel):
         # being checked, and a _Problem raised while checking it is reported under it.
         field = "type"
         try:
-            check_job_type(type)
+            if type.__class__ is not str or type not in _GOOD_TYPES:
+                _remember_name(_GOOD_TYPES, check_job_type(type))
             field = "queue"
-            check_new_queue_name(queue)
+            if queue.__class__ is not str or queue not in _GOOD_QUEUES:
+                _remember_name(_GOOD_QUEUES, check_new_queue_name(queue))
             field = "id"
             job_id = job_id_argument(id)
             field = "args"
@@ -591,6 +593,20 @@ _REQUIRED = frozenset({"id", "type", "queue", "args"})
 
 
 # --------------------------------------------------------------------------- helpers of Job
+
+
+# Job types and queue names Job.create found valid: a program uses a few, each is checked once.
+# Exact strings only (their equality is str's); bounded, starting over when full.
+_GOOD_TYPES: set[str] = set()
+_GOOD_QUEUES: set[str] = set()
+_GOOD_NAMES_LIMIT = 1024
+
+
+def _remember_name(names: set[str], name: str) -> None:
+    if name.__class__ is str:
+        if len(names) >= _GOOD_NAMES_LIMIT:
+            names.clear()
+        names.add(name)
 
 
 class _Stamps:
