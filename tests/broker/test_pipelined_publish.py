@@ -99,6 +99,9 @@ def test_a_large_batch_runs_without_collections_and_restores_the_collector(amqp_
         client.declare_queue("paused")
         jobs = [Job.create("bulk.job", [i], queue="paused") for i in range(2 * GC_PAUSE_MIN_JOBS)]
         assert gc.isenabled()
+        # From a collection, so that the few allocations before the pause (the jobs' list, the
+        # pause itself) cannot be the ones that reach the threshold of a young collection.
+        gc.collect()
         gc.callbacks.append(count)
         try:
             results = client.enqueue_many(jobs)
