@@ -37,6 +37,7 @@ from kombu.connection import Connection
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly, resolve_url, safe_url
 from ojs_kombu.amqp.errors import connection_error, map_exceptions
 from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.properties import properties_template
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import OnConflict, Topology
 from ojs_kombu.amqp.urls import BrokerUrls
@@ -60,7 +61,7 @@ from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.control import Cancellations, ControlReader
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
 from ojs_kombu.runtime.presence import read_events
-from ojs_kombu.wire.codec import OutgoingMessage, encode
+from ojs_kombu.wire.codec import OutgoingMessage, encode, encode_body, properties_key
 from ojs_kombu.wire.control import (
     ControlOptions,
     cancel_message,
@@ -93,6 +94,25 @@ DEFAULT_STALE_AFTER = 15.0
 #: ``enqueue_many`` pauses the cyclic garbage collector for batches of at least this many jobs
 #: (:mod:`ojs_kombu.gc_pause`); a smaller batch's objects hardly outlive a young collection.
 GC_PAUSE_MIN_JOBS = 1000
+
+# enqueue_many's encoded properties per wire.codec.properties_key (a batch's jobs share them but for
+# their ids): key -> (before, after) the message id.  Bounded: when full it starts over.
+_TEMPLATES: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+_TEMPLATES_LIMIT = 1024
+
+
+def _remember_template(key: tuple[Any, ...], message: OutgoingMessage) -> tuple[bytes, bytes] | None:
+    """The encoded properties of ``message`` around its id, remembered under ``key``; None when
+    they cannot be encoded (the message's own publish then says why)."""
+    try:
+        template = properties_template(message.properties, message.headers)
+    except ValueError:
+        return None
+    if len(_TEMPLATES) >= _TEMPLATES_LIMIT:
+        _TEMPLATES.clear()
+    _TEMPLATES[key] = template
+    return template
+
 
 # Timestamp offsets of a stream point at chunks: start reading a little earlier, filter by body times.
 _STREAM_OFFSET_SLACK = timedelta(seconds=1)
@@ -1016,6 +1036,20 @@ class Client:
         except (TypeError, ValueError) as exc:  # what the JSON encoder raises
             raise ValidationError(f"job {job.id} cannot be encoded as JSON: {exc}", field="args") from exc
 
+    @staticmethod
+    def _body(job: Job) -> bytes:
+        """``job``'s message body.
+
+        Raises:
+            ValidationError: as :meth:`_encoded`.
+        """
+        try:
+            return encode_body(job)
+        except ValidationError:
+            raise
+        except (TypeError, ValueError) as exc:  # what the JSON encoder raises
+            raise ValidationError(f"job {job.id} cannot be encoded as JSON: {exc}", field="args") from exc
+
     def _publish_jobs(self, jobs: list[Job]) -> list[EnqueueResult]:
         if len(jobs) < GC_PAUSE_MIN_JOBS:
             return self._publish_batch(jobs)
@@ -1057,37 +1091,57 @@ class Client:
                     self.topology.ensure_queue(conn.connection, queue)
                 for queue in {jobs[i].queue for i in pending if i in delayed}:
                     self.topology.ensure_scheduling(conn.connection, queue, self.cascade)
-            publish = session.publisher.publish
-            direct = self.names.direct_exchange
+            publish, publish_job = session.publisher.publish, session.publisher.publish_job
+            direct, app_id, confirm_timeout = self.names.direct_exchange, self.app_id, self.confirm_timeout
             sent: list[int] = []
             tickets: list[PublishTicket] = []
             try:
                 for index in pending:
                     job = jobs[index]
                     message = messages.get(index)
-                    if message is None:
-                        try:
+                    key = properties_key(job, app_id) if message is None and index not in delayed else None
+                    # A job whose properties an earlier job of the same key had encoded: only its
+                    # body is encoded, and its frames are built around its id.
+                    template = _TEMPLATES.get(key) if key is not None else None
+                    try:
+                        if template is not None:
+                            body = self._body(job)
+                        elif message is None:
                             message = messages[index] = self._encoded(job)
-                        except ValidationError as exc:
-                            results[index] = EnqueueResult(job, exc)
-                            continue
-                    if index in delayed:
+                            if key is not None:  # the first of its key: its properties serve the next ones
+                                template, body = _remember_template(key, message), message.body
+                    except ValidationError as exc:
+                        results[index] = EnqueueResult(job, exc)
+                        continue
+                    if template is not None:
+                        ticket = publish_job(
+                            body,
+                            job.id,
+                            template,
+                            exchange=direct,
+                            routing_key=job.queue,
+                            queue=job.queue,
+                            confirm_timeout=confirm_timeout,
+                        )
+                    elif index in delayed:
+                        assert message is not None
                         # The delay is measured after the publisher's channel set-up (publish_when_ready).
                         ticket = session.publisher.publish_when_ready(
                             partial(self.cascade.destination, message, delayed[index], job.queue),
                             queue=job.queue,
                             job_id=job.id,
-                            confirm_timeout=self.confirm_timeout,
+                            confirm_timeout=confirm_timeout,
                             flush=False,
                         )
                     else:
+                        assert message is not None
                         ticket = publish(
                             message,
                             exchange=direct,
                             routing_key=job.queue,
                             queue=job.queue,
                             job_id=job.id,
-                            confirm_timeout=self.confirm_timeout,
+                            confirm_timeout=confirm_timeout,
                             flush=False,  # pipelined: written in batches, at the latest by wait()
                         )
                     tickets.append(ticket)

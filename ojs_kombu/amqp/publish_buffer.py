@@ -18,7 +18,7 @@ import struct
 
 from amqp import Connection, spec
 
-from ojs_kombu.amqp.properties import encode_properties
+from ojs_kombu.amqp.properties import encode_properties, shortstr
 from ojs_kombu.wire.codec import OutgoingMessage
 
 #: Buffered bytes past which a publisher flushes (a batch never buffers without bound).
@@ -61,9 +61,12 @@ def content_frames(channel_id: int, message: OutgoingMessage, frame_max: int) ->
     Raises:
         ValueError: a property does not fit its AMQP type (a short string over 255 bytes).
     """
-    body = message.body
+    return _content(channel_id, encode_properties(message.properties, message.headers), message.body, frame_max)
+
+
+def _content(channel_id: int, properties: bytes, body: bytes, frame_max: int) -> bytes:
+    """The content header frame of the encoded ``properties`` and the body frames of ``body``."""
     size = len(body)
-    properties = encode_properties(message.properties, message.headers)
     header = (
         _CONTENT_HEADER.pack(_HEADER, channel_id, 12 + len(properties), _BASIC_CLASS, 0, size) + properties + _FRAME_END
     )
@@ -109,6 +112,30 @@ class PublishBuffer:
         self._frames.append(method)
         self._frames.append(content)
         self._size += len(method) + len(content)
+
+    def add_job(self, method: bytes, template: tuple[bytes, bytes], message_id: str, body: bytes) -> int:
+        """Buffer one publish whose properties are ``template`` around ``message_id``.
+
+        The frames are those :meth:`add` buffers for a message with those properties and body.
+
+        Parameters:
+            method: the method frame (:func:`method_frame` for this buffer's channel).
+            template: ``(before, after)`` of :func:`~ojs_kombu.amqp.properties.properties_template`.
+            message_id: the message's id.
+            body: the message body.
+
+        Returns:
+            The bytes buffered now (``len(self)``).
+
+        Raises:
+            ValueError: the message id is longer than 255 bytes (nothing is buffered then).
+        """
+        before, after = template
+        content = _content(self.channel_id, before + shortstr(message_id) + after, body, self.connection.frame_max)
+        self._frames.append(method)
+        self._frames.append(content)
+        self._size += len(method) + len(content)
+        return self._size
 
     def flush(self) -> None:
         """Write every buffered frame with one socket write.
