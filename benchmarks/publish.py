@@ -11,7 +11,11 @@ which is deleted afterwards:
   ``Client.enqueue_many`` (pipelined publishes, then all confirms), both timed;
 * ``raw ceiling`` (issue 27): the same jobs are encoded and their py-amqp messages built
   before the clock starts; the timed part writes all of them with py-amqp's frame writer on
-  one confirm-mode channel with ``mandatory``, with no window, and then reads every confirm;
+  one confirm-mode channel with ``mandatory``, with no window, and then reads every confirm.
+  Its connection's ``TCP_USER_TIMEOUT`` is 60 s instead of py-amqp's 1 s: with no window, a
+  broker that stops reading for a second (a stall under load) leaves the written bytes
+  unacknowledged and the kernel would abort the connection (seen on 3.10 under load, and
+  whenever the broker is paused with SIGSTOP); it changes nothing else;
 * ``--windowed`` adds ``raw windowed``, the earlier ceiling: the pre-encoded jobs become py-amqp
   messages in the timed part and at most 1,000 publishes are left unconfirmed (a confirm is
   read whenever the window is full);
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import sys
 import time
@@ -126,7 +131,8 @@ def confirm_channel(raw) -> tuple[object, list[int]]:
 def bench_raw_ceiling(url: str, prefix: str, count: int) -> float:
     """The ceiling of issue 27: every pre-encoded job published, then every confirm read; jobs/s."""
     rate: list[float] = []
-    with declared(url, prefix) as exchange, kombu.Connection(url) as conn:
+    patient = {"socket_settings": {socket.TCP_USER_TIMEOUT: 60_000}}  # see the module docstring
+    with declared(url, prefix) as exchange, kombu.Connection(url, transport_options=patient) as conn:
         raw = conn.connection  # the py-amqp Connection under kombu's pyamqp transport
         channel, acked = confirm_channel(raw)
         method_args = dumps("Bssbb", (0, exchange, "bench", True, False))  # mandatory
