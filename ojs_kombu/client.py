@@ -1017,6 +1017,8 @@ class Client:
             _validated_queue_name(job.queue)
         else:  # a job built without validation: not hashable, maybe
             validate_queue_name(job.queue)
+        if job.scheduled_at is None:  # most jobs: no datetime to make
+            return None
         scheduled = job.scheduled_datetime
         if scheduled is None or check_delay(delay_ms_until(scheduled)) == 0:
             return None

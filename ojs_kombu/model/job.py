@@ -40,7 +40,7 @@ from ojs_kombu.model._problems import short_repr as _short
 from ojs_kombu.model.base import OjsModel, construct_trusted, is_tolerant, mode_context, shallow_copy
 from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, read_envelope
 from ojs_kombu.model.fields import Int, JobState, NonEmptyStr, Timestamp, int_field, json_int, tuple_to_list
-from ojs_kombu.model.ids import EXAMPLE_JOB_ID, JOB_ID_RE, UUID_RE, job_id_argument
+from ojs_kombu.model.ids import EXAMPLE_JOB_ID, JOB_ID_RE, UUID_RE, job_id_argument, new_job_id
 from ojs_kombu.model.jsonvalue import MAX_SAFE_INTEGER, _walk, dumps
 from ojs_kombu.model.naming import check_job_type, check_new_queue_name, check_queue_name
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
@@ -243,7 +243,7 @@ class Job(OjsModel):
             if queue.__class__ is not str or queue not in _GOOD_QUEUES:
                 _remember_name(_GOOD_QUEUES, check_new_queue_name(queue))
             field = "id"
-            job_id = job_id_argument(id)
+            job_id = new_job_id() if id is None else job_id_argument(id)
             field = "args"
             if args is None:
                 args = []
@@ -311,7 +311,7 @@ class Job(OjsModel):
             if retry is not None:
                 field = "retry"
                 values["retry"] = _retry_argument(retry)
-            job = cls._trusted(values)
+            job = construct_trusted(cls, {**_JOB_TEMPLATE, **values}, set(values), {})
             if size > _SIZE_BUDGET:
                 _check_size(job)
         except _Problem as problem:
