@@ -259,16 +259,17 @@ class Job(OjsModel):
                 stamp = _format_ts(now)
             else:
                 stamp = _STAMPS.now()
-            values: dict[str, Any] = {
-                "specversion": SPEC_VERSION,
-                "id": job_id,
-                "type": type,
-                "queue": queue,
-                "args": args,
-                "attempt": 0,
-                "created_at": stamp,
-                "enqueued_at": stamp,
-            }
+            # The job's state: every field in declaration order (to_dict keeps it), None where
+            # not given; `given` its fields set.  Built from copies (this runs per job).
+            state = _JOB_TEMPLATE.copy()
+            state["specversion"] = SPEC_VERSION
+            state["id"] = job_id
+            state["type"] = type
+            state["queue"] = queue
+            state["args"] = args
+            state["attempt"] = 0
+            state["created_at"] = state["enqueued_at"] = stamp
+            given = _CREATED_FIELDS.copy()
             field = "meta"
             if meta is None:
                 meta = {}
@@ -295,23 +296,29 @@ class Job(OjsModel):
                     size += _walk(tags, False, 1)
                     meta["tags"] = tags
             if meta:
-                values["meta"] = meta
+                state["meta"] = meta
+                given.add("meta")
             if priority is not None:
                 field = "priority"
-                values["priority"] = _checked_int(priority, -MAX_SAFE_INTEGER)
+                state["priority"] = _checked_int(priority, -MAX_SAFE_INTEGER)
+                given.add("priority")
             if timeout is not None:
                 field = "timeout"
-                values["timeout"] = _checked_int(timeout, 0)
+                state["timeout"] = _checked_int(timeout, 0)
+                given.add("timeout")
             if scheduled_at is not None:
                 field = "scheduled_at"
-                values["scheduled_at"] = _moment(scheduled_at, now, round_up=True)
+                state["scheduled_at"] = _moment(scheduled_at, now, round_up=True)
+                given.add("scheduled_at")
             if expires_at is not None:
                 field = "expires_at"
-                values["expires_at"] = _moment(expires_at, now, round_up=False)
+                state["expires_at"] = _moment(expires_at, now, round_up=False)
+                given.add("expires_at")
             if retry is not None:
                 field = "retry"
-                values["retry"] = _retry_argument(retry)
-            job = construct_trusted(cls, {**_JOB_TEMPLATE, **values}, set(values), {})
+                state["retry"] = _retry_argument(retry)
+                given.add("retry")
+            job = construct_trusted(cls, state, given, {})
             if size > _SIZE_BUDGET:
                 _check_size(job)
         except _Problem as problem:
@@ -473,6 +480,8 @@ class Job(OjsModel):
 
 
 _JOB_TEMPLATE = {name: None if field.is_required() else field.default for name, field in Job.model_fields.items()}
+# The fields Job.create always sets (a set it copies per job; never changed itself).
+_CREATED_FIELDS: set[str] = {"specversion", "id", "type", "queue", "args", "attempt", "created_at", "enqueued_at"}
 
 
 # --------------------------------------------------------------------------- the fast tolerant read
