@@ -1070,28 +1070,34 @@ class Client:
         # first ones while the rest are encoded; an encoded message is kept for a resend.
         messages: dict[int, OutgoingMessage] = {}
         delayed: dict[int, datetime] = {}  # the jobs whose scheduled_at lies ahead
-        for index, job in enumerate(jobs):
+        pending: list[int] = []  # the valid jobs, not yet settled
+        due_queues: set[str] = set()  # their queues, declared before the first publish
+        delayed_queues: set[str] = set()
+        single = len(jobs) == 1
+        for index, job in enumerate(jobs):  # one pass: it runs before the broker gets anything
             try:
                 scheduled = self._check(job)
-                if len(jobs) == 1:
+                if single:
                     messages[index] = self._encoded(job)
             except ValidationError as exc:
                 results[index] = EnqueueResult(job, exc)
+                continue
+            pending.append(index)
+            if scheduled is None:
+                due_queues.add(job.queue)
             else:
-                if scheduled is not None:
-                    delayed[index] = scheduled
-        if len(jobs) == 1 and results[0] is not None:
+                delayed[index] = scheduled
+                delayed_queues.add(job.queue)
+        if single and results[0] is not None:
             results[0].unwrap()  # a single bad job: plain ValidationError
-
-        pending = [i for i, result in enumerate(results) if result is None]
 
         def publish_pending(conn: Connection) -> None:
             nonlocal pending
             session = self._session(conn)
             if self.declare:
-                for queue in {jobs[i].queue for i in pending if i not in delayed}:
+                for queue in due_queues:
                     self.topology.ensure_queue(conn.connection, queue)
-                for queue in {jobs[i].queue for i in pending if i in delayed}:
+                for queue in delayed_queues:
                     self.topology.ensure_scheduling(conn.connection, queue, self.cascade)
             publish, publish_job = session.publisher.publish, session.publisher.publish_job
             direct, app_id, confirm_timeout = self.names.direct_exchange, self.app_id, self.confirm_timeout
