@@ -109,7 +109,9 @@ def test_add_job_buffers_the_frames_add_buffers():
                 assert size == len(buffer)
             else:
                 buffer.add(method, message)
+        buffered = len(buffer)
         buffer.flush()
+        assert buffered == len(wire.writes[0])  # what the buffer counts is what it writes
         written.append(wire.writes)
     assert written[0] == written[1] and len(written[0]) == 1
 
