@@ -160,7 +160,7 @@ def properties_key(job: Job, app_id: str | None = None) -> tuple[Any, ...] | Non
         )
     except (KeyError, AttributeError, TypeError):  # built without validation: encode says what is wrong
         return None
-    return key if set(map(type, key)) <= _KEY_TYPES and type(state["id"]) is str else None
+    return key if _KEY_TYPES.issuperset(map(type, key)) and type(state["id"]) is str else None
 
 
 @lru_cache(maxsize=256)  # a batch's jobs share a few created_at stamps: parse each once
