@@ -43,7 +43,7 @@ def alternate(
 
 
 def report_ratio(rates: dict[str, list[float]], ours: str, reference: str, target: str = "") -> float:
-    """Print the per-round ratios ``ours / reference`` and their median; return the median.
+    """Print the per-round ratios ``ours / reference``, their median and spread; return the median.
 
     Parameters:
         rates: what :func:`alternate` returned.
@@ -57,5 +57,6 @@ def report_ratio(rates: dict[str, list[float]], ours: str, reference: str, targe
     median = statistics.median(ratios)
     each = " ".join(f"{r:.2f}" for r in ratios)
     suffix = f"  ({target})" if target else ""
-    print(f"  ratio {ours} / {reference}: median {median:.2f}x  (rounds: {each}){suffix}", flush=True)
+    spread = f"{min(ratios):.2f}–{max(ratios):.2f}"
+    print(f"  ratio {ours} / {reference}: median {median:.2f}x, spread {spread}  (rounds: {each}){suffix}", flush=True)
     return median

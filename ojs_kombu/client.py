@@ -37,6 +37,7 @@ from kombu.connection import Connection
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly, resolve_url, safe_url
 from ojs_kombu.amqp.errors import connection_error, map_exceptions
 from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.properties import properties_template
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import OnConflict, Topology
 from ojs_kombu.amqp.urls import BrokerUrls
@@ -60,7 +61,7 @@ from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.control import Cancellations, ControlReader
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
 from ojs_kombu.runtime.presence import read_events
-from ojs_kombu.wire.codec import OutgoingMessage, encode
+from ojs_kombu.wire.codec import OutgoingMessage, encode, encode_body, properties_key
 from ojs_kombu.wire.control import (
     ControlOptions,
     cancel_message,
@@ -93,6 +94,25 @@ DEFAULT_STALE_AFTER = 15.0
 #: ``enqueue_many`` pauses the cyclic garbage collector for batches of at least this many jobs
 #: (:mod:`ojs_kombu.gc_pause`); a smaller batch's objects hardly outlive a young collection.
 GC_PAUSE_MIN_JOBS = 1000
+
+# enqueue_many's encoded properties per wire.codec.properties_key (a batch's jobs share them but for
+# their ids): key -> (before, after) the message id.  Bounded: when full it starts over.
+_TEMPLATES: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+_TEMPLATES_LIMIT = 1024
+
+
+def _remember_template(key: tuple[Any, ...], message: OutgoingMessage) -> tuple[bytes, bytes] | None:
+    """The encoded properties of ``message`` around its id, remembered under ``key``; None when
+    they cannot be encoded (the message's own publish then says why)."""
+    try:
+        template = properties_template(message.properties, message.headers)
+    except ValueError:
+        return None
+    if len(_TEMPLATES) >= _TEMPLATES_LIMIT:
+        _TEMPLATES.clear()
+    _TEMPLATES[key] = template
+    return template
+
 
 # Timestamp offsets of a stream point at chunks: start reading a little earlier, filter by body times.
 _STREAM_OFFSET_SLACK = timedelta(seconds=1)
@@ -997,6 +1017,8 @@ class Client:
             _validated_queue_name(job.queue)
         else:  # a job built without validation: not hashable, maybe
             validate_queue_name(job.queue)
+        if job.scheduled_at is None:  # most jobs: no datetime to make
+            return None
         scheduled = job.scheduled_datetime
         if scheduled is None or check_delay(delay_ms_until(scheduled)) == 0:
             return None
@@ -1011,6 +1033,20 @@ class Client:
         """
         try:
             return encode(job, app_id=self.app_id)
+        except ValidationError:
+            raise
+        except (TypeError, ValueError) as exc:  # what the JSON encoder raises
+            raise ValidationError(f"job {job.id} cannot be encoded as JSON: {exc}", field="args") from exc
+
+    @staticmethod
+    def _body(job: Job) -> bytes:
+        """``job``'s message body.
+
+        Raises:
+            ValidationError: as :meth:`_encoded`.
+        """
+        try:
+            return encode_body(job)
         except ValidationError:
             raise
         except (TypeError, ValueError) as exc:  # what the JSON encoder raises
@@ -1034,60 +1070,86 @@ class Client:
         # first ones while the rest are encoded; an encoded message is kept for a resend.
         messages: dict[int, OutgoingMessage] = {}
         delayed: dict[int, datetime] = {}  # the jobs whose scheduled_at lies ahead
-        for index, job in enumerate(jobs):
+        pending: list[int] = []  # the valid jobs, not yet settled
+        due_queues: set[str] = set()  # their queues, declared before the first publish
+        delayed_queues: set[str] = set()
+        single = len(jobs) == 1
+        for index, job in enumerate(jobs):  # one pass: it runs before the broker gets anything
             try:
                 scheduled = self._check(job)
-                if len(jobs) == 1:
+                if single:
                     messages[index] = self._encoded(job)
             except ValidationError as exc:
                 results[index] = EnqueueResult(job, exc)
+                continue
+            pending.append(index)
+            if scheduled is None:
+                due_queues.add(job.queue)
             else:
-                if scheduled is not None:
-                    delayed[index] = scheduled
-        if len(jobs) == 1 and results[0] is not None:
+                delayed[index] = scheduled
+                delayed_queues.add(job.queue)
+        if single and results[0] is not None:
             results[0].unwrap()  # a single bad job: plain ValidationError
-
-        pending = [i for i, result in enumerate(results) if result is None]
 
         def publish_pending(conn: Connection) -> None:
             nonlocal pending
             session = self._session(conn)
             if self.declare:
-                for queue in {jobs[i].queue for i in pending if i not in delayed}:
+                for queue in due_queues:
                     self.topology.ensure_queue(conn.connection, queue)
-                for queue in {jobs[i].queue for i in pending if i in delayed}:
+                for queue in delayed_queues:
                     self.topology.ensure_scheduling(conn.connection, queue, self.cascade)
-            publish = session.publisher.publish
-            direct = self.names.direct_exchange
+            publish, publish_job = session.publisher.publish, session.publisher.publish_job
+            direct, app_id, confirm_timeout = self.names.direct_exchange, self.app_id, self.confirm_timeout
             sent: list[int] = []
             tickets: list[PublishTicket] = []
             try:
                 for index in pending:
                     job = jobs[index]
                     message = messages.get(index)
-                    if message is None:
-                        try:
+                    key = properties_key(job, app_id) if message is None and index not in delayed else None
+                    # A job whose properties an earlier job of the same key had encoded: only its
+                    # body is encoded, and its frames are built around its id.
+                    template = _TEMPLATES.get(key) if key is not None else None
+                    try:
+                        if template is not None:
+                            body = self._body(job)
+                        elif message is None:
                             message = messages[index] = self._encoded(job)
-                        except ValidationError as exc:
-                            results[index] = EnqueueResult(job, exc)
-                            continue
-                    if index in delayed:
+                            if key is not None:  # the first of its key: its properties serve the next ones
+                                template, body = _remember_template(key, message), message.body
+                    except ValidationError as exc:
+                        results[index] = EnqueueResult(job, exc)
+                        continue
+                    if template is not None:
+                        ticket = publish_job(
+                            body,
+                            job.id,
+                            template,
+                            exchange=direct,
+                            routing_key=job.queue,
+                            queue=job.queue,
+                            confirm_timeout=confirm_timeout,
+                        )
+                    elif index in delayed:
+                        assert message is not None
                         # The delay is measured after the publisher's channel set-up (publish_when_ready).
                         ticket = session.publisher.publish_when_ready(
                             partial(self.cascade.destination, message, delayed[index], job.queue),
                             queue=job.queue,
                             job_id=job.id,
-                            confirm_timeout=self.confirm_timeout,
+                            confirm_timeout=confirm_timeout,
                             flush=False,
                         )
                     else:
+                        assert message is not None
                         ticket = publish(
                             message,
                             exchange=direct,
                             routing_key=job.queue,
                             queue=job.queue,
                             job_id=job.id,
-                            confirm_timeout=self.confirm_timeout,
+                            confirm_timeout=confirm_timeout,
                             flush=False,  # pipelined: written in batches, at the latest by wait()
                         )
                     tickets.append(ticket)

@@ -68,6 +68,15 @@ def _shortstr(value: Any) -> bytes:
     return _LENGTH[len(raw)] + raw
 
 
+def shortstr(value: str) -> bytes:
+    """``value`` as an AMQP short string: its length octet, then its UTF-8 bytes.
+
+    Raises:
+        ValueError: longer than 255 bytes.
+    """
+    return _shortstr(value)
+
+
 def _memo_shortstr(value: Any) -> bytes:
     if type(value) is not str:
         return _shortstr(value)
@@ -175,6 +184,25 @@ def _template_key(properties: Mapping[str, Any], headers: Mapping[str, Any] | No
     return (tuple(rest), tuple(rest.values()), tuple(headers), tuple(headers.values()))  # flat: no pair tuples
 
 
+def properties_template(properties: Mapping[str, Any], headers: Mapping[str, Any] | None = None) -> tuple[bytes, bytes]:
+    """The encoded properties around the message id, for messages that differ in nothing else.
+
+    ``before + shortstr(message_id) + after`` is what :func:`encode_properties` returns for
+    ``properties`` with that message id (a short string: its length octet, then UTF-8).
+
+    Parameters:
+        properties: py-amqp property names to values, with a ``message_id`` (its value is not used).
+        headers: the headers table, when it is not ``properties["application_headers"]``.
+
+    Returns:
+        ``(before, after)``: the flags and the fields before the message id, the fields after it.
+
+    Raises:
+        ValueError: a short string longer than 255 bytes.
+    """
+    return _template(properties, headers)
+
+
 def _template(properties: Mapping[str, Any], headers: Mapping[str, Any] | None) -> tuple[bytes, bytes]:
     """The encoded properties around the message id: (flags and the fields before it, the fields after)."""
     flags, parts = _encode_fields(properties, headers, _BEFORE_ID)
@@ -223,4 +251,4 @@ class WireMessage(Message):  # type: ignore[misc]  # py-amqp is untyped
         return encode_properties(self.properties)
 
 
-__all__ = ["WireMessage", "encode_properties", "encode_table"]
+__all__ = ["WireMessage", "encode_properties", "encode_table", "properties_template", "shortstr"]

@@ -18,7 +18,7 @@ import struct
 
 from amqp import Connection, spec
 
-from ojs_kombu.amqp.properties import encode_properties
+from ojs_kombu.amqp.properties import encode_properties, shortstr
 from ojs_kombu.wire.codec import OutgoingMessage
 
 #: Buffered bytes past which a publisher flushes (a batch never buffers without bound).
@@ -27,6 +27,7 @@ FLUSH_BYTES = 128 * 1024
 _FRAME_HEADER = struct.Struct(">BHI")  # frame type, channel, payload size
 _CONTENT_HEADER = struct.Struct(">BHIHHQ")  # frame header, then class id, weight, body size
 _FRAME_END = b"\xce"
+_LENGTH = tuple(bytes((n,)) for n in range(256))  # a short string's length octet
 _METHOD, _HEADER, _BODY = 1, 2, 3
 _PUBLISH_METHOD = struct.pack(">HH", *spec.Basic.Publish)
 _BASIC_CLASS = spec.Basic.Publish[0]
@@ -61,9 +62,12 @@ def content_frames(channel_id: int, message: OutgoingMessage, frame_max: int) ->
     Raises:
         ValueError: a property does not fit its AMQP type (a short string over 255 bytes).
     """
-    body = message.body
+    return _content(channel_id, encode_properties(message.properties, message.headers), message.body, frame_max)
+
+
+def _content(channel_id: int, properties: bytes, body: bytes, frame_max: int) -> bytes:
+    """The content header frame of the encoded ``properties`` and the body frames of ``body``."""
     size = len(body)
-    properties = encode_properties(message.properties, message.headers)
     header = (
         _CONTENT_HEADER.pack(_HEADER, channel_id, 12 + len(properties), _BASIC_CLASS, 0, size) + properties + _FRAME_END
     )
@@ -109,6 +113,52 @@ class PublishBuffer:
         self._frames.append(method)
         self._frames.append(content)
         self._size += len(method) + len(content)
+
+    def add_job(self, method: bytes, template: tuple[bytes, bytes], message_id: str, body: bytes) -> int:
+        """Buffer one publish whose properties are ``template`` around ``message_id``.
+
+        The frames are those :meth:`add` buffers for a message with those properties and body.
+
+        Parameters:
+            method: the method frame (:func:`method_frame` for this buffer's channel).
+            template: ``(before, after)`` of :func:`~ojs_kombu.amqp.properties.properties_template`.
+            message_id: the message's id.
+            body: the message body.
+
+        Returns:
+            The bytes buffered now (``len(self)``).
+
+        Raises:
+            ValueError: the message id is longer than 255 bytes (nothing is buffered then).
+        """
+        before, after = template
+        size = len(body)
+        if not 0 < size <= self.connection.frame_max - 8:  # no body frame, or several: as add
+            content = _content(self.channel_id, before + shortstr(message_id) + after, body, self.connection.frame_max)
+            self._frames += (method, content)
+            self._size += len(method) + len(content)
+            return self._size
+        # The common case, without joining anything: the pieces of the frames go to the buffer
+        # as they are, and flush joins them all at once.
+        raw_id = message_id.encode()
+        if len(raw_id) > 255:
+            raise ValueError(f"AMQP short string longer than 255 bytes: {raw_id[:40]!r}...")
+        properties = len(before) + 1 + len(raw_id) + len(after)
+        channel = self.channel_id
+        self._frames += (
+            method,
+            _CONTENT_HEADER.pack(_HEADER, channel, 12 + properties, _BASIC_CLASS, 0, size),
+            before,
+            _LENGTH[len(raw_id)],
+            raw_id,
+            after,
+            _FRAME_END,
+            _FRAME_HEADER.pack(_BODY, channel, size),
+            body,
+            _FRAME_END,
+        )
+        self._size += len(method) + 20 + properties + 8 + size  # frame headers 7 + 7, their ends, 12 of header
+        return self._size
 
     def flush(self) -> None:
         """Write every buffered frame with one socket write.

@@ -158,14 +158,7 @@ class ConfirmedPublisher:
         self._renew_if_nacked()
         # Straight to the frames: py-amqp's basic_publish may be its one-at-a-time
         # confirm wrapper, and its plain version polls the socket before every publish.
-        key = (exchange, routing_key)
-        method = self._methods.get(key)
-        if method is None:
-            method_args = dumps("Bssbb", (0, exchange, routing_key, True, False))  # mandatory=True
-            method = (method_args, method_frame(self.channel.channel_id, method_args))
-            if len(self._methods) >= 1024:
-                self._methods.clear()
-            self._methods[key] = method
+        method = self._methods.get((exchange, routing_key)) or self._method(exchange, routing_key)
         method_args, frame = method
         if flush:
             self.flush()  # what is buffered goes first: the broker numbers publishes in arrival order
@@ -244,6 +237,59 @@ class ConfirmedPublisher:
         if self._nacked and not self._unconfirmed:
             self._renew_channel()
 
+    def publish_job(
+        self,
+        body: bytes,
+        job_id: str,
+        template: tuple[bytes, bytes],
+        *,
+        exchange: str,
+        routing_key: str,
+        queue: str,
+        confirm_timeout: float = 30.0,
+    ) -> PublishTicket:
+        """Buffer a job's publish, as ``publish(..., flush=False)``, from its body and encoded properties.
+
+        A batch's jobs share their properties but for the message id: ``template`` holds them
+        encoded around it (:func:`~ojs_kombu.amqp.properties.properties_template`), so the
+        frames are built without a property dict per job.  The message id is ``job_id``.
+
+        Parameters:
+            body: the message body.
+            job_id: the job's id: the message id, and what a ``Basic.Return`` is matched by.
+            template: the encoded properties before and after the message id.
+            exchange, routing_key: where to.
+            queue: the job queue it is for (metrics, errors).
+            confirm_timeout: how long a full window waits for confirms.
+
+        Returns:
+            The publish's ticket.
+
+        Raises:
+            ValueError: the job id is longer than 255 bytes.
+            OSError and py-amqp's connection errors: the connection failed.
+        """
+        self._renew_if_nacked()
+        method = self._methods.get((exchange, routing_key)) or self._method(exchange, routing_key)
+        buffered = self._buffer.add_job(method[1], template, job_id, body)
+        self._buffered[queue] = self._buffered.get(queue, 0) + 1
+        if buffered >= FLUSH_BYTES:
+            self.flush()
+        tag = self._last_tag = self._last_tag + 1
+        ticket = self._unconfirmed[tag] = PublishTicket(tag, job_id, queue, exchange, routing_key)
+        if len(self._unconfirmed) >= self.window:
+            self._drain(lambda: len(self._unconfirmed) < self.window // 2, confirm_timeout)
+        return ticket
+
+    def _method(self, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
+        """The ``Basic.Publish`` arguments and frame (``mandatory``) for this channel, remembered."""
+        method_args = dumps("Bssbb", (0, exchange, routing_key, True, False))  # mandatory=True
+        method = (method_args, method_frame(self.channel.channel_id, method_args))
+        if len(self._methods) >= 1024:
+            self._methods.clear()
+        self._methods[(exchange, routing_key)] = method
+        return method
+
     def flush(self) -> None:
         """Write the publishes buffered by ``publish(..., flush=False)``.
 
@@ -300,10 +346,16 @@ class ConfirmedPublisher:
         return [self._unconfirmed.pop(tag) for tag in tags]
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        # While a full window waits for this ack the broker may have nothing left to do: settle
+        # its publishes quickly (a multiple ack covers hundreds), so the next ones go out sooner.
         now = time.perf_counter()
-        for ticket in self._settle(delivery_tag, multiple):
-            METRICS.confirmed(now - ticket.started)
-            ticket.settle(ticket.returned)
+        settled = self._settle(delivery_tag, multiple)
+        METRICS.confirmed_many([now - ticket.started for ticket in settled])
+        for ticket in settled:
+            ticket.done = True  # PublishTicket.settle, inline
+            ticket.error = ticket.returned
+            if ticket.on_done is not None:
+                ticket.on_done(ticket)
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
         self._nacked = True

@@ -122,10 +122,18 @@ class OjsModel(BaseModel):
             renamed = _RENAMED[type(self)]
         for name, value in self.__dict__.items():  # declaration order
             if value is not None and name in fields_set:
-                out[renamed.get(name, name)] = value.to_dict() if isinstance(value, OjsModel) else value
+                # isinstance on a pydantic model class is slow (its metaclass is an ABCMeta):
+                # the plain JSON types are ruled out first, by exact type (Job.to_dict runs per publish).
+                if type(value) not in _PLAIN_TYPES and isinstance(value, OjsModel):
+                    value = value.to_dict()
+                out[renamed[name] if name in renamed else name] = value
         if self.__pydantic_extra__:
             out.update(self.__pydantic_extra__)
         return out
+
+
+# Exact types of values that to_dict passes on as they are, without asking isinstance.
+_PLAIN_TYPES = frozenset({str, int, float, bool, list, dict})
 
 
 # pydantic's BaseModel keeps an instance's state in four slots.  Models built without validation

@@ -48,6 +48,10 @@ def uuid7(unix_ms: int, rand_a: int, rand_b: int) -> str:
     return f"{hex_[:8]}-{hex_[8:12]}-{hex_[12:16]}-{hex_[16:20]}-{hex_[20:]}"
 
 
+_HEX3 = tuple(f"{n:03x}" for n in range(0x1000))  # rand_a, the counter, as text
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}  # 0b10 and 2 random bits
+
+
 class _MonotonicUUIDv7:
     """Monotonic UUIDv7 ids (RFC 9562 §6.2, method 1: a 12-bit counter in ``rand_a``).
 
@@ -59,42 +63,56 @@ class _MonotonicUUIDv7:
     does the timestamp borrow the next one.  Thread-safe.
 
     The random bits come from ``os.urandom`` (as ``secrets``), drawn 4 KiB at a time
-    rather than one system call per id; a forked child draws its own (the pool a
-    parent had would give both processes the same ids).
+    rather than one system call per id, and kept as hex digits: an id is its
+    millisecond's text (formatted once per millisecond), its counter's and 16 random
+    digits, the first of which carries the variant (62 random bits, as :func:`uuid7`'s
+    ``rand_b``).  A forked child draws its own (the pool a parent had would give both
+    processes the same ids).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last_ms = 0
+        self._prefix = ""  # the id's text up to rand_a, for _last_ms
         self._counter = 0
-        self._random = b""
+        self._random = ""
         self._taken = 0
         os.register_at_fork(after_in_child=self._forget_random)
 
     def _forget_random(self) -> None:
-        self._random, self._taken = b"", 0
+        self._random, self._taken = "", 0
 
-    def _random_bits(self) -> int:
-        """64 random bits; called under the lock."""
-        if self._taken >= len(self._random):
-            self._random, self._taken = os.urandom(_RANDOM_POOL_BYTES), 0
+    def _random_digits(self) -> str:
+        """16 random hex digits (64 bits); called under the lock."""
         start = self._taken
-        self._taken = start + 8
-        return int.from_bytes(self._random[start : start + 8])
+        if start >= len(self._random):
+            self._random, start = os.urandom(_RANDOM_POOL_BYTES).hex(), 0
+        self._taken = start + 16
+        return self._random[start : start + 16]
+
+    def _next_ms(self, ms: int) -> None:
+        """Move to millisecond ``ms``: its text, a random counter start (11 bits, room to count up)."""
+        self._last_ms = ms
+        hex_ = f"{ms & 0xFFFF_FFFF_FFFF:012x}"
+        self._prefix = f"{hex_[:8]}-{hex_[8:]}-7"
+        self._counter = int(self._random_digits()[:3], 16) >> 1
 
     def __call__(self) -> str:
         now_ms = time.time_ns() // 1_000_000
         with self._lock:
             if now_ms > self._last_ms:
-                self._last_ms = now_ms
-                self._counter = self._random_bits() >> 53  # random start (11 bits), room left to count up
+                self._next_ms(now_ms)
             else:
                 self._counter += 1
                 if self._counter > 0xFFF:
-                    self._last_ms += 1
-                    self._counter = self._random_bits() >> 53
-            ms, counter, rand_b = self._last_ms, self._counter, self._random_bits()
-        return uuid7(ms, counter, rand_b)
+                    self._next_ms(self._last_ms + 1)
+            prefix, counter = self._prefix, self._counter
+            start = self._taken
+            if start >= len(self._random):
+                self._random, start = os.urandom(_RANDOM_POOL_BYTES).hex(), 0
+            self._taken = start + 16
+            digits = self._random[start : start + 16]
+        return f"{prefix}{_HEX3[counter]}-{_VARIANT[digits[0]]}{digits[1:4]}-{digits[4:]}"
 
 
 new_job_id = _MonotonicUUIDv7()

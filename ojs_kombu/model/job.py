@@ -40,7 +40,7 @@ from ojs_kombu.model._problems import short_repr as _short
 from ojs_kombu.model.base import OjsModel, construct_trusted, is_tolerant, mode_context, shallow_copy
 from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, read_envelope
 from ojs_kombu.model.fields import Int, JobState, NonEmptyStr, Timestamp, int_field, json_int, tuple_to_list
-from ojs_kombu.model.ids import EXAMPLE_JOB_ID, JOB_ID_RE, UUID_RE, job_id_argument
+from ojs_kombu.model.ids import EXAMPLE_JOB_ID, JOB_ID_RE, UUID_RE, job_id_argument, new_job_id
 from ojs_kombu.model.jsonvalue import MAX_SAFE_INTEGER, _walk, dumps
 from ojs_kombu.model.naming import check_job_type, check_new_queue_name, check_queue_name
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
@@ -237,11 +237,13 @@ class Job(OjsModel):
         # being checked, and a _Problem raised while checking it is reported under it.
         field = "type"
         try:
-            check_job_type(type)
+            if type.__class__ is not str or type not in _GOOD_TYPES:
+                _remember_name(_GOOD_TYPES, check_job_type(type))
             field = "queue"
-            check_new_queue_name(queue)
+            if queue.__class__ is not str or queue not in _GOOD_QUEUES:
+                _remember_name(_GOOD_QUEUES, check_new_queue_name(queue))
             field = "id"
-            job_id = job_id_argument(id)
+            job_id = new_job_id() if id is None else job_id_argument(id)
             field = "args"
             if args is None:
                 args = []
@@ -257,16 +259,17 @@ class Job(OjsModel):
                 stamp = _format_ts(now)
             else:
                 stamp = _STAMPS.now()
-            values: dict[str, Any] = {
-                "specversion": SPEC_VERSION,
-                "id": job_id,
-                "type": type,
-                "queue": queue,
-                "args": args,
-                "attempt": 0,
-                "created_at": stamp,
-                "enqueued_at": stamp,
-            }
+            # The job's state: every field in declaration order (to_dict keeps it), None where
+            # not given; `given` its fields set.  Built from copies (this runs per job).
+            state = _JOB_TEMPLATE.copy()
+            state["specversion"] = SPEC_VERSION
+            state["id"] = job_id
+            state["type"] = type
+            state["queue"] = queue
+            state["args"] = args
+            state["attempt"] = 0
+            state["created_at"] = state["enqueued_at"] = stamp
+            given = _CREATED_FIELDS.copy()
             field = "meta"
             if meta is None:
                 meta = {}
@@ -293,23 +296,29 @@ class Job(OjsModel):
                     size += _walk(tags, False, 1)
                     meta["tags"] = tags
             if meta:
-                values["meta"] = meta
+                state["meta"] = meta
+                given.add("meta")
             if priority is not None:
                 field = "priority"
-                values["priority"] = _checked_int(priority, -MAX_SAFE_INTEGER)
+                state["priority"] = _checked_int(priority, -MAX_SAFE_INTEGER)
+                given.add("priority")
             if timeout is not None:
                 field = "timeout"
-                values["timeout"] = _checked_int(timeout, 0)
+                state["timeout"] = _checked_int(timeout, 0)
+                given.add("timeout")
             if scheduled_at is not None:
                 field = "scheduled_at"
-                values["scheduled_at"] = _moment(scheduled_at, now, round_up=True)
+                state["scheduled_at"] = _moment(scheduled_at, now, round_up=True)
+                given.add("scheduled_at")
             if expires_at is not None:
                 field = "expires_at"
-                values["expires_at"] = _moment(expires_at, now, round_up=False)
+                state["expires_at"] = _moment(expires_at, now, round_up=False)
+                given.add("expires_at")
             if retry is not None:
                 field = "retry"
-                values["retry"] = _retry_argument(retry)
-            job = cls._trusted(values)
+                state["retry"] = _retry_argument(retry)
+                given.add("retry")
+            job = construct_trusted(cls, state, given, {})
             if size > _SIZE_BUDGET:
                 _check_size(job)
         except _Problem as problem:
@@ -471,6 +480,8 @@ class Job(OjsModel):
 
 
 _JOB_TEMPLATE = {name: None if field.is_required() else field.default for name, field in Job.model_fields.items()}
+# The fields Job.create always sets (a set it copies per job; never changed itself).
+_CREATED_FIELDS: set[str] = {"specversion", "id", "type", "queue", "args", "attempt", "created_at", "enqueued_at"}
 
 
 # --------------------------------------------------------------------------- the fast tolerant read
@@ -591,6 +602,20 @@ _REQUIRED = frozenset({"id", "type", "queue", "args"})
 
 
 # --------------------------------------------------------------------------- helpers of Job
+
+
+# Job types and queue names Job.create found valid: a program uses a few, each is checked once.
+# Exact strings only (their equality is str's); bounded, starting over when full.
+_GOOD_TYPES: set[str] = set()
+_GOOD_QUEUES: set[str] = set()
+_GOOD_NAMES_LIMIT = 1024
+
+
+def _remember_name(names: set[str], name: str) -> None:
+    if name.__class__ is str:
+        if len(names) >= _GOOD_NAMES_LIMIT:
+            names.clear()
+        names.add(name)
 
 
 class _Stamps:

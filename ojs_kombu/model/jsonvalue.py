@@ -83,10 +83,17 @@ def _walk(value: Any, large_ints: bool, depth: int) -> int:
     if kind is list or kind is tuple:
         size = 2
         for index, item in enumerate(value):
-            try:
-                size += _walk(item, large_ints, depth + 1) + 1
-            except Problem as problem:
-                raise problem.under(f"[{index}]") from None
+            # ASCII strings and safe integers inline (Job.create walks every job's args).
+            item_kind = type(item)
+            if item_kind is str and item.isascii():
+                size += 6 * len(item) + 3
+            elif item_kind is int and -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                size += 18
+            else:
+                try:
+                    size += _walk(item, large_ints, depth + 1) + 1
+                except Problem as problem:
+                    raise problem.under(f"[{index}]") from None
         return size
     if kind is dict:
         size = 2

@@ -65,12 +65,7 @@ def encode(job: Job, *, app_id: str | None = None, headers: Mapping[str, Any] | 
     uses it to carry error headers and the caller's own headers).  The envelope
     is refused with ValidationError if it exceeds 1 MiB.
     """
-    body = job.to_json_bytes()
-    if len(body) > MAX_ENVELOPE_BYTES:
-        raise ValidationError(
-            f"job envelope is {len(body)} bytes; OJS envelopes are limited to {MAX_ENVELOPE_BYTES} bytes",
-            field="args",
-        )
+    body = encode_body(job)
     properties: dict[str, Any] = {
         "message_id": job.id,
         "type": job.type,
@@ -101,6 +96,71 @@ def encode(job: Job, *, app_id: str | None = None, headers: Mapping[str, Any] | 
     if headers:
         table.update(headers)
     return OutgoingMessage(body=body, properties=properties, headers=table)
+
+
+def encode_body(job: Job) -> bytes:
+    """The message body of ``job``: its envelope as compact UTF-8 JSON (what :func:`encode` sends).
+
+    Raises:
+        ValidationError: the envelope exceeds 1 MiB.
+        TypeError, ValueError: a job built without validation holds a value JSON cannot carry.
+    """
+    body = job.to_json_bytes()
+    if len(body) > MAX_ENVELOPE_BYTES:
+        raise ValidationError(
+            f"job envelope is {len(body)} bytes; OJS envelopes are limited to {MAX_ENVELOPE_BYTES} bytes",
+            field="args",
+        )
+    return body
+
+
+_KEY_TYPES = frozenset({str, int, type(None)})  # exact types: True == 1 == 1.0 but each encodes differently
+
+
+def properties_key(job: Job, app_id: str | None = None) -> tuple[Any, ...] | None:
+    """What :func:`encode` makes of ``job``'s properties and headers, its id apart, as a hashable key.
+
+    Two jobs with equal keys get equal properties and headers from ``encode(job, app_id=app_id)``
+    but for ``message_id``, so a publisher may encode them once per key (a batch's jobs differ in
+    little but their ids).  The key holds the values ``encode`` reads: type, queue, the three
+    timestamps, attempt, max attempts, priority, the tags as their header, the trace context,
+    the app id.
+
+    Parameters:
+        job: the job.
+        app_id: as for :func:`encode`.
+
+    Returns:
+        The key, or None when one of those values is not a plain ``str`` / ``int`` / None, or the
+        id not a ``str`` (a job built without validation): encode such a job with :func:`encode`.
+    """
+    try:
+        state = job.__dict__
+        retry = state["retry"]
+        meta = state["meta"]
+        tags = traceparent = tracestate = None
+        if meta:
+            tags = meta.get("tags")
+            tags = ",".join(str(t) for t in tags) if isinstance(tags, list) and tags else None
+            traceparent = meta.get("traceparent")
+            tracestate = meta.get("tracestate")
+        key = (
+            state["type"],
+            state["queue"],
+            state["created_at"],
+            state["enqueued_at"],
+            state["scheduled_at"],
+            state["attempt"],
+            DEFAULT_MAX_ATTEMPTS if retry is None else retry.max_attempts,
+            state["priority"],
+            tags,
+            traceparent,
+            tracestate,
+            app_id or DEFAULT_APP_ID,
+        )
+    except (KeyError, AttributeError, TypeError):  # built without validation: encode says what is wrong
+        return None
+    return key if _KEY_TYPES.issuperset(map(type, key)) and type(state["id"]) is str else None
 
 
 @lru_cache(maxsize=256)  # a batch's jobs share a few created_at stamps: parse each once
@@ -207,5 +267,7 @@ __all__ = [
     "amqp_priority",
     "decode",
     "encode",
+    "encode_body",
     "max_attempts_of",
+    "properties_key",
 ]

@@ -35,6 +35,26 @@ def test_enqueue_many_over_several_windows_and_buffers_arrives_whole_in_order(am
     assert [body for _, _, body in delivered] == [encode(job).body for job in jobs]
 
 
+def test_enqueue_many_sends_every_job_as_encode_does(client, amqp_url, names):
+    # Jobs of several property keys, interleaved: most are framed from their key's properties.
+    options: list[dict] = [
+        {},
+        {"priority": 3},
+        {"tags": ["a", "b"]},
+        {"retry": {"max_attempts": 2}},
+        {"meta": {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
+    ]
+    jobs = [Job.create("batch.kind", [i], queue="keys", **options[i % len(options)]) for i in range(60)]
+    assert all(r.ok for r in client.enqueue_many(jobs))
+    delivered = get_messages(amqp_url, names.job_queue("keys"), len(jobs))
+    assert len(delivered) == len(jobs)
+    for (_, properties, body), job in zip(delivered, jobs, strict=True):
+        message = encode(job, app_id=client.app_id)
+        assert body == message.body
+        assert properties.headers == message.headers
+        assert {name: getattr(properties, name) for name in message.properties} == message.properties
+
+
 @pytest.fixture
 def publisher(amqp_url: str, client: Client) -> Iterator[ConfirmedPublisher]:
     client.declare_queue("mixed")
@@ -99,6 +119,9 @@ def test_a_large_batch_runs_without_collections_and_restores_the_collector(amqp_
         client.declare_queue("paused")
         jobs = [Job.create("bulk.job", [i], queue="paused") for i in range(2 * GC_PAUSE_MIN_JOBS)]
         assert gc.isenabled()
+        # From a collection, so that the few allocations before the pause (the jobs' list, the
+        # pause itself) cannot be the ones that reach the threshold of a young collection.
+        gc.collect()
         gc.callbacks.append(count)
         try:
             results = client.enqueue_many(jobs)

@@ -607,6 +607,35 @@ def test_create_refuses_bad_arguments(kwargs, field, fragment):
     assert info.value.errors and info.value.errors[0]["field"] == field
 
 
+def test_create_checks_names_each_time_until_they_pass():
+    # Valid names are remembered; a refused one is refused again, after a valid one too.
+    for _ in range(2):
+        assert Job.create("name.check", queue="named").queue == "named"
+        for bad in ({"type": "Name.Check"}, {"queue": "dlx.named"}, {"queue": "Named"}):
+            with pytest.raises(ValidationError) as info:
+                Job.create(**{"type": "name.check", **bad})
+            assert info.value.field == next(iter(bad))
+
+    class Text(str):
+        pass
+
+    job = Job.create(Text("name.check"), queue=Text("named"))
+    assert type(job.type) is Text and type(job.queue) is Text
+
+
+def test_create_walks_flat_and_nested_args_alike():
+    text = "x" * (MAX_ENVELOPE_BYTES // 12)  # ~half the limit as a JSON worst case: a size check runs
+    assert Job.create("a.b", [text, 1, -(2**53 - 1)]).args == [text, 1, -(2**53 - 1)]
+    for args, path in (
+        ([1, "\ud800"], "args[1]"),
+        (["ok", 2**53], "args[1]"),
+        ([True, 1.5, [float("inf")]], "args[2][0]"),
+    ):
+        with pytest.raises(ValidationError) as info:
+            Job.create("a.b", args)
+        assert info.value.field == path
+
+
 def test_create_refuses_envelopes_over_one_mebibyte():
     with pytest.raises(ValidationError) as info:
         Job.create("a.b", ["x" * MAX_ENVELOPE_BYTES])
@@ -659,6 +688,12 @@ def test_model_copy_update_is_serialised():
     assert data["attempt"] == 1
     assert data["error"] == {"type": "E", "message": "m"}
     assert job.to_dict()["attempt"] == 0
+
+
+def test_to_dict_turns_a_model_into_a_dict_in_any_field():
+    policy = RetryPolicy(max_attempts=2)
+    job = Job.create("a.b").model_copy(update={"result": policy, "retry": policy})
+    assert job.to_dict()["result"] == {"max_attempts": 2} == job.to_dict()["retry"]
 
 
 def test_schema_field_uses_its_json_name():

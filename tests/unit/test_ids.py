@@ -55,3 +55,11 @@ def test_a_forked_child_draws_its_own_random_bits():
     assert JOB_ID_RE.fullmatch(child_id)
     rand_b = [int(i.replace("-", ""), 16) & (2**62 - 1) for i in (child_id, parent_id)]
     assert rand_b[0] != rand_b[1]
+
+
+def test_every_id_carries_62_fresh_random_bits():
+    ids = [new_job_id() for _ in range(2000)]
+    rand_b = [int(i.replace("-", ""), 16) & (2**62 - 1) for i in ids]
+    assert len(set(rand_b)) == len(ids)
+    assert {i[19] for i in ids} == set("89ab")  # the variant's digit: 0b10 and two random bits
+    assert {i[14] for i in ids} == {"7"}  # the version
