@@ -10,6 +10,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika
 
+from ojs_kombu.amqp.version import parse_version
+
 
 def pika_url(amqp_url: str) -> str:
     """pika's form of a kombu-style URL (``amqp://u:p@h:port//`` means vhost ``/``, which pika spells ``%2F``)."""
@@ -138,7 +140,9 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, message
 
 def rabbitmq_version(management: Any) -> tuple[int, ...]:
     """The broker's RabbitMQ version (management API ``/api/overview``), e.g. ``(4, 3, 6)``."""
-    return tuple(int(part) for part in management.overview()["rabbitmq_version"].split("-")[0].split("."))
+    version = parse_version(management.overview()["rabbitmq_version"])
+    assert version is not None, "the management API named no RabbitMQ version"
+    return version
 
 
 def ojs_url(amqp_url: str) -> str:

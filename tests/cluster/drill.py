@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 import kombu
+import support
 
 from ojs_kombu import Client, Job, OjsError, RetryPolicy, Worker, current_job
 from ojs_kombu.amqp.topology import Topology
@@ -38,8 +39,7 @@ RETRY_DELAY_MS = 1000  # the retry queue a flaky job's first failure goes throug
 def rabbitmq_version(cluster: Cluster) -> tuple[int, ...]:
     """The cluster's RabbitMQ version, e.g. ``(4, 3, 6)`` (its management API's ``rabbitmq_version``)."""
     running = next(node for node in cluster.nodes if node.is_running())
-    version = str(cluster.management(running).overview()["rabbitmq_version"])
-    return tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
+    return support.rabbitmq_version(cluster.management(running))
 
 
 def set_dlx_resend(cluster: Cluster, ms: int) -> None:
