@@ -60,9 +60,9 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 QUEUE_TYPE_VARIABLE = "OJS_BENCH_QUEUE_TYPE"  # --queue-type, read by the worker subprocesses too
 
 
-def make_app(mode: str, url: str, queue: str, prefix: str, concurrency: int, prefetch: int):
-    """The benchmark's Celery app; the same settings for both transports."""
-    settings = dict(
+def worker_settings(queue: str, concurrency: int, prefetch: int) -> dict:
+    """The Celery settings both sides of a Celery benchmark run with (also ``delayed.py``'s)."""
+    return dict(
         task_acks_late=True,
         task_acks_on_failure=False,
         worker_prefetch_multiplier=prefetch,
@@ -74,6 +74,11 @@ def make_app(mode: str, url: str, queue: str, prefix: str, concurrency: int, pre
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )
+
+
+def make_app(mode: str, url: str, queue: str, prefix: str, concurrency: int, prefetch: int):
+    """The benchmark's Celery app; the same settings for both transports."""
+    settings = worker_settings(queue, concurrency, prefetch)
     queue_type = os.environ.get(QUEUE_TYPE_VARIABLE) or None
     if mode == "ojs":
         from ojs_celery import Celery

@@ -57,6 +57,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from celery_throughput import worker_settings
 from pairs import load
 from schedule import percentile
 
@@ -84,18 +85,7 @@ def _args() -> argparse.Namespace:
 
 def make_app(mode: str, url: str, queue: str, prefix: str, concurrency: int, prefetch: int):
     """The side's Celery app: one quorum task queue, the same worker settings for both."""
-    settings = dict(
-        task_acks_late=True,
-        task_acks_on_failure=False,
-        worker_prefetch_multiplier=prefetch,
-        worker_concurrency=concurrency,
-        task_ignore_result=True,
-        task_default_queue=queue,
-        task_serializer="json",
-        accept_content=["json"],
-        broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=False,
-    )
+    settings = worker_settings(queue, concurrency, prefetch)
     if mode == "ojs":
         from ojs_celery import Celery
 
