@@ -5,6 +5,7 @@ localhost, or ``$OJS_AMQP_URL``)::
 
     celery -A examples.celery_app worker --loglevel=INFO      # terminal 1
     python examples/celery_app.py                             # terminal 2
+    celery -A examples.celery_app flower                      # optional: Flower, http://localhost:5555
 
 Every task below is stock Celery code.  On the wire each call is an OJS job
 envelope in ``ojs.queue.celery``; retries travel through

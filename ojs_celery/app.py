@@ -30,6 +30,10 @@ revokes the task in every worker of its queue, and ``app.control.revoke`` /
 ``AsyncResult.revoke()`` also publish OJS cancels; the transport option
 ``on_cancel`` and the worker bootstep :class:`~ojs_celery.control.CancelStep`
 are set up here.
+
+In a Flower process (``celery -A proj flower``), Flower's broker page and
+``/api/queues/length`` read the OJS queues under their Celery names
+(:mod:`ojs_celery.flower`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import Any
 import celery
 import celery.app.task
 import celery.canvas
+from celery import signals
 from celery.app.amqp import AMQP as CeleryAMQP
 from celery.exceptions import ImproperlyConfigured
 
@@ -49,6 +54,7 @@ from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.transport import register_aliases
 
 from .control import ON_CANCEL_HOOK, TRANSPORT_LIFECYCLE_HOOK, CancelStep
+from .flower import install_if_loaded
 from .lifecycle import INFO_HOOK
 from .presence import PresenceStep
 from .request import REQUEST, STOCK_REQUEST
@@ -74,6 +80,9 @@ _ALIASES = {
 }
 _BACKENDS = {"ojs": "ojs", "ojss": "ojss"}
 _REFUSED_CONTENT = ("pickle", "application/x-python-serialize", "yaml", "application/x-yaml")
+
+# Flower imports the app's modules once it has loaded Flower and the app: its queue views then read ojs:// too.
+signals.import_modules.connect(install_if_loaded, weak=False, dispatch_uid="ojs_celery.flower")
 
 
 #: The ``(countdown, eta)`` of the task message being built by :meth:`Celery.send_task` (see :class:`AMQP`).

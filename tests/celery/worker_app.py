@@ -12,6 +12,7 @@ import os
 import time
 
 from celery import signals
+from kombu import Queue
 
 from ojs_celery import Celery
 
@@ -22,6 +23,10 @@ app = Celery(
     backend="rpc://",
     broker_transport_options={"prefix": os.environ["OJS_TEST_PREFIX"]},
 )
+
+# tests/celery/test_celery_flower.py: the task queues (a worker consumes them all), comma-separated.
+if os.environ.get("OJS_TEST_QUEUES"):
+    app.conf.task_queues = [Queue(name) for name in os.environ["OJS_TEST_QUEUES"].split(",")]
 
 
 @app.task(bind=True, time_limit=1, max_retries=1, default_retry_delay=0.2)
