@@ -27,9 +27,11 @@ from ojs_kombu.client import Client
 from ojs_kombu.dashboard.history import DepthHistory
 from ojs_kombu.dashboard.overview import Snapshot, snapshot
 from ojs_kombu.dashboard.render import describe_error, error_runs, queue_state, show, when
+from ojs_kombu.dashboard.replays import Replays, predates
 from ojs_kombu.dashboard.security import CSRF_FIELD, CsrfError, Guard, csrf_token, posted_form
 from ojs_kombu.dashboard.svg import sparkline
 from ojs_kombu.errors import NotFoundError, OjsError, ValidationError
+from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.runtime.deadletter import DeadLetterFilter
 from ojs_kombu.testing.management import ManagementClient
 
@@ -76,6 +78,7 @@ class Dashboard:
         self.read_only = read_only
         self.refresh = refresh
         self.history = DepthHistory()
+        self.replays = Replays()
         self._sample_every = sample_every
         self._stop = threading.Event()
         password = urlsplit(client.url.split(";")[0].strip()).password
@@ -210,7 +213,10 @@ class Dashboard:
             return Response("not confirmed", status_code=400)
         select = self._filter(form)
         if action == "replay":
-            done = len(self.client.replay_dead_letters(name, select=select))
+            started = utcnow()
+            replayed = self.client.replay_dead_letters(name, select=select)
+            self.replays.record(replayed, started)
+            done = len(replayed)
         else:
             done = self.client.purge_dead_letters(name, select=select)
         return RedirectResponse(f"/queues/{quote(name, safe='')}/dead?done={action}:{done}", status_code=303)
@@ -232,12 +238,16 @@ class Dashboard:
         return RedirectResponse("/workers", status_code=303)
 
     def job(self, request: Request) -> Response:
-        """GET /jobs?id=&queue=: the job's INFO from the workers; cancel offered while it can still act."""
+        """GET /jobs?id=&queue=: the job's INFO from the workers; cancel offered while it can still act;
+        an outcome from before a replay made here said so (:mod:`~ojs_kombu.dashboard.replays`)."""
         job_id, queue = request.query_params.get("id", ""), request.query_params.get("queue", "")
         info = self.client.info(job_id, queue=queue) if job_id and queue else None
+        replayed_at = self.replays.last(info.job_id if info is not None else job_id) if job_id else None
+        before_replay = predates(info, replayed_at)  # then the replayed job waits: a cancel drops it
         return self.page(
             request, "job.html", job_id=job_id, queue=queue, info=info, looked=bool(job_id and queue),
-            cancellable=info is None or info.state in CANCELLABLE_STATES,
+            cancellable=info is None or info.state in CANCELLABLE_STATES or before_replay, replayed_at=replayed_at,
+            before_replay=before_replay,
         )  # fmt: skip
 
     async def cancel(self, request: Request) -> Response:

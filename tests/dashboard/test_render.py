@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from ojs_kombu.dashboard.render import NONE, age, describe_error, error_runs, queue_state, show, when
+from ojs_kombu.dashboard.replays import Replays, predates
+from ojs_kombu.model.info import JobInfo
 
 NOW = datetime(2026, 11, 27, 11, 30, 0, 571000, tzinfo=UTC)
 
@@ -72,3 +74,19 @@ def test_error_runs_split_the_errors_at_the_last_replay():
     odd = {"code": "E", "message": "no time"}
     runs = error_runs([old, odd, _error(2, "2026-11-27T11:01:00Z")], {"ojs.last_replayed_at": "2026-11-27T11:10:00Z"})
     assert [len(r.errors) for r in runs] == [1, 2] and runs[1].replayed_at is None
+
+
+def test_an_info_predates_a_replay_when_it_finished_before_it():
+    replays = Replays(size=2)
+    replays.record(["A", "b"], NOW)
+    replays.record(["c"], NOW + timedelta(seconds=1))
+    assert replays.last("a") is None and replays.last("B") == NOW  # the oldest forgotten; ids in any case
+
+    def info(state: str, finished: datetime | None) -> JobInfo:
+        return JobInfo("b", "q", "t", state, "w", 1, NOW - timedelta(minutes=1), finished)  # type: ignore[arg-type]
+
+    assert predates(info("discarded", NOW - timedelta(seconds=1)), NOW)
+    assert not predates(info("completed", NOW + timedelta(seconds=1)), NOW)  # the replayed run's outcome
+    assert not predates(info("active", None), NOW)  # running again
+    assert not predates(info("discarded", NOW - timedelta(seconds=1)), None)  # no replay known
+    assert not predates(None, NOW)

@@ -33,11 +33,30 @@
     return kept;
   }
 
+  // The relative ages ("3 min ago") change on every update: their text is set in place, so
+  // that a region whose other content is unchanged is not replaced.
+  function ages(region, next) {
+    var olds = region.querySelectorAll(".age");
+    var news = next.querySelectorAll(".age");
+    if (olds.length !== news.length) {
+      return;
+    }
+    for (var i = 0; i < olds.length; i += 1) {
+      if (olds[i].textContent !== news[i].textContent) {
+        olds[i].textContent = news[i].textContent;
+      }
+    }
+  }
+
   function swap(fresh) {
     var changed = 0;
     document.querySelectorAll("[data-live][id]").forEach(function (region) {
       var next = fresh.getElementById(region.id);
-      if (!next || next.innerHTML === region.innerHTML) {
+      if (!next) {
+        return;
+      }
+      ages(region, next);
+      if (next.innerHTML === region.innerHTML) {
         return;
       }
       if (region.contains(document.activeElement) && document.activeElement !== body) {
