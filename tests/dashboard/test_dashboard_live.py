@@ -225,3 +225,15 @@ def test_without_scripts_the_page_is_complete_and_refreshes_by_hand(scriptless_b
     scriptless_browser.find_element(By.ID, "refresh").click()
     wait_until(lambda: scriptless_browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="live"] .ready').text == "1",
                message="the count after the manual refresh")  # fmt: skip
+
+
+def test_an_open_error_page_gives_way_to_the_page_once_the_cause_is_gone(browser, serve, client, tmp_path):
+    served = serve(refresh=0.5)
+    text = visit(browser, served, "/queues/later/dead", tmp_path, "live-error")
+    assert "NotFoundError" in text
+    browser.execute_script("window.__sameDocument = true;")
+    client.declare_queue("later")  # and its dead letter queue
+    shown(browser, "#letters", "No dead letters.")
+    assert browser.execute_script("return window.__sameDocument") is True
+    assert browser.title.startswith("Dead letters of later")
+    assert browser.find_element(By.ID, "live").text.startswith("live · updated ")

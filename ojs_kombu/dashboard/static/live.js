@@ -3,7 +3,8 @@
 // a filter being typed, the scroll position and the selected checkboxes stay as they are; a
 // region holding the keyboard focus waits until the focus leaves it. Polling stops while the tab
 // is hidden and resumes (at once) when it is shown. Without scripts the page is plain HTML with
-// a Refresh link. See docs/operations.md, "Live updates".
+// a Refresh link. When the page answered is of another kind (an error page, or the page once the
+// error is gone), its whole <main> is put in place. See docs/operations.md, "Live updates".
 (function () {
   "use strict";
   var body = document.body;
@@ -48,8 +49,22 @@
     }
   }
 
+  function ids(doc) {
+    return Array.prototype.map.call(doc.querySelectorAll("[data-live][id]"), function (region) {
+      return region.id;
+    }).join(" ");
+  }
+
   function swap(fresh) {
     var changed = 0;
+    var main = document.querySelector("main");
+    var freshMain = fresh.querySelector("main");
+    if (main && freshMain && ids(document) !== ids(fresh)) {
+      // Another kind of page (an error page, or the page after one): what a reload would show.
+      main.innerHTML = freshMain.innerHTML;
+      document.title = fresh.title;
+      changed = 1;
+    }
     document.querySelectorAll("[data-live][id]").forEach(function (region) {
       var next = fresh.getElementById(region.id);
       if (!next) {
