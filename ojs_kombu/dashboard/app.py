@@ -127,10 +127,11 @@ class Dashboard:
     # -- rendering -------------------------------------------------------------------------
 
     def page(self, request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
-        """Render ``template`` with the mode, the live update period and the CSRF token."""
+        """Render ``template`` with the mode, the live update period (none for the answer to a POST,
+        e.g. a confirmation: it cannot be fetched again) and the CSRF token."""
         context.update(
             request=request, actions=not self.read_only, csrf=csrf_token(request), csrf_field=CSRF_FIELD,
-            refresh=f"{self.refresh:g}" if self.refresh > 0 else "",
+            refresh=f"{self.refresh:g}" if self.refresh > 0 and request.method == "GET" else "",
         )  # fmt: skip
         return _TEMPLATES.TemplateResponse(request, template, context, status_code=status_code)
 

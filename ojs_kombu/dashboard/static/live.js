@@ -10,7 +10,7 @@
   var body = document.body;
   var every = parseFloat(body.getAttribute("data-refresh") || "0") * 1000;
   var status = document.getElementById("live");
-  if (!(every > 0) || !window.fetch || !window.DOMParser || !status) {
+  if (!(every > 0) || !window.fetch || !window.DOMParser || !status || !document.querySelector("[data-live]")) {
     return;
   }
   var timer = null;
