@@ -24,6 +24,13 @@ from ojs_kombu.dashboard.overview import management_client
     help="management API root, for the queue list, retry queues and rates (default $OJS_MANAGEMENT_URL, "
     "else the broker URL's first host on port 15672 with its credentials)",
 )
+@click.option(
+    "--refresh",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="seconds between the live updates of an open page (0: pages update only when reloaded)",
+)
 @connection_options
 def dashboard(
     port: int,
@@ -31,6 +38,7 @@ def dashboard(
     read_only: bool,
     auth_token: str | None,
     management_url: str | None,
+    refresh: float,
     url: str | None,
     prefix: str,
 ) -> None:
@@ -44,7 +52,11 @@ def dashboard(
         ) from None
     with open_client(url, prefix) as client:
         app = create_app(
-            client, management_client(management_url, client.url), read_only=read_only, token=auth_token or None
+            client,
+            management_client(management_url, client.url),
+            read_only=read_only,
+            token=auth_token or None,
+            refresh=refresh,
         )
         click.echo(f"ojs-amqp dashboard on http://{host}:{port}/" + (" (read-only)" if read_only else ""), err=True)
         DashboardServer(app, host=host, port=port).run()

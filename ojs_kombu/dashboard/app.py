@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -19,22 +18,39 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ojs_kombu.amqp.urls import redact
 from ojs_kombu.client import Client
 from ojs_kombu.dashboard.history import DepthHistory
 from ojs_kombu.dashboard.overview import Snapshot, snapshot
+from ojs_kombu.dashboard.render import describe_error, error_runs, queue_state, show, when
+from ojs_kombu.dashboard.replays import Replays, predates
 from ojs_kombu.dashboard.security import CSRF_FIELD, CsrfError, Guard, csrf_token, posted_form
 from ojs_kombu.dashboard.svg import sparkline
 from ojs_kombu.errors import NotFoundError, OjsError, ValidationError
+from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.runtime.deadletter import DeadLetterFilter
 from ojs_kombu.testing.management import ManagementClient
 
 _TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 _TEMPLATES.env.globals["sparkline"] = sparkline
 _TEMPLATES.env.globals["quote"] = lambda s: quote(str(s), safe="")
+_TEMPLATES.env.globals.update(
+    show=show, when=when, describe_error=describe_error, error_runs=error_runs, queue_state=queue_state
+)
+_STATIC = Path(__file__).parent / "static"
+
+#: INFO states in which a cancel still does something: running, or waiting for its next attempt
+#: (a job no worker knows may be waiting or scheduled: cancellable too).
+CANCELLABLE_STATES = frozenset({"active", "retryable"})
+
+#: Default seconds between the live updates of an open page.
+DEFAULT_REFRESH = 5.0
+#: The request header of a live update (``static/live.js``).
+LIVE_HEADER = "x-ojs-live"
 
 
 class Dashboard:
@@ -45,15 +61,24 @@ class Dashboard:
         management: the management API for queue discovery and rates, or None.
         read_only: hide the actions (the :class:`~ojs_kombu.dashboard.security.Guard` refuses POSTs).
         sample_every: seconds between the background depth samples (0: only on page views).
+        refresh: seconds between the live updates of an open page (0: none, the pages are static).
     """
 
     def __init__(
-        self, client: Client, management: ManagementClient | None, *, read_only: bool = False, sample_every: float = 5.0
+        self,
+        client: Client,
+        management: ManagementClient | None,
+        *,
+        read_only: bool = False,
+        sample_every: float = 5.0,
+        refresh: float = DEFAULT_REFRESH,
     ) -> None:
         self.client = client
         self.management = management
         self.read_only = read_only
+        self.refresh = refresh
         self.history = DepthHistory()
+        self.replays = Replays()
         self._sample_every = sample_every
         self._stop = threading.Event()
         password = urlsplit(client.url.split(";")[0].strip()).password
@@ -64,11 +89,19 @@ class Dashboard:
         :func:`ojs_kombu.amqp.urls.redact`."""
         return redact(text, self._secrets)
 
-    def snapshot(self, only: tuple[str, ...] = ()) -> Snapshot:
-        """A :func:`~ojs_kombu.dashboard.overview.snapshot`, recorded in the depth history."""
+    def snapshot(self, only: tuple[str, ...] = (), request: Request | None = None) -> Snapshot:
+        """A :func:`~ojs_kombu.dashboard.overview.snapshot`, recorded in the depth history, unless
+        ``request`` is a live update while the sampler runs (the sparklines' time span must not
+        depend on how many pages are open)."""
         shot = snapshot(self.client, self.management, only)
-        self.history.record(shot)
+        if not (self.sampling and request is not None and request.headers.get(LIVE_HEADER)):
+            self.history.record(shot)
         return shot
+
+    @property
+    def sampling(self) -> bool:
+        """Whether the background sampler records the depths (see :meth:`lifespan`)."""
+        return self._sample_every > 0 and self.management is not None
 
     def _sample(self) -> None:
         while not self._stop.wait(self._sample_every):
@@ -81,7 +114,7 @@ class Dashboard:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         """Run the depth sampler thread while the application serves."""
         sampler = None
-        if self._sample_every > 0 and self.management is not None:
+        if self.sampling:
             sampler = threading.Thread(target=self._sample, name="ojs-dashboard-sampler", daemon=True)
             sampler.start()
         try:
@@ -94,8 +127,12 @@ class Dashboard:
     # -- rendering -------------------------------------------------------------------------
 
     def page(self, request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
-        """Render ``template`` with the mode and the CSRF token."""
-        context.update(request=request, actions=not self.read_only, csrf=csrf_token(request), csrf_field=CSRF_FIELD)
+        """Render ``template`` with the mode, the live update period (none for the answer to a POST,
+        e.g. a confirmation: it cannot be fetched again) and the CSRF token."""
+        context.update(
+            request=request, actions=not self.read_only, csrf=csrf_token(request), csrf_field=CSRF_FIELD,
+            refresh=f"{self.refresh:g}" if self.refresh > 0 and request.method == "GET" else "",
+        )  # fmt: skip
         return _TEMPLATES.TemplateResponse(request, template, context, status_code=status_code)
 
     def guarded(self, endpoint: Callable[[Request], Response]) -> Callable[[Request], Response]:
@@ -115,7 +152,7 @@ class Dashboard:
     def overview(self, request: Request) -> Response:
         """GET /: every OJS queue with its depth, sparkline, rates; the totals."""
         only = tuple(request.query_params.getlist("queue"))
-        shot = self.snapshot(only)
+        shot = self.snapshot(only, request)
         return self.page(
             request, "overview.html", shot=shot, totals=shot.totals()["totals"], history=self.history,
             note=self.redact(shot.note),
@@ -124,7 +161,7 @@ class Dashboard:
     def queue(self, request: Request) -> Response:
         """GET /queues/{queue}: its counts, retry queues and first dead letters."""
         name = request.path_params["queue"]
-        shot = self.snapshot((name,))
+        shot = self.snapshot((name,), request)
         retry = []
         if self.management is not None:
             head = self.client.names.job_queue(f"retry.{name}.")
@@ -177,7 +214,10 @@ class Dashboard:
             return Response("not confirmed", status_code=400)
         select = self._filter(form)
         if action == "replay":
-            done = len(self.client.replay_dead_letters(name, select=select))
+            started = utcnow()
+            replayed = self.client.replay_dead_letters(name, select=select)
+            self.replays.record(replayed, started)
+            done = len(replayed)
         else:
             done = self.client.purge_dead_letters(name, select=select)
         return RedirectResponse(f"/queues/{quote(name, safe='')}/dead?done={action}:{done}", status_code=303)
@@ -199,11 +239,17 @@ class Dashboard:
         return RedirectResponse("/workers", status_code=303)
 
     def job(self, request: Request) -> Response:
-        """GET /jobs?id=&queue=: the job's INFO from the workers."""
+        """GET /jobs?id=&queue=: the job's INFO from the workers; cancel offered while it can still act;
+        an outcome from before a replay made here said so (:mod:`~ojs_kombu.dashboard.replays`)."""
         job_id, queue = request.query_params.get("id", ""), request.query_params.get("queue", "")
         info = self.client.info(job_id, queue=queue) if job_id and queue else None
-        fields = asdict(info) if info is not None else None
-        return self.page(request, "job.html", job_id=job_id, queue=queue, info=fields, looked=bool(job_id and queue))
+        replayed_at = self.replays.last(info.job_id if info is not None else job_id) if job_id else None
+        before_replay = predates(info, replayed_at)  # then the replayed job waits: a cancel drops it
+        return self.page(
+            request, "job.html", job_id=job_id, queue=queue, info=info, looked=bool(job_id and queue),
+            cancellable=info is None or info.state in CANCELLABLE_STATES or before_replay, replayed_at=replayed_at,
+            before_replay=before_replay,
+        )  # fmt: skip
 
     async def cancel(self, request: Request) -> Response:
         """POST /jobs/cancel: cancel the job ``id`` of ``queue``."""
@@ -233,6 +279,7 @@ def create_app(
     read_only: bool = False,
     token: str | None = None,
     sample_every: float = 5.0,
+    refresh: float = DEFAULT_REFRESH,
 ) -> Starlette:
     """The dashboard application.
 
@@ -242,11 +289,18 @@ def create_app(
         read_only: no actions: buttons hidden, every POST refused with 403.
         token: required on every request (Bearer header, or ``?token=`` setting a cookie), or None.
         sample_every: seconds between depth samples for the sparklines (0: page views only).
+        refresh: seconds between the live updates of an open page (fetch polling by
+            ``static/live.js``, served by the package), 0 for none.
 
     Returns:
         The Starlette application, to serve with uvicorn.
+
+    Raises:
+        ValidationError: ``refresh`` is not a number >= 0.
     """
-    dash = Dashboard(client, management, read_only=read_only, sample_every=sample_every)
+    if isinstance(refresh, bool) or not isinstance(refresh, int | float) or not refresh >= 0:
+        raise ValidationError(f"refresh must be a number of seconds >= 0, got {refresh!r}", field="refresh")
+    dash = Dashboard(client, management, read_only=read_only, sample_every=sample_every, refresh=refresh)
     g = dash.guarded
 
     def ag(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
@@ -262,6 +316,7 @@ def create_app(
         Route("/workers", g(dash.workers)),
         Route("/jobs", g(dash.job)),
         Route("/jobs/cancel", ag(dash.cancel), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(_STATIC)), name="static"),
     ]
     app = Starlette(
         routes=routes,

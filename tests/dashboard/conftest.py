@@ -22,16 +22,31 @@ from ojs_kombu.testing.browser import ensure_browser_installed
 from ojs_kombu.testing.management import ManagementClient
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[webdriver.Chrome]:
-    """One headless Chromium for the session, driven through Selenium."""
+def _chromium(*, scripts: bool) -> webdriver.Chrome:
     chromium, chromedriver = ensure_browser_installed()
     options = Options()
     options.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):
         options.add_argument(arg)
+    if not scripts:
+        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
     driver = webdriver.Chrome(service=Service(chromedriver), options=options)
     driver.implicitly_wait(0)
+    return driver
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[webdriver.Chrome]:
+    """One headless Chromium for the session, driven through Selenium."""
+    driver = _chromium(scripts=True)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def scriptless_browser() -> Iterator[webdriver.Chrome]:
+    """A headless Chromium with JavaScript turned off (the dashboard without its live updates)."""
+    driver = _chromium(scripts=False)
     yield driver
     driver.quit()
 
@@ -52,15 +67,15 @@ def secret(broker: BrokerHandle, management: ManagementClient) -> Iterator[tuple
 def serve(
     secret: tuple[str, str], prefix: str, broker: BrokerHandle, caplog: pytest.LogCaptureFixture
 ) -> Iterator[Callable[..., Served]]:
-    """Start the dashboard (``serve(read_only=..., token=...)``) on a free port for the test's prefix."""
+    """Start the dashboard (``serve(read_only=..., token=..., refresh=...)``) on a free port for the test's prefix."""
     url, password = secret
     started: list[tuple[DashboardServer, Client]] = []
     caplog.set_level(logging.DEBUG)
 
-    def start(*, read_only: bool = False, token: str | None = None) -> Served:
+    def start(*, read_only: bool = False, token: str | None = None, refresh: float = 5.0) -> Served:
         client = Client(url, prefix=prefix)
         management = management_client(broker.management_url, url)
-        app = create_app(client, management, read_only=read_only, token=token, sample_every=0.5)
+        app = create_app(client, management, read_only=read_only, token=token, sample_every=0.5, refresh=refresh)
         server = DashboardServer(app, port=0).start()
         started.append((server, client))
         return Served(f"http://127.0.0.1:{server.port}", password)
