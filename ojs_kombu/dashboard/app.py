@@ -22,6 +22,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.urls import redact
 from ojs_kombu.client import Client
 from ojs_kombu.dashboard.history import DepthHistory
@@ -30,7 +31,6 @@ from ojs_kombu.dashboard.security import CSRF_FIELD, CsrfError, Guard, csrf_toke
 from ojs_kombu.dashboard.svg import sparkline
 from ojs_kombu.errors import NotFoundError, OjsError, ValidationError
 from ojs_kombu.runtime.deadletter import DeadLetterFilter
-from ojs_kombu.testing.management import ManagementClient
 
 _TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 _TEMPLATES.env.globals["sparkline"] = sparkline

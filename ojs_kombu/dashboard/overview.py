@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ojs_kombu.amqp.management import ManagementClient, ManagementError
 from ojs_kombu.amqp.urls import management_url_for, vhost_of
 from ojs_kombu.client import Client
 from ojs_kombu.errors import ValidationError
-from ojs_kombu.testing.management import ManagementClient, ManagementError
 
 
 @dataclass

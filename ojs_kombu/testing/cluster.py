@@ -29,9 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ojs_kombu.amqp.management import ManagementClient, ManagementError
+
 from ._servers import ServerCommands, free_ports
 from .broker import BrokerError, PrivateNode, _default_base_dir, add_release_option, ensure_rabbitmq_installed
-from .management import ManagementClient, ManagementError
 
 __all__ = ["Cluster", "main"]
 
