@@ -219,7 +219,7 @@ class JobEvent(_JobEventFields):
         scheduled_at: datetime | None = None,
     ) -> JobEvent:
         fields = (event, job_id, job_type, queue, attempt, worker_id, at or utcnow(), error, enqueued_at, scheduled_at)
-        job_event: JobEvent = tuple.__new__(cls, fields)
+        job_event: JobEvent = _new_tuple(cls, fields)
         return job_event
 
     def to_json(self) -> dict[str, Any]:
@@ -236,6 +236,9 @@ class JobEvent(_JobEventFields):
         if self.error is not None:
             body["error"] = self.error
         return body
+
+
+_new_tuple = tuple.__new__
 
 
 class JobEventRecord(JobEvent):
