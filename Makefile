@@ -3,8 +3,9 @@
 # RabbitMQ broker ($OJS_AMQP_URL, else Docker, else a private local node of RabbitMQ
 # $OJS_RABBITMQ: 4.3 by default, 4.0 and 3.10 too; 4.x runs from Debian chroots built once
 # into ~/.cache/ojs-kombu, DESIGN §18);
-# `setup` also installs redis-server (Celery's Redis result backend in the tests) and a Java
-# runtime for PySpark (ojs_kombu.spark).
+# `setup` also installs, with the repository's own tools (tools/, not in the wheel), redis-server
+# (Celery's Redis result backend in the tests), a Java runtime for PySpark (ojs_kombu.spark) and
+# Chromium with its driver (the dashboard's browser tests).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -19,9 +20,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,celery,dramatiq,spark,docs,dashboard]'
 	$(PY) -m ojs_kombu.testing.broker install --rabbitmq 4.3 --rabbitmq 4.0 --rabbitmq 3.10
-	$(PY) -m ojs_kombu.testing.redis install
-	$(PY) -m ojs_kombu.testing.java install
-	$(PY) -m ojs_kombu.testing.browser install
+	$(PY) -m tools.redis install
+	$(PY) -m tools.java install
+	$(PY) -m tools.browser install
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: setup

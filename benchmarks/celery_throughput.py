@@ -127,7 +127,7 @@ def local_broker_pid(url: str, management) -> int | None:
     The node reports it (``os_pid``); it counts when the AMQP URL is a loopback address and the pid
     is a local ``beam.smp``.  None otherwise, or when the API cannot say.
     """
-    from ojs_kombu.testing.management import ManagementError
+    from ojs_kombu.amqp.management import ManagementError
 
     if urlsplit(url).hostname not in ("localhost", "127.0.0.1", "::1"):
         return None
@@ -393,7 +393,7 @@ def main() -> None:
     if args.queue_type:
         os.environ[QUEUE_TYPE_VARIABLE] = args.queue_type
 
-    from ojs_kombu.testing.management import ManagementClient
+    from ojs_kombu.amqp.management import ManagementClient
 
     management = ManagementClient(os.environ.get("OJS_MANAGEMENT_URL", "http://localhost:15672"))
     args.broker_pid = local_broker_pid(args.url, management)  # the drains' workers read its CPU

@@ -58,11 +58,11 @@ from schedule import percentile
 from worker import bench_worker, load, noop_jobs
 
 from ojs_kombu import Cancelled, Client, Job, Worker, current_job
+from ojs_kombu.amqp.management import ManagementClient, ManagementError
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
 from ojs_kombu.model.naming import Names
 from ojs_kombu.runtime.control import Cancellations
 from ojs_kombu.testing.broker import provision_broker
-from ojs_kombu.testing.management import ManagementClient, ManagementError
 from ojs_kombu.wire.control import cancel_message
 
 

@@ -280,7 +280,7 @@ def main() -> None:
     if args.worker:
         run_worker(args)
         return
-    from ojs_kombu.testing.management import ManagementClient
+    from ojs_kombu.amqp.management import ManagementClient
 
     management = ManagementClient(os.environ.get("OJS_MANAGEMENT_URL", "http://localhost:15672"))
     version = management.overview().get("rabbitmq_version", "?")

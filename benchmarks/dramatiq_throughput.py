@@ -53,10 +53,10 @@ from ojs_dramatiq import OjsBroker
 from ojs_dramatiq.encoder import job_to_message, message_to_job
 from ojs_dramatiq.running import OjsRunning, RunningMessage
 from ojs_kombu.amqp.connection import resolve_url
+from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.model.job import Job
 from ojs_kombu.runtime.activity import worker_lifecycle
 from ojs_kombu.runtime.control import Cancellations
-from ojs_kombu.testing.management import ManagementClient
 
 DELAY_MS = 600_000
 

@@ -6,9 +6,10 @@
 
     app = Celery("proj", broker="amqp://guest:guest@localhost//", broker_backend="ojs")
 
-Importing :mod:`ojs_celery` does not import Celery until :class:`Celery`,
-:class:`Task` or :class:`Request` is used, so the ``ojs://`` transport can use
-the codec (:mod:`ojs_celery.protocol`) in processes without Celery's app.
+Importing :mod:`ojs_celery` registers its codec (:class:`CeleryCodec`, Celery protocol v2)
+as the ``ojs://`` transport's (:func:`ojs_kombu.transport.register_codec`), and does not import
+Celery until :class:`Celery`, :class:`Task` or :class:`Request` is used, so the transport can
+use the codec in processes without Celery's app.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ojs_kombu.lazy import lazy_exports
+from ojs_kombu.transport import register_codec
 
 if TYPE_CHECKING:
     from .app import OJS_DEFAULTS, Celery
@@ -33,6 +35,9 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+# A path, not the class: the codec module loads on the first task message, not at this import.
+register_codec("ojs_celery.protocol:CeleryCodec")
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -19,7 +19,8 @@ catch the whole family with one ``except``.  The tree::
     │   ├── QueueArgumentRefusedError  406 invalid arg (see TopologyError)
     │   ├── AccessRefusedError   403 ACCESS_REFUSED, 530 NOT_ALLOWED: credentials, vhost, permissions
     │   └── NotFoundError        404 NOT_FOUND: an entity that must exist does not
-    └── WorkerError              a Worker stopped on its own (its consumer died); the cause is chained
+    ├── WorkerError              a Worker stopped on its own (its consumer died); the cause is chained
+    └── ManagementError          a management HTTP API request failed (also a RuntimeError)
 
 py-amqp and kombu exceptions are turned into these in one place,
 :mod:`ojs_kombu.amqp.errors` (``map_exceptions``, ``is_permanent``).  Transient
@@ -237,6 +238,26 @@ class WorkerError(OjsError):
     """
 
 
+class ManagementError(OjsError, RuntimeError):
+    """A request to the RabbitMQ management HTTP API failed (:mod:`ojs_kombu.amqp.management`).
+
+    The message names the method, the path and the HTTP answer (never the credentials, which
+    travel in a header).
+
+    Attributes:
+        status: the HTTP status code, or ``None`` when no HTTP answer arrived (connection
+            refused, timeout ...).
+        method: the HTTP method (``"GET"`` ...).
+        path: the API path (``"/api/queues/%2F"`` ...).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, method: str = "", path: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.method = method
+        self.path = path
+
+
 class MetricsServerError(OjsError, OSError):
     """The Prometheus metrics endpoint could not listen (its port is in use, the address is not
     this host's, a privileged port ...).  ``__cause__`` is the ``OSError``."""
@@ -252,6 +273,7 @@ __all__ = [
     "DeadLetter",
     "DecodeError",
     "Discard",
+    "ManagementError",
     "MetricsServerError",
     "NotFoundError",
     "OjsError",

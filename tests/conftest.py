@@ -18,9 +18,9 @@ import pytest
 import support
 
 from ojs_kombu import Client, Names
+from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.testing.broker import BrokerError, BrokerHandle, PrivateNode, provision_broker
 from ojs_kombu.testing.cluster import Cluster
-from ojs_kombu.testing.management import ManagementClient
 
 
 def pytest_collection_modifyitems(items):

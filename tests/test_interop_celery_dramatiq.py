@@ -28,9 +28,9 @@ from ojs_celery import Celery
 from ojs_dramatiq import OjsBroker
 from ojs_kombu import Names
 from ojs_kombu.model.naming import job_type_for, ojs_queue_for
-from ojs_kombu.testing.schema import validate_job
 from ojs_kombu.wire.codec import CONTENT_TYPE
 from ojs_kombu.wire.headers import Header
+from tools.schema import validate_job
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 

@@ -29,7 +29,7 @@ they pipe into ``jq``; ``dlq export`` writes JSON Lines.  Commands that change
 something (``enqueue``, ``declare``, ``cancel``, ``pause``, ``resume``, ``dlq
 replay``, ``dlq purge``) print one JSON line.  ``status --json`` prints one line
 per queue (``queue``, ``exists``, ``ready``, ``unacked``, ``consumers``,
-``retrying``, ``dead``, ``paused``, ``publish_rate``, ``deliver_rate``,
+``retrying``, ``dead``, ``held``, ``paused``, ``publish_rate``, ``deliver_rate``,
 ``ack_rate``; ``null`` where unknown) and then ``{"totals": {...}, "management":
 true|false}``; see :mod:`ojs_kombu.cli.status` for where each number comes from.
 

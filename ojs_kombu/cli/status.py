@@ -10,6 +10,11 @@ Where the numbers come from:
   the management API only: without it, ``retrying`` is unknown;
 * ``unacked`` and the publish / deliver / ack rates: the management API's statistics
   (they lag by up to one sample interval, 5 s by default); unknown without it;
+* ``held``: dead letters of the job queue and its retry queues not yet routed to their
+  target (a dead letter queue, or the job queue for a retry): a quorum queue dead-letters
+  at least once and holds each until the target confirms it (``messages_dlx`` in the
+  management API's statistics; a few at a time while a target's leader moves, more when a
+  target is missing or full).  0 for classic queues, unknown without the management API;
 * ``paused``: the queue's control stream, replayed as the workers replay it
   (:meth:`~ojs_kombu.client.Client.paused_queues`); that costs about 0.1 ms per
   retained cancel (5.5 s for 50,000), so ``--no-paused`` skips it (the column is unknown).
@@ -51,6 +56,7 @@ STATUS_COLUMNS = (
     "consumers",
     "retrying",
     "dead",
+    "held",
     "paused",
     "publish/s",
     "deliver/s",
@@ -68,6 +74,7 @@ def status_table(shot: Snapshot) -> RenderableType:
             cell(q.consumers),
             cell(q.retrying),
             cell(q.dead),
+            cell(q.held),
             cell(q.paused),
             cell(q.publish_rate, "{:.1f}"),
             cell(q.deliver_rate, "{:.1f}"),

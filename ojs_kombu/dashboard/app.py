@@ -22,6 +22,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.urls import redact
 from ojs_kombu.client import Client
 from ojs_kombu.dashboard.history import DepthHistory
@@ -33,7 +34,6 @@ from ojs_kombu.dashboard.svg import sparkline
 from ojs_kombu.errors import NotFoundError, OjsError, ValidationError
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.runtime.deadletter import DeadLetterFilter
-from ojs_kombu.testing.management import ManagementClient
 
 _TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 _TEMPLATES.env.globals["sparkline"] = sparkline

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ojs_kombu.amqp.management import ManagementClient, ManagementError
 from ojs_kombu.amqp.urls import management_url_for, vhost_of
 from ojs_kombu.client import Client
 from ojs_kombu.errors import ValidationError
-from ojs_kombu.testing.management import ManagementClient, ManagementError
 
 
 @dataclass
@@ -29,6 +29,7 @@ class QueueStatus:
     consumers: int | None = None
     retrying: int | None = None
     dead: int | None = None
+    held: int | None = None
     paused: bool | None = None
     publish_rate: float | None = None
     deliver_rate: float | None = None
@@ -56,6 +57,7 @@ class Snapshot:
                 "ready": total("ready"),
                 "retrying": total("retrying"),
                 "dead": total("dead"),
+                "held": total("held"),
                 "scheduled": self.scheduled,
             },
             "management": self.management,
@@ -115,6 +117,12 @@ def management_client(management_url: str | None, broker_url: str) -> Management
     )
     base = urlunsplit((parts.scheme, host, parts.path, "", ""))  # without the credentials
     return Management(base, user, password, vhost_of(broker_url), derived=derived)
+
+
+def _held(queue: dict[str, Any] | None) -> int:
+    """Dead letters ``queue`` holds until their target confirms them (``messages_dlx``: quorum queues'
+    at-least-once dead lettering); 0 for a classic queue (it dead-letters at most once, holding none)."""
+    return int((queue or {}).get("messages_dlx") or 0)
 
 
 def _rate(queue: dict[str, Any], stat: str) -> float:
@@ -202,6 +210,7 @@ def snapshot(
         )
         if listed is not None:
             row.retrying = sum(c.ready for r in retry_queues[queue] if (c := counts[r]) is not None)
+            row.held = sum(_held(listed.get(name)) for name in (names.job_queue(queue), *retry_queues[queue]))
         if stats is not None:
             row.unacked = int(stats.get("messages_unacknowledged", 0) or 0)
             row.publish_rate = _rate(stats, "publish")

@@ -57,6 +57,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricF
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from ojs_kombu.wire.events import JobEvent
+
 RUNTIME_BUCKETS: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600,
 )  # fmt: skip
@@ -83,34 +85,10 @@ _LABELS = ("queue", "type")
 _INF = float("inf")
 
 
-class JobEventLike(Protocol):
-    """What :class:`JobMetrics` reads of a :class:`~ojs_kombu.runtime.lifecycle.JobEvent`
-    (this layer sits below ``runtime`` and cannot import it)."""
-
-    @property
-    def event(self) -> str: ...
-    @property
-    def job_id(self) -> str: ...
-    @property
-    def job_type(self) -> str: ...
-    @property
-    def queue(self) -> str: ...
-    @property
-    def attempt(self) -> int: ...
-    @property
-    def worker_id(self) -> str: ...
-    @property
-    def at(self) -> datetime: ...
-    @property
-    def enqueued_at(self) -> datetime | None: ...
-    @property
-    def scheduled_at(self) -> datetime | None: ...
-
-
 class LifecycleLike(Protocol):
     """Anything job events can be subscribed to: a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle`."""
 
-    def subscribe(self, subscriber: Callable[[JobEventLike], None], *, deferred: bool = ...) -> None: ...
+    def subscribe(self, subscriber: Callable[[JobEvent], None], *, deferred: bool = ...) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -222,7 +200,7 @@ class JobMetrics:
         self._sources.add(lifecycle)
         lifecycle.subscribe(self.record, deferred=True)
 
-    def record(self, event: JobEventLike) -> None:
+    def record(self, event: JobEvent) -> None:
         """Record one lifecycle event (a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` subscriber).
 
         Parameters:
@@ -292,7 +270,7 @@ class JobMetrics:
             yield family
 
 
-def _first_start(series: _Series, event: JobEventLike) -> None:
+def _first_start(series: _Series, event: JobEvent) -> None:
     enqueued, scheduled = event.enqueued_at, event.scheduled_at
     ready = enqueued if scheduled is None or (enqueued is not None and enqueued > scheduled) else scheduled
     if ready is not None:
@@ -310,7 +288,6 @@ __all__ = [
     "MAX_RUNNING",
     "QUEUE_WAIT_BUCKETS",
     "RUNTIME_BUCKETS",
-    "JobEventLike",
     "JobMetrics",
     "LifecycleLike",
 ]

@@ -1,8 +1,8 @@
 """What happens to jobs in a worker, as events other parts subscribe to (DESIGN §14).
 
 Every consumer of the binding (:class:`~ojs_kombu.Worker`, the Dramatiq and the
-Celery adapters) owns one :class:`Lifecycle` and emits a :class:`JobEvent` at
-each step of a job it handles:
+Celery adapters) owns one :class:`Lifecycle` and emits a :class:`JobEvent` (defined with
+the events stream, :class:`ojs_kombu.wire.events.JobEvent`) at each step of a job it handles:
 
 ==================  =====================================================================
 event               when
@@ -46,17 +46,13 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any
 
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.timefmt import parse_timestamp, utcnow
+from ojs_kombu.wire.events import JOB_EVENT_NAMES, JobEvent, JobEventName
 
 logger = logging.getLogger(__name__)
-
-JobEventName = Literal["started", "succeeded", "failed", "retried", "dead-lettered", "cancelled", "expired"]
-"""The lifecycle events of a job (the routing key of an events-stream message is ``job.{event}.{queue}``)."""
-
-JOB_EVENT_NAMES: tuple[str, ...] = get_args(JobEventName)
 
 MAX_DEFERRED = 1024
 """Events queued for deferred subscribers at most: the emit that queues one more flushes them."""
@@ -65,58 +61,6 @@ MAX_DEFERRED = 1024
 def new_worker_id() -> str:
     """A worker id unique across hosts and restarts: ``{host}.{pid}.{6 hex digits}``."""
     return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
-
-
-class _JobEventFields(NamedTuple):
-    event: JobEventName
-    job_id: str
-    job_type: str
-    queue: str
-    attempt: int
-    worker_id: str
-    at: datetime
-    error: dict[str, Any] | None
-    enqueued_at: datetime | None
-    scheduled_at: datetime | None
-
-
-class JobEvent(_JobEventFields):
-    """One step of one job in one worker (immutable: a named tuple).
-
-    Parameters:
-        event: what happened.
-        job_id, job_type, queue: the job.
-        attempt: the 1-based execution the event is about.
-        worker_id: the worker that emitted it.
-        at: when (UTC; default: now).
-        error: for ``failed``: ``{"code", "type", "message"}`` of the failure.
-        enqueued_at, scheduled_at: on a ``started`` event, the job's ``enqueued_at`` /
-            ``scheduled_at`` (aware datetimes), when it has them: what queue wait and scheduling
-            lateness are measured from (:class:`~ojs_kombu.observability.job_metrics.JobMetrics`);
-            None on the other events (parsing them costs a µs per event nobody reads).
-
-    A named tuple rather than a frozen dataclass: a worker builds two per job in the thread
-    that settles it, and a tuple is built in one step (a frozen dataclass writes its ten
-    fields one by one: ~7,000 more instructions per event, measured).
-    """
-
-    __slots__ = ()
-
-    def __new__(
-        cls,
-        event: JobEventName,
-        job_id: str,
-        job_type: str,
-        queue: str,
-        attempt: int,
-        worker_id: str,
-        at: datetime | None = None,
-        error: dict[str, Any] | None = None,
-        enqueued_at: datetime | None = None,
-        scheduled_at: datetime | None = None,
-    ) -> JobEvent:
-        fields = (event, job_id, job_type, queue, attempt, worker_id, at or utcnow(), error, enqueued_at, scheduled_at)
-        return _new_tuple(cls, fields)
 
 
 _new_tuple = tuple.__new__

@@ -58,11 +58,11 @@ from ojs_kombu.errors import DecodeError, OjsError, TopologyError, ValidationErr
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.metrics import METRICS
-from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.events import (
     MARKER_ROUTING_KEY,
     ActiveJob,
+    JobEvent,
     JobEventRecord,
     PresenceState,
     WorkerPresence,
@@ -93,13 +93,6 @@ def check_presence_interval(value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValidationError(f"the presence interval must be > 0 seconds, got {value!r}", field="presence_interval")
     return float(value)
-
-
-def record_of(event: JobEvent) -> JobEventRecord:
-    """The events-stream record of a lifecycle event."""
-    return JobEventRecord(
-        event.event, event.job_id, event.job_type, event.queue, event.attempt, event.worker_id, event.at, event.error
-    )
 
 
 _STOP = object()
@@ -371,9 +364,7 @@ class Beacon:
 
     def _publish_event(self, channel: Channel, event: JobEvent) -> None:
         try:
-            self._publish(
-                channel, job_event_message(record_of(event)), self.names.job_event_routing_key(event.event, event.queue)
-            )
+            self._publish(channel, job_event_message(event), self.names.job_event_routing_key(event.event, event.queue))
         except BaseException:
             self._requeue(event)  # published after the reconnect
             raise
@@ -542,5 +533,4 @@ __all__ = [
     "Beacon",
     "check_presence_interval",
     "read_events",
-    "record_of",
 ]

@@ -1,4 +1,6 @@
-"""What the private test servers (:mod:`.broker`'s RabbitMQ node, :mod:`.redis`) share.
+"""What the private test servers share: :mod:`.broker`'s RabbitMQ node, :mod:`.cluster`, and the
+repository's own ``tools.redis`` (which also uses :func:`apt_install`, as ``tools.java`` and
+``tools.browser`` do).
 
 * process and port helpers (:func:`free_ports`, :func:`process_alive`, :func:`tail`);
 * installing a Debian package with ``apt-get`` without starting its system service
@@ -127,34 +129,6 @@ def apt_install(
     log.info("installed %s in %.1fs", package, time.monotonic() - began)
 
 
-def install_main(
-    module: str, doc: str | None, ensure: Callable[[], str], error: type[Exception], argv: Sequence[str] | None
-) -> int:
-    """``python -m <module> install`` for a tool that is only installed, never started (Java, Chromium).
-
-    Parameters:
-        module: the module run with ``-m``, for the usage line.
-        doc: its docstring, whose first line describes the command.
-        ensure: installs what is missing and returns a line saying what is there.
-        error: the exception ``ensure`` raises when it cannot install.
-        argv: the arguments (default: ``sys.argv[1:]``).
-
-    Returns:
-        The exit status: 0 when installed, 1 when ``ensure`` raised ``error`` (logged).
-    """
-    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=(doc or "").splitlines()[0])
-    parser.add_argument("command", choices=["install"])
-    parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    log = logging.getLogger(module)
-    try:
-        log.info("%s", ensure())
-    except error as exc:
-        log.error("%s", exc)
-        return 1
-    return 0
-
-
 # -- command line ------------------------------------------------------------
 
 
@@ -178,7 +152,7 @@ class RecordedServer(Protocol):
 
 @dataclass(frozen=True)
 class ServerCommands:
-    """``python -m ojs_kombu.testing.<server> install|start|stop|url [--dir D]``.
+    """``python -m <module> install|start|stop|url [--dir D]`` for a recorded server.
 
     ``start`` records the server in ``<dir>/<state_file>`` and prints its URL; ``url`` prints
     it again; ``stop`` stops what the record names and deletes its files; ``install`` runs

@@ -48,9 +48,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ojs_kombu.amqp.management import ManagementClient, ManagementError
+from ojs_kombu.amqp.urls import redact
+
 from ._servers import BrokerError, ServerCommands, apt_install, free_ports, process_alive, tail
 from .certs import TestPki, make_test_pki
-from .management import ManagementClient, ManagementError
 from .releases import ENV_RABBITMQ, RELEASES, Chroot, Release, chroot_for, release
 
 __all__ = [
@@ -80,15 +82,15 @@ _POLL = 0.2
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``, for log lines."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """``url`` with its password replaced by ``***``, for log lines (:func:`ojs_kombu.amqp.urls.redact`).
+
+    Parameters:
+        url: a broker URL (or a ``;``-separated failover list).
+
+    Returns:
+        The URL, safe to log.
+    """
+    return redact(url)
 
 
 def _which(tool: str) -> str | None:

@@ -29,9 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ojs_kombu.amqp.management import ManagementClient, ManagementError
+
 from ._servers import ServerCommands, free_ports
 from .broker import BrokerError, PrivateNode, _default_base_dir, add_release_option, ensure_rabbitmq_installed
-from .management import ManagementClient, ManagementError
 
 __all__ = ["Cluster", "main"]
 
@@ -40,8 +41,19 @@ log = logging.getLogger("ojs_kombu.testing.cluster")
 STATE_FILE = "cluster.json"
 DEFAULT_NODES = 3
 _POLL = 0.2
+#: The cookie :meth:`Cluster.isolate` sets for the other nodes: not theirs, so neither side reconnects.
+_ISOLATION_COOKIE = "ojs_isolated"
 
 _T = TypeVar("_T")
+
+
+def _await(condition: Callable[[], bool], timeout: float, what: str, interval: float = _POLL) -> None:
+    """Poll ``condition`` until it holds; :class:`BrokerError` naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise BrokerError(f"timed out after {max(0.0, timeout):.0f}s waiting for {what}")
+        time.sleep(interval)
 
 
 def _each(nodes: Sequence[PrivateNode], action: Callable[[PrivateNode], _T]) -> list[_T]:
@@ -54,7 +66,8 @@ class Cluster:
     """A RabbitMQ cluster of ``nodes`` private nodes on 127.0.0.1.
 
     Use it as a context manager (start, then :meth:`cleanup`) or call :meth:`start` /
-    :meth:`cleanup`.  :meth:`kill` and :meth:`restart` act on one node, for failover tests.
+    :meth:`cleanup`.  :meth:`kill` and :meth:`restart` act on one node, for failover tests;
+    :meth:`isolate` and :meth:`heal` partition one node off the others and back.
     The user is ``guest``/``guest`` on vhost ``/`` on every node.
 
     Parameters:
@@ -246,12 +259,112 @@ class Cluster:
         node.restart(timeout=timeout)
         self._wait_formed(deadline)
 
+    # -- partitions -------------------------------------------------------
+
+    def isolate(self, node: PrivateNode, timeout: float = 30) -> None:
+        """Cut ``node`` off from the other nodes (a network partition); it keeps serving its clients.
+
+        At the Erlang distribution level: its cookie for each other node becomes a wrong one, so
+        that neither side can reconnect, and its connections to them are closed.  Returns once
+        another node sees it down.  :meth:`heal` undoes it.
+
+        Parameters:
+            node: one of this cluster's nodes (not its only one).
+            timeout: seconds for the others to see it down.
+
+        Raises:
+            BrokerError: ``rabbitmqctl eval`` failed, or the others did not see it down in time.
+        """
+        others = self._others(node)
+        self._eval(
+            node,
+            f"[erlang:set_cookie(N, {_ISOLATION_COOKIE}) || N <- [{others}]], "
+            f"[erlang:disconnect_node(N) || N <- [{others}]], ok.",
+        )
+        majority = next(other for other in self.nodes if other is not node)
+        _await(
+            lambda: node.name not in self._running_members(majority),
+            timeout,
+            f"the other nodes to see {node.name} down",
+        )
+        log.info("isolated RabbitMQ node %s from the rest of the cluster", node.name)
+
+    def heal(self, node: PrivateNode, timeout: float = 150) -> None:
+        """Undo :meth:`isolate`: ``node`` reconnects to the others.
+
+        Returns once every node sees every node running and, with Khepri (:meth:`khepri_enabled`),
+        once ``node`` commits metadata again: after a partition with writes pending on it (a
+        client's declarations), its metadata writes still time out for a while after the cluster
+        looks whole (tens of seconds on RabbitMQ 4.3).
+
+        Parameters:
+            node: the node :meth:`isolate` cut off.
+            timeout: seconds for the whole.
+
+        Raises:
+            BrokerError: ``rabbitmqctl eval`` failed, or the cluster was not whole (or the node
+                not committing) in time.
+        """
+        deadline = time.monotonic() + timeout
+        others = self._others(node)
+        self._eval(
+            node,
+            f"[erlang:set_cookie(N, erlang:get_cookie()) || N <- [{others}]], [net_adm:ping(N) || N <- [{others}]].",
+        )
+        names = {each.name for each in self.nodes}
+        _await(
+            lambda: all(set(self._running_members(each)) == names for each in self.nodes),
+            deadline - time.monotonic(),
+            "the cluster whole again",
+        )
+        whole_at = time.monotonic()
+        if self.khepri_enabled(node):
+            _await(
+                lambda: self._commits_metadata(node),
+                deadline - time.monotonic(),
+                f"{node.name} to commit metadata again",
+                interval=1.0,
+            )
+        log.info(
+            "healed RabbitMQ node %s: it commits metadata %.1fs after the cluster looked whole",
+            node.name,
+            time.monotonic() - whole_at,
+        )
+
+    def khepri_enabled(self, node: PrivateNode | None = None) -> bool:
+        """Whether the cluster keeps its metadata in Khepri (feature flag ``khepri_db`` enabled), as
+        ``node`` (default: the first) reports it: RabbitMQ 4.3 always, 4.0 when enabled, 3.10 never.
+
+        Raises:
+            ManagementError: the node's management API did not answer.
+        """
+        flags = self.management(node).request("GET", "/api/feature-flags") or []
+        return any(flag.get("name") == "khepri_db" and flag.get("state") == "enabled" for flag in flags)
+
     # -- internals --------------------------------------------------------
 
-    def _running_members(self) -> list[str]:
-        """Names of the running nodes the first node's management API lists (``[]`` on error)."""
+    def _others(self, node: PrivateNode) -> str:
+        """The other nodes' names as an Erlang list's elements (``'a@localhost', 'b@localhost'``)."""
+        return ", ".join(f"'{other.name}'" for other in self.nodes if other is not node)
+
+    @staticmethod
+    def _eval(node: PrivateNode, expression: str) -> None:
+        done = node.ctl("eval", expression)
+        if done is None or done.returncode != 0:
+            output = "timed out" if done is None else (done.stdout + done.stderr).strip()
+            raise BrokerError(f"`rabbitmqctl -n {node.name} eval` failed: {output}")
+
+    @staticmethod
+    def _commits_metadata(node: PrivateNode) -> bool:
+        """Whether a metadata write through ``node`` is committed within 2 s (a Khepri put of a key of our own)."""
+        done = node.ctl("eval", "khepri:put(rabbitmq_metadata, [ojs_probe], 1, #{timeout => 2000}).", timeout=20)
+        return done is not None and done.returncode == 0 and done.stdout.strip() == "ok"
+
+    def _running_members(self, node: PrivateNode | None = None) -> list[str]:
+        """Names of the running nodes ``node``'s (default: the first node's) management API lists
+        (``[]`` on error)."""
         try:
-            listed = self.management().request("GET", "/api/nodes?columns=name,running")
+            listed = self.management(node).request("GET", "/api/nodes?columns=name,running")
         except ManagementError:
             return []
         return [entry["name"] for entry in listed or [] if entry.get("running")]

@@ -28,8 +28,8 @@ The transport is py-amqp's, with a :class:`Channel` that rewrites task traffic
   direct one.  Plain
   queues, and every other queue (exclusive, auto-delete, transient), behave as
   on ``pyamqp://``: their messages, requeues and redeliveries are untouched.
-* **Publishing.**  A task message (recognised by the framework codec, by default
-  Celery protocol v2: see :mod:`ojs_celery.protocol`) addressed to a job queue
+* **Publishing.**  A task message (recognised by the codec a framework adapter
+  registered: Celery protocol v2 for ``ojs_celery``, see :mod:`ojs_celery.protocol`) addressed to a job queue
   becomes an OJS envelope published with confirms and ``mandatory`` to
   ``ojs.exchange.direct``; a retried task (``retries > 0``) goes to
   ``ojs.queue.retry.{q}.{ms}`` (the delay rounded up to the retry ladder); a
@@ -91,8 +91,11 @@ removed before the py-amqp connection sees them:
 ``passthrough_queues``
     durable queue names that stay plain AMQP queues.
 ``codec``
-    the task message codec: an object or ``"module:Class"`` (default
-    :class:`ojs_celery.protocol.CeleryCodec`).
+    the task message codec: an object, a class or ``"module:Class"``.  Default: the codec a
+    framework adapter registered when imported (:func:`~ojs_kombu.transport.settings.register_codec`;
+    ``import ojs_celery`` registers Celery's).  Without one, no message is a task message
+    (everything published passes through), and a job delivered raises ``LookupError`` (it
+    stays unacked).
 ``confirm_timeout``
     seconds to wait for the confirm of a job publish (default 30).
 
@@ -126,7 +129,7 @@ channel), :mod:`~ojs_kombu.transport.message` (the kombu message of a job delive
 
 from ojs_kombu.transport.channel import EARLY_TOLERANCE_MS, Channel
 from ojs_kombu.transport.queues import QueueMap, queue_map
-from ojs_kombu.transport.settings import Settings, TaskCodec
+from ojs_kombu.transport.settings import Settings, TaskCodec, register_codec
 from ojs_kombu.transport.state import ConnectionState
 from ojs_kombu.transport.transport import Connection, SSLTransport, Transport, register_aliases
 
@@ -142,4 +145,5 @@ __all__ = [
     "Transport",
     "queue_map",
     "register_aliases",
+    "register_codec",
 ]

@@ -317,7 +317,7 @@ class Channel(pyamqp.Channel):
         state = self.ojs
         target = state.route(exchange, routing_key)
         headers = msg.properties.get("application_headers") or {}
-        if target is not None and state.codec.is_task(msg.properties, headers):
+        if target is not None and (codec := state.codec) is not None and codec.is_task(msg.properties, headers):
             return state.publish_task(msg, target, confirm_timeout or timeout)
         if target is not None and exchange not in state.ojs_exchanges:
             exchange, routing_key = state.names.direct_exchange, target
@@ -557,7 +557,15 @@ class Channel(pyamqp.Channel):
         self, properties: dict[str, Any], delivery_info: dict[str, Any], job: Job, queue: str
     ) -> DecodedMessage:
         headers = properties.get("application_headers") or {}
-        task = self.ojs.codec.task_message(job, properties, headers)
+        codec = self.ojs.codec
+        if codec is None:
+            # Not a ValueError: the job is fine, it must not be dead-lettered.  It stays unacked
+            # (the broker requeues it when the connection closes).
+            raise LookupError(
+                "a job was delivered on an ojs:// connection that has no task codec: set the transport "
+                "option codec, or import the framework adapter that registers one (ojs_celery)"
+            )
+        task = codec.task_message(job, properties, headers)
         delivery_info = {
             **delivery_info,
             # The framework republishes retries to where the delivery came from:

@@ -1,4 +1,5 @@
-"""The OJS options of an ``ojs://`` connection (``transport_options`` / ``broker_transport_options``)."""
+"""The OJS options of an ``ojs://`` connection (``transport_options`` / ``broker_transport_options``),
+and the task message codecs framework adapters register (:func:`register_codec`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from ojs_kombu.runtime.lifecycle import Lifecycle
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.entities import QueueOptions
 
-DEFAULT_CODEC = "ojs_celery.protocol:CeleryCodec"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 
 #: The transport options that are the binding's (removed before py-amqp sees the options).
@@ -60,6 +60,25 @@ class TaskCodec(Protocol):
         """A delivered job as the framework's task message, with its body decoded."""
 
 
+#: What :func:`register_codec` was last given (empty: nothing registered).
+_REGISTERED: list[TaskCodec | type | str] = []
+
+
+def register_codec(codec: TaskCodec | type | str) -> None:
+    """Make ``codec`` the task message codec of the ``ojs://`` connections that set no ``codec`` option.
+
+    A framework adapter registers its codec when it is imported (``ojs_celery`` registers
+    Celery's), so the transport itself names no framework.  The last registration wins; a
+    connection's ``codec`` transport option overrides it.  Connections already open keep the
+    codec they loaded.
+
+    Parameters:
+        codec: a :class:`TaskCodec`, a class of one (made per connection), or the
+            ``"module:Class"`` path of one (imported on first use).
+    """
+    _REGISTERED[:] = [codec]
+
+
 class TaskMessage(NamedTuple):
     """A delivered job as a framework task message (what :meth:`TaskCodec.task_message` returns)."""
 
@@ -81,7 +100,7 @@ class Settings:
     names: Names
     queue_options: QueueOptions
     passthrough_queues: frozenset[str]
-    codec: TaskCodec | type | str
+    codec: TaskCodec | type | str | None
     confirm_timeout: float
     on_cancel: Callable[[str], None] | str | None = None
     lifecycle: Lifecycle | Callable[[], Lifecycle] | str | None = None
@@ -109,15 +128,25 @@ class Settings:
             names=Names(options.get("prefix") or ""),
             queue_options=queue_options,
             passthrough_queues=frozenset(options.get("passthrough_queues") or ()),
-            codec=options.get("codec") or DEFAULT_CODEC,
+            codec=options.get("codec"),
             confirm_timeout=float(options.get("confirm_timeout") or DEFAULT_CONFIRM_TIMEOUT),
             on_cancel=options.get("on_cancel"),
             lifecycle=options.get("lifecycle"),
             info=options.get("info"),
         )
 
-    def load_codec(self) -> TaskCodec:
-        """The codec object (imported on first use: ``ojs_celery`` needs Celery only then)."""
+    def load_codec(self) -> TaskCodec | None:
+        """The codec object: the ``codec`` option, else the registered codec (:func:`register_codec`).
+
+        Imported and made on first use (a codec may need its framework only then).
+
+        Returns:
+            The codec, or None when the option is not set and no codec is registered.
+        """
+        if self.codec is None:
+            if not _REGISTERED:
+                return None
+            self.codec = _REGISTERED[0]
         codec = self._imported("codec")
         if isinstance(codec, type):
             self.codec = codec()
@@ -191,11 +220,11 @@ class Settings:
 
 
 __all__ = [
-    "DEFAULT_CODEC",
     "DEFAULT_CONFIRM_TIMEOUT",
     "OJS_OPTIONS",
     "QUEUE_ARGUMENT_OPTIONS",
     "Settings",
     "TaskCodec",
     "TaskMessage",
+    "register_codec",
 ]

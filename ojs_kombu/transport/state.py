@@ -67,8 +67,9 @@ class ConnectionState:
         return self._control
 
     @property
-    def codec(self) -> TaskCodec:
-        """The task message codec (loaded on first use: ``ojs_celery`` needs Celery only then)."""
+    def codec(self) -> TaskCodec | None:
+        """The task message codec (loaded on first use: a codec may need its framework only then),
+        or None while the connection has none (no ``codec`` option, none registered)."""
         codec = self._codec
         if codec is None:
             codec = self._codec = self.settings.load_codec()
@@ -177,7 +178,9 @@ class ConnectionState:
         body = msg.body if isinstance(msg.body, bytes) else str(msg.body).encode("utf-8")
         properties = {k: v for k, v in msg.properties.items() if k != "application_headers"}
         headers = dict(msg.properties.get("application_headers") or {})
-        job, message = self.codec.to_job(body, properties, headers, queue)
+        codec = self.codec
+        assert codec is not None  # only task messages come here: the codec recognised them
+        job, message = codec.to_job(body, properties, headers, queue)
         publisher = self.publisher  # a new channel is set up before any delay is measured
         if job.attempt == 0 and job.scheduled_at is None:  # most tasks: no clock to read
             self.ensure_queue(queue)

@@ -27,7 +27,10 @@ gracefully.  A job event body::
     {"event": "failed", "job_id": "…", "type": "email.send", "queue": "email",
      "attempt": 2, "worker_id": "…", "at": "…Z", "error": {"code": …, "type": …, "message": …}}
 
-(``error`` only on ``failed``).  Decoders ignore unknown fields and unknown
+(``error`` only on ``failed``).  :class:`JobEvent` is the one definition of a job event's
+fields: what a worker's :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` emits, what the
+per job type metrics read (:mod:`ojs_kombu.observability.job_metrics`) and what a reader
+decodes from the stream (:class:`JobEventRecord`, the same fields).  Decoders ignore unknown fields and unknown
 ``ojs.event.*`` types (a newer producer), and raise
 :class:`~ojs_kombu.errors.DecodeError` on anything else unreadable.
 
@@ -41,11 +44,11 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, get_args
 
 from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.naming import EVENT_TYPE_JOB_PREFIX, EVENT_TYPE_WORKER
-from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp
+from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp, utcnow
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.control import ControlOptions, json_message
 
@@ -58,6 +61,11 @@ MARKER_ROUTING_KEY = "marker"
 MAX_EVENT_BYTES = 1024 * 1024
 
 PresenceState = Literal["online", "offline"]
+
+JobEventName = Literal["started", "succeeded", "failed", "retried", "dead-lettered", "cancelled", "expired"]
+"""The lifecycle events of a job (the routing key of an events-stream message is ``job.{event}.{queue}``)."""
+
+JOB_EVENT_NAMES: tuple[str, ...] = get_args(JobEventName)
 
 
 def library_version() -> str:
@@ -161,20 +169,7 @@ class WorkerPresence:
         }
 
 
-@dataclass(frozen=True)
-class JobEventRecord:
-    """A job lifecycle event as the events stream carries it (see :mod:`ojs_kombu.runtime.lifecycle`).
-
-    Parameters:
-        event: ``started``, ``succeeded``, ``failed``, ``retried``, ``dead-lettered``,
-            ``cancelled`` or ``expired`` (or a newer event name).
-        job_id, job_type, queue: the job.
-        attempt: the 1-based execution the event is about.
-        worker_id: the worker that emitted it.
-        at: when (UTC).
-        error: for ``failed``: ``{"code", "type", "message"}``.
-    """
-
+class _JobEventFields(NamedTuple):
     event: str
     job_id: str
     job_type: str
@@ -182,10 +177,53 @@ class JobEventRecord:
     attempt: int
     worker_id: str
     at: datetime
-    error: dict[str, Any] | None = None
+    error: dict[str, Any] | None
+    enqueued_at: datetime | None
+    scheduled_at: datetime | None
+
+
+class JobEvent(_JobEventFields):
+    """One step of one job in one worker (immutable: a named tuple); see :mod:`ojs_kombu.runtime.lifecycle`.
+
+    Parameters:
+        event: one of :data:`JOB_EVENT_NAMES` (a decoded event may carry a newer name).
+        job_id, job_type, queue: the job.
+        attempt: the 1-based execution the event is about.
+        worker_id: the worker that emitted it.
+        at: when (UTC; default: now).
+        error: for ``failed``: ``{"code", "type", "message"}`` of the failure.
+        enqueued_at, scheduled_at: on a ``started`` event a worker emits, the job's ``enqueued_at`` /
+            ``scheduled_at`` (aware datetimes), when it has them: what queue wait and scheduling
+            lateness are measured from (:class:`~ojs_kombu.observability.job_metrics.JobMetrics`);
+            None on the other events (parsing them costs a µs per event nobody reads), and on every
+            event read from the stream (its body does not carry them).
+
+    A named tuple rather than a frozen dataclass: a worker builds two per job in the thread
+    that settles it, and a tuple is built in one step (a frozen dataclass writes its ten
+    fields one by one: ~7,000 more instructions per event, measured).
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        event: str,
+        job_id: str,
+        job_type: str,
+        queue: str,
+        attempt: int,
+        worker_id: str,
+        at: datetime | None = None,
+        error: dict[str, Any] | None = None,
+        enqueued_at: datetime | None = None,
+        scheduled_at: datetime | None = None,
+    ) -> JobEvent:
+        fields = (event, job_id, job_type, queue, attempt, worker_id, at or utcnow(), error, enqueued_at, scheduled_at)
+        job_event: JobEvent = _new_tuple(cls, fields)
+        return job_event
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON body of this event (``error`` only when set)."""
+        """The JSON body of this event on the events stream (``error`` only when set)."""
         body: dict[str, Any] = {
             "event": self.event,
             "job_id": self.job_id,
@@ -200,14 +238,24 @@ class JobEventRecord:
         return body
 
 
+_new_tuple = tuple.__new__
+
+
+class JobEventRecord(JobEvent):
+    """A job event read from the events stream (:meth:`ojs_kombu.Client.events`, :func:`decode_event`):
+    a :class:`JobEvent` whose ``enqueued_at`` / ``scheduled_at`` are None (the body does not carry them)."""
+
+    __slots__ = ()
+
+
 def presence_message(presence: WorkerPresence) -> OutgoingMessage:
     """The message of a worker presence: ``type=ojs.event.worker``, body :meth:`WorkerPresence.to_json`."""
     return json_message(EVENT_TYPE_WORKER, presence.to_json(), sent_at=presence.sent_at)
 
 
-def job_event_message(record: JobEventRecord) -> OutgoingMessage:
-    """The message of a job event: ``type=ojs.event.job.{event}``, body :meth:`JobEventRecord.to_json`."""
-    return json_message(EVENT_TYPE_JOB_PREFIX + record.event, record.to_json(), sent_at=record.at)
+def job_event_message(event: JobEvent) -> OutgoingMessage:
+    """The message of a job event: ``type=ojs.event.job.{event}``, body :meth:`JobEvent.to_json`."""
+    return json_message(EVENT_TYPE_JOB_PREFIX + event.event, event.to_json(), sent_at=event.at)
 
 
 def marker_message() -> OutgoingMessage:
@@ -338,9 +386,12 @@ def decode_event(body: bytes, properties: dict[str, Any]) -> WorkerPresence | Jo
 __all__ = [
     "EVENTS_CONTENT_TYPE",
     "EVENT_TYPE_MARKER",
+    "JOB_EVENT_NAMES",
     "MARKER_ROUTING_KEY",
     "ActiveJob",
     "EventsOptions",
+    "JobEvent",
+    "JobEventName",
     "JobEventRecord",
     "PresenceState",
     "WorkerPresence",

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from support import get_messages, message_count, raw_channel, wait_until
 
-from ojs_kombu import Job
+from ojs_kombu import Client, Job
 from ojs_kombu.cli import main
 from ojs_kombu.cli.common import redact, remember_secrets
 from ojs_kombu.model.job import JobError
@@ -180,9 +180,10 @@ def test_status_json_numbers_match_the_broker(client, worker_factory, management
         "consumers": 0,
         "retrying": 1,
         "dead": 1,
+        "held": 0,  # classic queues dead-letter at most once: they hold nothing
         "paused": True,
     }
-    totals = {"totals": {"ready": 3, "retrying": 1, "dead": 1, "scheduled": 1}, "management": True}
+    totals = {"totals": {"ready": 3, "retrying": 1, "dead": 1, "held": 0, "scheduled": 1}, "management": True}
 
     def status() -> list[dict]:
         code, out, err = invoke("status", "--json", *common)
@@ -208,13 +209,50 @@ def test_status_json_numbers_match_the_broker(client, worker_factory, management
     code, out, err = invoke("status", "--json", "--queue", "st", "--queue", "gone", *no_management)
     assert code == 0 and err == ""
     row, missing, last = json_lines(out)
-    assert {k: row[k] for k in expected} == {**expected, "unacked": None, "retrying": None, "paused": False}
+    assert {k: row[k] for k in expected} == {
+        **expected,
+        "unacked": None,
+        "retrying": None,
+        "held": None,
+        "paused": False,
+    }
     assert row["publish_rate"] is None and missing == {**missing, "queue": "gone", "exists": False, "ready": None}
-    assert last == {"totals": {"ready": 3, "retrying": None, "dead": 1, "scheduled": 1}, "management": False}
+    assert last == {
+        "totals": {"ready": 3, "retrying": None, "dead": 1, "held": None, "scheduled": 1},
+        "management": False,
+    }
     code, out, _ = invoke("status", "--json", "--queue", "st", "--no-paused", *no_management)
     assert code == 0 and json_lines(out)[0]["paused"] is None and json_lines(out)[0]["ready"] == 3
     code, out, err = invoke("status", *no_management)  # nothing to list
     assert code == 1 and "--queue" in err
+
+
+def test_status_shows_the_dead_letters_a_quorum_queue_holds(amqp_url, prefix, names, management):
+    """A quorum job queue dead-letters at least once: a letter whose dead letter queue is missing
+    stays held by the job queue (``messages_dlx``); RabbitMQ routes it again only after
+    ``dead_letter_worker_publisher_confirm_timeout`` (180 s), longer than this test."""
+    queue = "held"
+    with Client(amqp_url, prefix=prefix, queue_type="quorum") as quorum:
+        quorum.enqueue("h.fail", [], queue=queue)
+    assert management.delete_queue(names.dead_letter_queue(queue))
+    with raw_channel(amqp_url) as channel:
+        method, _, _ = wait_until(
+            lambda: (got := channel.basic_get(names.job_queue(queue)))[0] and got, timeout=10, message="the job"
+        )
+        channel.basic_nack(method.delivery_tag, requeue=False)  # dead-lettered by the broker: no route
+    common = ["--queue", queue, "--url", amqp_url, "--prefix", prefix, "--management-url", management.base_url]
+
+    def row() -> dict:
+        code, out, err = invoke("status", "--json", *common)
+        assert code == 0, err
+        return json_lines(out)[0]
+
+    held = wait_until(lambda: (r := row())["held"] == 1 and r, timeout=20, message="the letter held")
+    assert (held["ready"], held["dead"]) == (0, 0)
+    code, out, _ = invoke("status", "--json", *common)
+    assert json_lines(out)[-1]["totals"]["held"] == 1
+    code, out, _ = invoke("status", *common)  # the human table has the column
+    assert code == 0 and "held" in out
 
 
 def test_top_once_renders_the_queues_and_the_workers(client, worker_factory, amqp_url, prefix, management):

@@ -15,7 +15,7 @@ from support import get_messages, message_count, wait_until
 
 from ojs_kombu import BrokerConnectionError, Client, Job, RetryPolicy, ValidationError
 from ojs_kombu.client import DEFAULT_PUBLISH_TIMEOUT
-from ojs_kombu.testing.schema import validate_job
+from tools.schema import validate_job
 
 
 class NotJson:

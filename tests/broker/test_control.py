@@ -12,9 +12,9 @@ import pytest
 from support import message_count, raw_channel, read_stream, wait_until
 
 from ojs_kombu import Cancelled, Client, ControlOptions, RetryPolicy, Worker, current_job
+from ojs_kombu.amqp.management import ManagementError
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.observability.metrics import METRICS
-from ojs_kombu.testing.management import ManagementError
 
 
 class Runs:

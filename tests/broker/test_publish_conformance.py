@@ -21,10 +21,10 @@ from ojs_kombu import (
     QueueOptions,
     UnroutableError,
 )
-from ojs_kombu.testing.schema import validate_job
 from ojs_kombu.wire.codec import CONTENT_TYPE
 from ojs_kombu.wire.entities import normalise_arguments
 from ojs_kombu.wire.headers import Header
+from tools.schema import validate_job
 
 
 def _enqueue_one(client: Client, queue: str = "email", **options) -> Job:

@@ -1,4 +1,4 @@
-"""The Redis provisioning helpers (``ojs_kombu.testing.redis``), checked against real ``redis-server``s.
+"""The Redis provisioning helpers (``tools.redis``), checked against real ``redis-server``s.
 
 No RabbitMQ is needed; each private server starts in a fraction of a second.
 """
@@ -17,8 +17,7 @@ import redis
 from support import wait_until
 
 import ojs_kombu.testing
-from ojs_kombu.testing import BrokerError, PrivateRedis, RedisServerError, provision_redis
-from ojs_kombu.testing.redis import ping, server_pid
+from tools.redis import PrivateRedis, RedisServerError, ping, provision_redis, server_pid
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,9 +36,11 @@ def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=5)
 
 
-def test_exports_and_error_type() -> None:
-    assert ojs_kombu.testing.provision_redis is provision_redis
-    assert issubclass(RedisServerError, BrokerError)
+def test_redis_is_the_repositorys_tooling_not_the_packages() -> None:
+    """``ojs_kombu.testing`` provisions RabbitMQ only (DESIGN §22): Redis is ``tools.redis``'s."""
+    assert "provision_redis" not in ojs_kombu.testing.__all__
+    assert not hasattr(ojs_kombu.testing, "PrivateRedis")
+    assert issubclass(RedisServerError, RuntimeError)
 
 
 def test_external_server_is_used_as_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -98,7 +99,7 @@ def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     if shutil.which("setpriv") is None:
         pytest.skip("no setpriv (util-linux): the server would outlive a killed parent")
     script = (
-        "import sys; from ojs_kombu.testing.redis import PrivateRedis; s = PrivateRedis(sys.argv[1]); "
+        "import sys; from tools.redis import PrivateRedis; s = PrivateRedis(sys.argv[1]); "
         "s.start(); print(s.port, flush=True); sys.stdin.read()"
     )
     parent = subprocess.Popen(
@@ -135,7 +136,7 @@ def test_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
 def test_command_line_start_url_stop(tmp_path: Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "ojs_kombu.testing.redis", *args, "--dir", str(tmp_path)],
+            [sys.executable, "-m", "tools.redis", *args, "--dir", str(tmp_path)],
             cwd=ROOT,
             env={**os.environ, "OJS_REDIS_URL": ""},
             capture_output=True,

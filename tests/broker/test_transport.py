@@ -14,6 +14,7 @@ from kombu.asynchronous import Hub
 from kombu.transport import pyamqp
 from support import ojs_url, wait_until
 
+import ojs_celery  # noqa: F401  registers the Celery codec: the jobs below reach kombu as Celery task messages
 from ojs_kombu.amqp.delivery import RawDelivery
 from ojs_kombu.model.job import Job
 from ojs_kombu.transport.channel import _JobConsumer

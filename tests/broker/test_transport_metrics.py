@@ -9,6 +9,7 @@ import kombu
 from prometheus_client import REGISTRY
 from support import ojs_url, wait_until
 
+import ojs_celery  # noqa: F401  registers the Celery codec: the jobs below reach kombu as Celery task messages
 from ojs_kombu import Client
 from ojs_kombu.transport.queues import live_prefixes
 

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 from support import get_messages, message_count, ojs_url, raw_channel, slow_first_call, wait_until
 
+import ojs_celery  # noqa: F401  registers the Celery codec: the jobs below reach kombu as Celery task messages
 from ojs_kombu import Client
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.model.job import Job
@@ -57,6 +58,26 @@ def test_an_invalid_envelope_goes_to_the_dead_letter_queue_with_its_error_code(a
     assert body == b'{"id": "not a job"}'
     assert properties.headers["x-ojs-error-code"]
     assert properties.message_id == "bad-1"
+
+
+def test_a_job_delivered_without_a_task_codec_is_refused_loudly_and_kept(amqp_url, prefix, names, monkeypatch):
+    """No ``codec`` option and none registered (no adapter imported): the delivery raises
+    ``LookupError`` out of the event loop; the job is neither handed on nor dead-lettered, and
+    the broker requeues it when the connection closes."""
+    monkeypatch.setattr("ojs_kombu.transport.settings._REGISTERED", [])
+    queue_name = f"nc{uuid.uuid4().hex[:8]}"
+    with Client(amqp_url, prefix=prefix) as client:
+        client.enqueue("no.codec", [1], queue=queue_name)
+    received: list = []
+    with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+        with kombu.Consumer(conn.channel(), [kombu.Queue(queue_name, durable=True)], callbacks=[received.append]):
+            with pytest.raises(LookupError, match="no task codec"):
+                conn.drain_events(timeout=10)
+    assert received == []
+    wait_until(
+        lambda: message_count(amqp_url, names.job_queue(queue_name)) == 1, timeout=10, message="the job requeued"
+    )
+    assert message_count(amqp_url, names.dead_letter_queue(queue_name)) == 0
 
 
 def test_a_redelivered_job_counts_a_lost_worker_and_is_not_run_again(amqp_url, prefix, names):

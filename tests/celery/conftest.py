@@ -6,7 +6,7 @@ The in-thread worker uses the ``threads`` pool (see :func:`frameworks.running_wo
 shared with the cross-framework tests).
 Time limits and lost workers need a process pool: see :func:`celery_subprocess_worker`.
 Chords need a result backend that supports them: :func:`redis_url` is a Redis server for the
-session (``$OJS_REDIS_URL``, else a private ``redis-server``; see :mod:`ojs_kombu.testing.redis`).
+session (``$OJS_REDIS_URL``, else a private ``redis-server``; see :mod:`tools.redis`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 from frameworks import ojs_celery_app, running_worker
 
 from ojs_celery import Celery
-from ojs_kombu.testing.redis import RedisServerError, provision_redis
+from tools.redis import RedisServerError, provision_redis
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

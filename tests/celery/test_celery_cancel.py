@@ -22,8 +22,8 @@ from prometheus_client import REGISTRY
 from support import message_count, raw_channel, wait_until
 
 from ojs_celery import Celery
+from ojs_kombu.amqp.management import ManagementError
 from ojs_kombu.model.ids import new_job_id
-from ojs_kombu.testing.management import ManagementError
 
 pytestmark = pytest.mark.broker
 

@@ -21,8 +21,8 @@ from kombu.serialization import prepare_accept_content
 from ojs_celery.protocol import CeleryCodec
 from ojs_celery.request import Request
 from ojs_kombu import decode
-from ojs_kombu.testing.schema import fixtures_dir
 from ojs_kombu.transport.message import DecodedMessage
+from tools.schema import fixtures_dir
 
 VALID = sorted((fixtures_dir() / "valid").glob("*.json"))
 JSON_ONLY = prepare_accept_content(["json"])

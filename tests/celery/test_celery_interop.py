@@ -9,7 +9,7 @@ import pytest
 from support import raw_channel, wait_until
 
 from ojs_kombu import Worker, job_type_for
-from ojs_kombu.testing.schema import validate_job
+from tools.schema import validate_job
 
 pytestmark = pytest.mark.broker
 

@@ -8,7 +8,7 @@ import pytest
 
 from ojs_celery.protocol import ENVELOPE_HEADER, CeleryCodec
 from ojs_kombu import ValidationError, decode
-from ojs_kombu.testing.schema import validate_job
+from tools.schema import validate_job
 
 
 class Tasks:

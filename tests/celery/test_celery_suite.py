@@ -8,7 +8,7 @@ of ``t/integration/test_canvas.py``, and ``test_chord`` but for the tests in
 :data:`CHORD_EXCLUDED` (each with its reason) run in a subprocess with
 ``TEST_BROKER=ojs://…`` and ``TEST_BACKEND=redis://…``: the session's Redis
 (``redis_url``: ``$OJS_REDIS_URL`` or a private ``redis-server``, see
-:mod:`ojs_kombu.testing.redis`), which the suite's chord, chain and ``redis_echo``
+:mod:`tools.redis`), which the suite's chord, chain and ``redis_echo``
 tests need (``REDIS_HOST`` / ``REDIS_PORT`` point its helpers at it).  The
 ``ojs_celery`` defaults (acks late, Nack on failure and timeout, JSON only) are set
 through the suite's ``integration-tests-config.json``, and every broker entity lives

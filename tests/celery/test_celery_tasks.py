@@ -17,7 +17,7 @@ from support import get_messages, message_count, slow_first_call, total_messages
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.model.ids import JOB_ID_RE
 from ojs_kombu.policy.schedule import LEVELS
-from ojs_kombu.testing.schema import validate_job
+from tools.schema import validate_job
 
 pytestmark = pytest.mark.broker
 

@@ -23,9 +23,9 @@ import kombu
 import support
 
 from ojs_kombu import Client, Job, OjsError, RetryPolicy, Worker, current_job
+from ojs_kombu.amqp.management import ManagementClient, ManagementError
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.testing.cluster import Cluster
-from ojs_kombu.testing.management import ManagementClient, ManagementError
 from ojs_kombu.wire.entities import QueueOptions
 
 QUEUE = "drill"

@@ -2,8 +2,8 @@
 
 With Khepri (the only metadata store of RabbitMQ 4.3; the default for new 4.2 clusters) a
 declaration that writes metadata (a new queue, exchange or binding) needs a majority of nodes.
-The first node is isolated from the other two at the Erlang distribution level (its cookie for
-them is changed and its connections to them are closed): it keeps serving AMQP, while the two
+The first node is isolated from the other two at the Erlang distribution level
+(:meth:`~ojs_kombu.testing.cluster.Cluster.isolate`): it keeps serving AMQP, while the two
 others form the majority and elect the queues' new leaders.
 
 What RabbitMQ 4.3.6 does on the minority node (measured): the connection opens, a passive or
@@ -26,7 +26,6 @@ import pytest
 from support import wait_until
 
 from ojs_kombu import Client, Worker, current_job
-from ojs_kombu.testing.broker import PrivateNode
 from ojs_kombu.testing.cluster import Cluster
 from ojs_kombu.wire.entities import QueueOptions
 
@@ -38,85 +37,21 @@ JOBS = 10
 # everything else is the library's: the reconnect and the declarations on the next node.
 MINORITY_ANSWERS_WITHIN = 30.0
 MARGIN = 15.0  # a loaded 2-core machine
-ISOLATION_COOKIE = "ojs_isolated"
 DISCONNECTED_MS = 5000  # the job queue's x-consumer-disconnected-timeout, where a test sets it
-
-
-def khepri_enabled(cluster: Cluster, node: PrivateNode) -> bool:
-    """Whether the cluster keeps its metadata in Khepri (feature flag ``khepri_db`` enabled)."""
-    flags = cluster.management(node).request("GET", "/api/feature-flags") or []
-    return any(flag.get("name") == "khepri_db" and flag.get("state") == "enabled" for flag in flags)
-
-
-def _others(cluster: Cluster, node: PrivateNode) -> str:
-    return ", ".join(f"'{other.name}'" for other in cluster.nodes if other is not node)
-
-
-def _running_seen_by(cluster: Cluster, node: PrivateNode) -> set[str]:
-    listed = cluster.management(node).request("GET", "/api/nodes?columns=name,running") or []
-    return {entry["name"] for entry in listed if entry.get("running")}
-
-
-def isolate(cluster: Cluster, node: PrivateNode) -> None:
-    """Cut ``node`` off from the other nodes (a partition); it keeps serving clients.
-
-    Its cookie for each other node becomes a wrong one, so neither side can reconnect, and its
-    distribution connections to them are closed.  :func:`heal` undoes it.
-    """
-    others = _others(cluster, node)
-    done = node.ctl(
-        "eval",
-        f"[erlang:set_cookie(N, {ISOLATION_COOKIE}) || N <- [{others}]], "
-        f"[erlang:disconnect_node(N) || N <- [{others}]], ok.",
-    )
-    assert done is not None and done.returncode == 0, done and done.stderr
-    majority = next(other for other in cluster.nodes if other is not node)
-    wait_until(
-        lambda: node.name not in _running_seen_by(cluster, majority),
-        timeout=30,
-        message=f"the majority to see {node.name} down",
-    )
-
-
-def heal(cluster: Cluster, node: PrivateNode) -> None:
-    """Undo :func:`isolate`: ``node`` reconnects, and every node sees all three running again."""
-    others = _others(cluster, node)
-    done = node.ctl(
-        "eval",
-        f"[erlang:set_cookie(N, erlang:get_cookie()) || N <- [{others}]], [net_adm:ping(N) || N <- [{others}]].",
-    )
-    assert done is not None and done.returncode == 0, done and done.stderr
-    names = {each.name for each in cluster.nodes}
-    wait_until(
-        lambda: all(_running_seen_by(cluster, each) == names for each in cluster.nodes),
-        timeout=60,
-        message="the cluster whole again",
-    )
-    # Seen running is not yet able to commit: after a partition with writes pending on it (the
-    # declarations of a Worker and a Client), the node's metadata writes still timed out for a while.
-    healed_at = time.monotonic()
-    wait_until(lambda: commits(node), timeout=90, interval=1, message=f"{node.name} committing metadata again")
-    print(f"\n{node.name} commits metadata again {time.monotonic() - healed_at:.1f}s after the cluster looked whole")
-
-
-def commits(node: PrivateNode) -> bool:
-    """Whether a metadata write through ``node`` is committed within 2 s (a Khepri put of a key of our own)."""
-    done = node.ctl("eval", "khepri:put(rabbitmq_metadata, [ojs_test_probe], 1, #{timeout => 2000}).", timeout=20)
-    return done is not None and done.returncode == 0 and done.stdout.strip() == "ok"
 
 
 def test_a_worker_and_a_client_whose_first_node_is_in_the_minority_run_jobs_on_the_majority(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     minority, *majority = cluster.nodes
-    if not khepri_enabled(cluster, majority[0]):
+    if not cluster.khepri_enabled(majority[0]):
         pytest.skip("Mnesia metadata store: declarations on a minority node do not wait for a majority")
     prefix = f"t{uuid.uuid4().hex[:8]}"
     urls = [minority.url] + [node.url for node in majority]
     ran: set[str] = set()
     lock = threading.Lock()
     caplog.set_level(logging.WARNING, logger="ojs_kombu")
-    isolate(cluster, minority)
+    cluster.isolate(minority)
     worker = client = None
     try:
         worker = Worker(urls, prefix=prefix, queues=[QUEUE], queue_type="quorum", concurrency=4, grace_period=5)
@@ -152,7 +87,7 @@ def test_a_worker_and_a_client_whose_first_node_is_in_the_minority_run_jobs_on_t
             worker.stop(timeout=10)
         if client is not None:
             client.close()
-        heal(cluster, minority)
+        cluster.heal(minority)
         cluster.management().delete_by_prefix(prefix + ".")
 
 
@@ -162,7 +97,7 @@ def test_a_worker_consuming_on_a_node_that_falls_into_the_minority_moves_to_the_
     (30 s by default) and moves itself and the consumer to the next node, where the jobs enqueued
     on the majority meanwhile run.  Without it the Worker stayed there and ran none of them."""
     minority, *majority = cluster.nodes
-    if not khepri_enabled(cluster, majority[0]):
+    if not cluster.khepri_enabled(majority[0]):
         pytest.skip("Mnesia metadata store: not the partition behaviour measured here")
     prefix = f"t{uuid.uuid4().hex[:8]}"
     ran: set[str] = set()
@@ -193,7 +128,7 @@ def test_a_worker_consuming_on_a_node_that_falls_into_the_minority_moves_to_the_
         first = client.enqueue("minority.job", [0], queue=QUEUE).id
         wait_until(lambda: first in ran, timeout=30, message="a job run before the partition")
         assert worker.consumer.reconnections == 0
-        isolate(cluster, minority)
+        cluster.isolate(minority)
         isolated = True
         isolated_at = time.monotonic()
         enqueued = [client.enqueue("minority.job", [i], queue=QUEUE).id for i in range(1, JOBS + 1)]
@@ -215,5 +150,5 @@ def test_a_worker_consuming_on_a_node_that_falls_into_the_minority_moves_to_the_
         worker.stop(timeout=10)
         client.close()
         if isolated:
-            heal(cluster, minority)
+            cluster.heal(minority)
         cluster.management(majority[0]).delete_by_prefix(prefix + ".")

@@ -29,8 +29,8 @@ import pytest
 from drill import HeldSampler, JobStream, rabbitmq_version
 from support import wait_until
 
+from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.testing.cluster import Cluster
-from ojs_kombu.testing.management import ManagementClient
 from ojs_kombu.wire.entities import QueueOptions
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]

@@ -14,12 +14,12 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
 from ojs_kombu import Client
+from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.dashboard.app import create_app
 from ojs_kombu.dashboard.overview import management_client
 from ojs_kombu.dashboard.server import DashboardServer
 from ojs_kombu.testing.broker import BrokerHandle
-from ojs_kombu.testing.browser import ensure_browser_installed
-from ojs_kombu.testing.management import ManagementClient
+from tools.browser import ensure_browser_installed
 
 
 def _chromium(*, scripts: bool) -> webdriver.Chrome:

@@ -10,7 +10,7 @@ from dramatiq.message import Message
 
 from ojs_dramatiq import OjsEncoder, job_id_for, job_to_message, message_to_job, ojs_queue_for, retry_policy_for
 from ojs_kombu import Job, ValidationError
-from ojs_kombu.testing.schema import validate_job
+from tools.schema import validate_job
 
 
 def message(**fields) -> Message:

@@ -11,9 +11,9 @@ import pytest
 from dramatiq.middleware import CurrentMessage
 from support import get_messages, message_count, wait_until
 
-from ojs_kombu.testing.schema import validate_job
 from ojs_kombu.wire.codec import CONTENT_TYPE
 from ojs_kombu.wire.headers import Header
+from tools.schema import validate_job
 
 pytestmark = pytest.mark.timeout(120)
 

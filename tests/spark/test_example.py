@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.model.timefmt import parse_timestamp
 from ojs_kombu.spark.ids import key_id
-from ojs_kombu.testing.management import ManagementClient
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 3000

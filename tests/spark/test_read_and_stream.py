@@ -14,7 +14,7 @@ from support import get_messages, message_count, pika_parameters, raw_channel, w
 
 from ojs_kombu import Client
 from ojs_kombu.model.job import Job
-from ojs_kombu.testing.schema import validate_job
+from tools.schema import validate_job
 
 
 def test_dead_letters_read_leaves_the_queue_unchanged_then_purge_by_ids(spark, amqp_url, prefix, names, tmp_path):

@@ -30,7 +30,7 @@ from support import get_messages, message_count, pika_parameters, wait_until
 from ojs_kombu.model.job import Job
 from ojs_kombu.spark import enqueue_partition
 from ojs_kombu.spark.ids import key_id
-from ojs_kombu.testing.schema import validate_job
+from tools.schema import validate_job
 
 
 def drain(amqp_url: str, queue: str, count: int, timeout: float = 10.0) -> list[Job]:

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from ojs_kombu import DecodeError, Job, RetryPolicy
-from ojs_kombu.testing.schema import validate_job
 from ojs_kombu.wire.codec import CONTENT_TYPE, amqp_priority, decode, encode
 from ojs_kombu.wire.headers import Header
+from tools.schema import validate_job
 
 
 def test_encode_sets_every_property_and_header():

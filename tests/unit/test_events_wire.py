@@ -12,12 +12,14 @@ import pytest
 from ojs_kombu import DecodeError, Job, Names, ValidationError
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.cli import since_arg
+from ojs_kombu.runtime import lifecycle as lifecycle_module
 from ojs_kombu.runtime.lifecycle import Lifecycle
-from ojs_kombu.runtime.presence import Beacon, check_presence_interval, record_of
+from ojs_kombu.runtime.presence import Beacon, check_presence_interval
 from ojs_kombu.wire.entities import BindingSpec, ExchangeSpec, QueueSpec
 from ojs_kombu.wire.events import (
     ActiveJob,
     EventsOptions,
+    JobEvent,
     JobEventRecord,
     WorkerPresence,
     decode_event,
@@ -188,15 +190,23 @@ def test_library_version_is_the_distribution_version():
 # -- the beacon's pure parts -----------------------------------------------------------------------
 
 
-def test_record_of_a_lifecycle_event():
+def test_a_lifecycle_event_is_what_a_reader_of_the_stream_decodes():
+    """One definition of the fields (``wire.events.JobEvent``): the worker's event, published, reads
+    back as the same record, without the job's enqueued_at / scheduled_at the body does not carry."""
     job = Job.create("a.b", [], queue="q")
     emitted = Lifecycle("w1").emit("started", job, 1)
     assert emitted is None  # nobody subscribed: nothing built
     lifecycle = Lifecycle("w1")
     lifecycle.subscribe(lambda e: None)
-    emitted = lifecycle.emit("failed", job, 2, error={"code": "c"})
-    assert emitted is not None
-    assert record_of(emitted) == JobEventRecord("failed", job.id, "a.b", "q", 2, "w1", emitted.at, {"code": "c"})
+    emitted = lifecycle.emit("started", job, 2)
+    assert emitted is not None and emitted.enqueued_at is not None
+    message = job_event_message(emitted)
+    decoded = decode_event(message.body, message.properties)
+    assert isinstance(decoded, JobEventRecord)
+    assert abs(decoded.at - emitted.at) < timedelta(milliseconds=1)  # RFC 3339 with milliseconds
+    assert decoded._replace(at=emitted.at) == JobEventRecord("started", job.id, "a.b", "q", 2, "w1", emitted.at)
+    assert decoded._replace(at=emitted.at) == emitted._replace(enqueued_at=None, scheduled_at=None)
+    assert isinstance(decoded, JobEvent) and lifecycle_module.JobEvent is JobEvent
 
 
 def test_a_full_event_queue_drops_counts_and_logs(caplog):

@@ -19,8 +19,8 @@ import pytest
 from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.base import mode_context
 from ojs_kombu.model.job import Job
-from ojs_kombu.testing.schema import fixtures_dir
 from ojs_kombu.wire.codec import decode, encode
+from tools.schema import fixtures_dir
 
 FIXTURES = sorted((fixtures_dir() / "valid").glob("*.json")) + sorted((fixtures_dir() / "invalid").glob("*.json"))
 CREATED = Job.create("email.send", ["a@b.c", 1], meta={"tags": ["x"]}, priority=3, timeout=30).to_dict()

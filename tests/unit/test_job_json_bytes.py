@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ojs_kombu.model.job import Job
-from ojs_kombu.testing.schema import fixtures_dir, validate_job
 from ojs_kombu.wire.codec import encode
+from tools.schema import fixtures_dir, validate_job
 
 VALID = sorted((fixtures_dir() / "valid").glob("*.json"))
 

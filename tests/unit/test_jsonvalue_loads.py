@@ -24,8 +24,8 @@ from ojs_kombu.model.jsonvalue import (
     loads,
     loads_native,
 )
-from ojs_kombu.testing.schema import fixtures_dir
 from ojs_kombu.wire.codec import decode, encode
+from tools.schema import fixtures_dir
 
 FIXTURES = sorted((fixtures_dir() / "valid").glob("*.json")) + sorted((fixtures_dir() / "invalid").glob("*.json"))
 

@@ -7,7 +7,7 @@ import pytest
 from ojs_kombu import DeadLetter, Discard, Job, RetryPolicy
 from ojs_kombu.model.timefmt import parse_timestamp
 from ojs_kombu.policy.retry import Failure, Outcome, decide, error_names, ladder_ms, ladder_ms_until, record_failure
-from ojs_kombu.testing.schema import validate_job
+from tools.schema import validate_job
 
 
 class AuthTokenExpired(Exception):

@@ -18,7 +18,7 @@ import pytest
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.policies import RetryPolicy
-from ojs_kombu.testing.schema import fixtures_dir, job_validator, schema_dir, schema_errors, validate_job
+from tools.schema import fixtures_dir, job_validator, schema_dir, schema_errors, validate_job
 
 VALID = sorted((fixtures_dir() / "valid").glob("*.json"))
 INVALID = sorted((fixtures_dir() / "invalid").glob("*.json"))

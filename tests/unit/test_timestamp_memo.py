@@ -17,7 +17,7 @@ from ojs_kombu.errors import ValidationError
 from ojs_kombu.model import timefmt
 from ojs_kombu.model._problems import Problem, public_error
 from ojs_kombu.model.timefmt import parse_timestamp
-from ojs_kombu.testing.schema import fixtures_dir
+from tools.schema import fixtures_dir
 
 ODD_TEXTS = [
     "2026-02-15T10:30:00Z",

@@ -28,7 +28,7 @@ from dramatiq.rate_limits import backends as rl_backends
 from dramatiq.results import backends as res_backends
 
 from ojs_dramatiq import OjsBroker
-from ojs_kombu.testing.management import ManagementClient
+from ojs_kombu.amqp.management import ManagementClient
 
 logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [%(threadName)s] [%(name)s] [%(levelname)s] %(message)s")
 logging.getLogger("ojs_kombu").setLevel(logging.WARNING)

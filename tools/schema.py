@@ -1,4 +1,4 @@
-"""Validate envelopes against the official OJS JSON Schemas (test helper).
+"""Validate envelopes against the official OJS JSON Schemas (the test suite's helper).
 
 The schemas live in ``../shared/ojs-json-schema/schemas/v1`` next to the
 repository (override with ``$OJS_SCHEMA_DIR``).  Every schema is registered by
@@ -24,7 +24,7 @@ from referencing.jsonschema import DRAFT202012
 JOB_SCHEMA_ID = "https://openjobspec.org/schemas/v1/job.json"
 """``$id`` of the job envelope schema."""
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def schema_dir() -> Path:

@@ -1,7 +1,7 @@
 """A Java runtime for PySpark (``ojs_kombu.spark``'s tests, example and benchmark).
 
 PySpark needs ``java`` on ``PATH`` (or ``JAVA_HOME``).  ``make setup`` runs
-``python -m ojs_kombu.testing.java install``, which installs Debian's
+``python -m tools.java install``, which installs Debian's
 ``openjdk-17-jre-headless`` with ``apt-get`` when no Java runtime is found, the
 same way the broker and Redis are installed.
 """
@@ -14,9 +14,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from ._servers import apt_install, install_main
+from ojs_kombu.testing._servers import apt_install
 
-log = logging.getLogger("ojs_kombu.testing.java")
+from ._install import install_main
+
+log = logging.getLogger("tools.java")
 
 #: Debian's headless Java 17 runtime (PySpark 4 supports Java 17 and 21).
 JAVA_PACKAGE = "openjdk-17-jre-headless"
@@ -58,8 +60,8 @@ def ensure_java_installed() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ojs_kombu.testing.java install``: make sure a Java runtime is there."""
-    return install_main("ojs_kombu.testing.java", __doc__, lambda: f"java: {ensure_java_installed()}", JavaError, argv)
+    """``python -m tools.java install``: make sure a Java runtime is there."""
+    return install_main("tools.java", __doc__, lambda: f"java: {ensure_java_installed()}", JavaError, argv)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,10 @@ neither used nor touched.
 
 Command line (``make setup`` runs ``install``)::
 
-    python -m ojs_kombu.testing.redis install              # apt-get install redis-server if needed
-    python -m ojs_kombu.testing.redis start [--dir D]      # prints the redis:// URL
-    python -m ojs_kombu.testing.redis url   [--dir D]
-    python -m ojs_kombu.testing.redis stop  [--dir D]
+    python -m tools.redis install              # apt-get install redis-server if needed
+    python -m tools.redis start [--dir D]      # prints the redis:// URL
+    python -m tools.redis url   [--dir D]
+    python -m tools.redis stop  [--dir D]
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._servers import ServerCommands, apt_install, free_ports, process_alive, tail
-from .broker import BrokerError, mask_url
+from ojs_kombu.amqp.urls import redact
+from ojs_kombu.testing._servers import ServerCommands, apt_install, free_ports, process_alive, tail
 
 __all__ = [
     "PrivateRedis",
@@ -51,7 +51,7 @@ __all__ = [
     "main",
 ]
 
-log = logging.getLogger("ojs_kombu.testing.redis")  # not "__main__" under `python -m`
+log = logging.getLogger("tools.redis")  # not "__main__" under `python -m`
 
 ENV_REDIS_URL = "OJS_REDIS_URL"
 PACKAGE = "redis-server"
@@ -62,7 +62,7 @@ _START_ATTEMPTS = 3  # a free port may be taken between choosing it and redis bi
 _POLL = 0.05
 
 
-class RedisServerError(BrokerError):
+class RedisServerError(RuntimeError):
     """A Redis server could not be installed, started or stopped."""
 
 
@@ -363,7 +363,7 @@ def provision_redis(base_dir: str | os.PathLike[str] | None = None) -> Iterator[
     """
     external = os.environ.get(ENV_REDIS_URL)
     if external:
-        log.info("using the Redis server from %s: %s", ENV_REDIS_URL, mask_url(external))
+        log.info("using the Redis server from %s: %s", ENV_REDIS_URL, redact(external))
         yield external
         return
     with PrivateRedis(base_dir) as server:
@@ -382,7 +382,7 @@ def _cmd_install(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = ServerCommands(
-    prog="python -m ojs_kombu.testing.redis",
+    prog="python -m tools.redis",
     what="Redis",
     state_file=STATE_FILE,
     default_dir=_default_base_dir,
@@ -396,7 +396,7 @@ _COMMANDS = ServerCommands(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m ojs_kombu.testing.redis``; returns the exit status."""
+    """Entry point of ``python -m tools.redis``; returns the exit status."""
     return _COMMANDS.main(argv, __doc__.split("\n\n")[0])
 
 

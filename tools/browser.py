@@ -1,6 +1,6 @@
 """Headless Chromium and its WebDriver for the dashboard's browser tests (``tests/dashboard``).
 
-``make setup`` runs ``python -m ojs_kombu.testing.browser install``, which installs Debian's
+``make setup`` runs ``python -m tools.browser install``, which installs Debian's
 ``chromium`` and ``chromium-driver`` with ``apt-get`` when they are missing, the same way the
 broker, Redis and Java are installed.
 """
@@ -11,9 +11,11 @@ import logging
 import shutil
 import sys
 
-from ._servers import apt_install, install_main
+from ojs_kombu.testing._servers import apt_install
 
-log = logging.getLogger("ojs_kombu.testing.browser")
+from ._install import install_main
+
+log = logging.getLogger("tools.browser")
 
 #: Debian's packages: the browser, and the WebDriver Selenium talks to.
 BROWSER_PACKAGE = "chromium"
@@ -58,9 +60,9 @@ def ensure_browser_installed() -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ojs_kombu.testing.browser install``: make sure Chromium and its driver are there."""
+    """``python -m tools.browser install``: make sure Chromium and its driver are there."""
     return install_main(
-        "ojs_kombu.testing.browser",
+        "tools.browser",
         __doc__,
         lambda: "chromium: {}, chromedriver: {}".format(*ensure_browser_installed()),
         BrowserError,

@@ -1,7 +1,7 @@
-"""A small client for the RabbitMQ management HTTP API, for tests and demos.
+"""A small client for the RabbitMQ management HTTP API: ``ojs-amqp status``, the dashboard, tests.
 
-It uses only the standard library so that it works wherever the broker
-helpers work.  Every call is scoped to one virtual host (``/`` by default).
+It uses only the standard library (the API is plain JSON over HTTP).  Every call
+is scoped to one virtual host (``/`` by default).
 
 The management API's counters (``messages``, ``messages_ready``,
 ``consumers`` ...) come from periodic statistics samples and lag behind the
@@ -22,21 +22,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
+from ojs_kombu.errors import ManagementError
+
 __all__ = ["ManagementClient", "ManagementError"]
-
-
-class ManagementError(RuntimeError):
-    """A management API request failed.
-
-    ``status`` is the HTTP status code, or ``None`` when no HTTP answer
-    arrived (connection refused, timeout ...).
-    """
-
-    def __init__(self, message: str, *, status: int | None = None, method: str = "", path: str = ""):
-        super().__init__(message)
-        self.status = status
-        self.method = method
-        self.path = path
 
 
 def _quote(segment: str) -> str:
@@ -249,7 +237,7 @@ class ManagementClient:
         )
         return deleted
 
-    def close_connection(self, name: str, reason: str = "closed by ojs_kombu.testing") -> bool:
+    def close_connection(self, name: str, reason: str = "closed by ojs_kombu") -> bool:
         """Force-close the client connection ``name`` (simulates a dropped connection).
 
         Returns ``False`` if no such connection exists.
