@@ -34,12 +34,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ojs_kombu.amqp.management import management_client
 from ojs_kombu.amqp.urls import redact
 from ojs_kombu.client import Client
-from ojs_kombu.dashboard.overview import management_client
-from ojs_kombu.errors import OjsError, ValidationError
+from ojs_kombu.errors import ManagementError, OjsError, ValidationError
 from ojs_kombu.model.naming import Names, ojs_queue_for
-from ojs_kombu.testing.management import ManagementError
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from ojs_kombu.amqp.urls import management_url_for, vhost_of
 from ojs_kombu.errors import ManagementError
 
 __all__ = ["ManagementClient", "ManagementError"]
@@ -269,3 +270,58 @@ class ManagementClient:
         (default: this client's virtual host); ``"^$"`` denies all of a kind."""
         path = f"/api/permissions/{_quote(vhost if vhost is not None else self.vhost)}/{_quote(user)}"
         self.request("PUT", path, body={"configure": configure, "write": write, "read": read})
+
+
+class Management(ManagementClient):
+    """A :class:`ManagementClient` that knows where its URL came from, for the messages when it does not answer.
+
+    Parameters:
+        base_url, user, password, vhost: as for :class:`ManagementClient`.
+        derived: the URL was derived from the broker URL (none was given).
+    """
+
+    def __init__(self, base_url: str, user: str, password: str, vhost: str, *, derived: bool) -> None:
+        super().__init__(base_url, user, password, vhost, timeout=5.0)
+        self.derived = derived
+
+    def unreachable(self, exc: ManagementError) -> str:
+        """What to say when the API did not answer: which URL was tried, why, and what to set."""
+        if self.derived:
+            origin = "derived from the broker URL"
+            advice = "set --management-url or $OJS_MANAGEMENT_URL to its root (e.g. http://HOST:15672)"
+        else:
+            origin = "from --management-url or $OJS_MANAGEMENT_URL"
+            advice = "check --management-url or $OJS_MANAGEMENT_URL"
+        return f"the management API at {self.base_url} ({origin}) did not answer: {exc}; {advice}"
+
+
+def management_client(management_url: str | None, broker_url: str) -> Management | None:
+    """The management API client of a command or of the dashboard.
+
+    Parameters:
+        management_url: the API root given (``--management-url``, ``$OJS_MANAGEMENT_URL``); None:
+            derived from the broker URL (:func:`~ojs_kombu.amqp.urls.management_url_for`: its
+            first host, ``http``, port 15672, its user and password); ``""``: no management API.
+        broker_url: the broker URL (or failover list); its vhost is the API's.
+
+    Returns:
+        The client (credentials: the management URL's own, else the broker URL's, else
+        guest/guest), or None for ``""``.
+
+    Raises:
+        ValidationError: the broker URL names no host (only when the URL is derived).
+    """
+    derived = management_url is None
+    if management_url is None:
+        management_url = management_url_for(broker_url)
+    if not management_url:
+        return None
+    parts = urlsplit(management_url)
+    broker = urlsplit(broker_url.split(";")[0].strip())
+    user = unquote(parts.username or broker.username or "guest")
+    password = unquote(parts.password or broker.password or "guest")
+    host = (f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or "") + (
+        f":{parts.port}" if parts.port else ""
+    )
+    base = urlunsplit((parts.scheme, host, parts.path, "", ""))  # without the credentials
+    return Management(base, user, password, vhost_of(broker_url), derived=derived)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ojs_kombu.amqp.management import management_client
 from ojs_kombu.cli.common import connection_options, open_client
-from ojs_kombu.dashboard.overview import management_client
 
 
 @click.command()

@@ -36,6 +36,7 @@ import click
 from rich.console import Group, RenderableType
 from rich.live import Live
 
+from ojs_kombu.amqp.management import management_client
 from ojs_kombu.cli.common import (
     cell,
     connection_options,
@@ -47,7 +48,7 @@ from ojs_kombu.cli.common import (
     table,
 )
 from ojs_kombu.cli.control import WORKER_COLUMNS, worker_rows
-from ojs_kombu.dashboard.overview import Snapshot, management_client, snapshot
+from ojs_kombu.dashboard.overview import Snapshot, snapshot
 
 STATUS_COLUMNS = (
     "queue",

@@ -14,9 +14,8 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
 from ojs_kombu import Client
-from ojs_kombu.amqp.management import ManagementClient
+from ojs_kombu.amqp.management import ManagementClient, management_client
 from ojs_kombu.dashboard.app import create_app
-from ojs_kombu.dashboard.overview import management_client
 from ojs_kombu.dashboard.server import DashboardServer
 from ojs_kombu.testing.broker import BrokerHandle
 from tools.browser import ensure_browser_installed

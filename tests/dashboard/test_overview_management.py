@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from ojs_kombu import Client
+from ojs_kombu.amqp.management import management_client
 from ojs_kombu.dashboard.app import create_app
-from ojs_kombu.dashboard.overview import management_client
 from ojs_kombu.dashboard.server import DashboardServer
 
 

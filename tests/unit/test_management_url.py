@@ -7,11 +7,11 @@ import uuid
 import pytest
 from click.testing import CliRunner
 
+from ojs_kombu.amqp.management import management_client
 from ojs_kombu.amqp.urls import management_url_for, redact, safe_url, vhost_of
 from ojs_kombu.cli import main
 from ojs_kombu.cli.common import redact as cli_redact
 from ojs_kombu.cli.common import remember_secrets
-from ojs_kombu.dashboard.overview import management_client
 from ojs_kombu.errors import ValidationError
 
 
