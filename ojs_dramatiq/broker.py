@@ -810,10 +810,6 @@ class _OjsConsumer(Consumer):
         origin = message.origin
         if not origin._settled(message):
             return
-        if origin.settler.dead_letter_mode == "nack":
-            origin.consumer.nack(message.ojs_delivery)
-            self.broker.lifecycle.emit("dead-lettered", message.ojs_job, message.execution)
-            return
         exception = message._exception
         failure = (
             Failure.from_exception(exception)
