@@ -10,7 +10,8 @@ adapter's consumer) do with a delivery besides ``Basic.Ack``:
   (acked, not run) and early (back into the scheduling cascade);
 * :meth:`Settler.fail` carries out a :class:`~ojs_kombu.policy.retry.Decision`:
   retry (confirmed publish to the retry queue, then ack), dead letter
-  (``Basic.Nack(requeue=False)``, or republish with the error headers),
+  (the final failure recorded in the control stream, confirmed, then
+  ``Basic.Nack(requeue=False)``; or a republish with it, then ack),
   discard (ack);
 * :meth:`Settler.hand_back` returns an unstarted job at shutdown without
   spending an attempt.
@@ -168,8 +169,9 @@ class Settler:
         names: the entity names of the deployment.
         topology: declares retry queues and the scheduling cascade on demand.
         cascade: the scheduling cascade (early jobs go back into it).
-        dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL) or
-            ``"republish"`` (publish to the DLX with the final error headers, then ack).
+        dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL, after the final failure
+            is recorded in the control stream: :meth:`dead_letter`) or ``"republish"`` (publish to
+            the DLX with the final failure in the envelope and headers, then ack).
         early_tolerance_ms: a job delivered at most this much before its
             ``scheduled_at`` is run (the ``ojs://`` transport leaves such a
             job to Celery, which waits for the ETA itself); earlier ones go
