@@ -63,6 +63,7 @@ from ojs_kombu.runtime.deadletter import (
     DeadLetterEntry,
     FinalFailureJoin,
     ReplayProgress,
+    SameDeath,
     read_final_failures,
     replayable,
 )
@@ -624,13 +625,16 @@ class Client:
             channel = conn.connection.channel()
             channel.auto_decode = False
             entries: list[DeadLetterEntry] = []
-            join = self._final_failures(conn, queue)
+            join, shown = self._final_failures(conn, queue), SameDeath()
             try:
                 while limit is None or len(entries) < limit:
                     message = self._get_dead_letter(channel, self.names.dead_letter_queue(queue))
                     if message is None:
                         break
                     entry = join(DeadLetterEntry.from_message(message))
+                    if shown.repeats(entry):
+                        continue  # a second letter of one death (a crash before its republish's ack)
+                    shown.add(entry)
                     if select is None or select(entry):
                         entries.append(entry)
             finally:
@@ -731,7 +735,7 @@ class Client:
             to_scan: int | None = None  # messages in the queue when the scan began
             scanned = passed_over = 0
             batch: list[tuple[Message, PublishTicket | None, str | None]] = []
-            join = self._final_failures(conn, queue)
+            join, taken_deaths = self._final_failures(conn, queue), SameDeath()
 
             def taken() -> int:  # letters taken, or taken and awaiting their republish's confirm
                 return len(taken_ids) + sum(letter_id is not None for _, _, letter_id in batch)
@@ -754,7 +758,10 @@ class Client:
                             to_scan = int(message.delivery_info.get("message_count") or 0) + 1
                         scanned += 1
                         entry = join(DeadLetterEntry.from_message(message))
-                        if select(entry) and (limit is None or taken() < limit):
+                        if taken_deaths.repeats(entry):
+                            batch.append((message, None, None))  # a second letter of a death taken: removed
+                        elif select(entry) and (limit is None or taken() < limit):
+                            taken_deaths.add(entry)
                             chosen = entry.job.id if entry.job is not None else str(entry.message_id)
                             ticket = take(conn, session, entry.job, message) if take and entry.job else None
                             batch.append((message, ticket, chosen))

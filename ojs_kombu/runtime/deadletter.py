@@ -278,6 +278,35 @@ class DeadLetterEntry:
         return _time(errors[-1].get("occurred_at")) if errors else None
 
 
+class SameDeath:
+    """The deaths met in one read of a dead letter queue, to tell a letter that repeats one.
+
+    A crash between a republished letter's publish and its ack (``dead_letter_mode="republish"``)
+    redelivers the job, which is dead-lettered again: two letters of one death, with the same
+    job id, attempt and replay count (:attr:`DeadLetterEntry.failure_key`).  A listing shows the
+    first only; a replay replays it and removes the repeat.  Only republished letters repeat (a
+    ``Basic.Nack`` dead-letters a delivery once); letters that are not OJS jobs never do.
+    """
+
+    def __init__(self) -> None:
+        self._keys: set[FailureKey] = set()
+
+    @staticmethod
+    def _key(entry: DeadLetterEntry) -> FailureKey | None:
+        return entry.failure_key if entry.reason == "republished" else None
+
+    def repeats(self, entry: DeadLetterEntry) -> bool:
+        """Whether ``entry`` is a republished letter of a death already :meth:`add`-ed."""
+        key = self._key(entry)
+        return key is not None and key in self._keys
+
+    def add(self, entry: DeadLetterEntry) -> None:
+        """Remember ``entry``'s death (a republished letter's)."""
+        key = self._key(entry)
+        if key is not None:
+            self._keys.add(key)
+
+
 class FinalFailureJoin:
     """Joins the nacked letters of one read to their final-failure records, read at the first need.
 
@@ -397,6 +426,7 @@ __all__ = [
     "FinalFailure",
     "FinalFailureJoin",
     "ReplayProgress",
+    "SameDeath",
     "final_failure_of",
     "read_final_failures",
     "replayable",

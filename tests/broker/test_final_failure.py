@@ -152,3 +152,39 @@ def test_a_letter_nacked_without_a_record_does_not_show_the_previous_error(amqp_
     assert entry.error_code is None and entry.error_message is None and entry.error_type is None
     assert_recent(entry.failed_at, since)
     assert entry.job is not None and [e["message"] for e in entry.job.errors or []] == ["fail #1"]
+
+
+def test_a_death_republished_twice_is_listed_and_replayed_once(amqp_url, client, names, worker_factory):
+    """A crash between a republished letter's publish and its ack leaves a second letter of the same
+    death (same job id, attempt, replay count): listed once, replayed once, both removed."""
+    runs: list[str] = []
+    failing = threading.Event()
+    failing.set()
+    worker: Worker = worker_factory(dead_letter_mode="republish")
+
+    @worker.handler("doomed.job")
+    def doomed() -> None:
+        runs.append(current_job().id)
+        if failing.is_set():
+            raise DeadLetter("blocked")
+
+    worker.start()
+    assert worker.wait_until_ready(15)
+    job = client.enqueue("doomed.job", [])
+    one_letter(client, amqp_url, names)
+    dead_letter_queue = names.dead_letter_queue("default")
+    with raw_channel(amqp_url) as channel:  # the second letter the crash would leave
+        channel.confirm_delivery()
+        method, properties, body = channel.basic_get(dead_letter_queue, auto_ack=False)
+        channel.basic_publish(names.dead_letter_exchange, "default", body, properties, mandatory=True)
+        channel.basic_nack(method.delivery_tag, requeue=True)
+    wait_until(lambda: message_count(amqp_url, dead_letter_queue) == 2, message="two letters of one death")
+
+    (entry,) = client.dead_letters("default")
+    assert entry.letter_id == job.id and entry.error_message == "blocked"
+    failing.clear()
+    assert client.replay_dead_letters("default") == [job.id]
+    wait_until(lambda: len(runs) == 2, message="the replayed job ran")
+    assert message_count(amqp_url, dead_letter_queue) == 0
+    worker.stop(timeout=5)
+    assert runs == [job.id, job.id]  # once dead, once replayed: not twice

@@ -8,7 +8,7 @@ from amqp import Message
 
 from ojs_kombu.model.job import Job
 from ojs_kombu.policy.retry import Failure, record_failure
-from ojs_kombu.runtime.deadletter import DeadLetterEntry, FinalFailure, final_failure_of, replayable
+from ojs_kombu.runtime.deadletter import DeadLetterEntry, FinalFailure, SameDeath, final_failure_of, replayable
 from ojs_kombu.runtime.settle import failed_message, final_failure_record
 from ojs_kombu.wire.codec import OutgoingMessage, encode
 from ojs_kombu.wire.control import MAX_FAILURE_MESSAGE, decode_control
@@ -101,3 +101,18 @@ def test_a_record_keeps_a_bounded_message_and_bad_records_are_ignored():
 
 def _parts(message: OutgoingMessage) -> tuple[bytes, dict]:
     return message.body, message.properties
+
+
+def test_same_death_is_a_republished_letter_of_the_same_job_attempt_and_replay_count():
+    job, waiting = waiting_after(0)
+    final = Failure("handler_error", "DeadLetter", "blocked")
+    republished = letter(failed_message(waiting, record_failure(job, 1, final, WHEN), final))
+    first, again = DeadLetterEntry.from_message(republished), DeadLetterEntry.from_message(republished)
+    other = DeadLetterEntry.from_message(letter(encode(Job.create("a.b", [], queue="q"))))
+    nacked = DeadLetterEntry.from_message(letter(waiting, rejected()))
+    deaths = SameDeath()
+    assert not deaths.repeats(first)
+    deaths.add(first)
+    deaths.add(nacked)
+    assert deaths.repeats(again) and not deaths.repeats(other)
+    assert not deaths.repeats(DeadLetterEntry.from_message(letter(waiting, rejected())))  # a nack is never twice
