@@ -291,7 +291,7 @@ class Settler:
             self.consumer.republish(delivery, (message, self.names.dead_letter_exchange, job.queue), job.queue)
             return
         logger.info("job %s dead-lettered: %s", job.id, reason or failure.message, extra=job_log_extra(job, attempt))
-        queue = job.queue
+        queue = delivery.queue  # whose dead letter queue the nack fills, and whose readers join the record
         self.consumer.nack(
             delivery,
             (
