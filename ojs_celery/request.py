@@ -29,6 +29,7 @@ from celery.exceptions import Ignore, Retry, TimeLimitExceeded, WorkerLostError
 from celery.worker import request as celery_request
 from celery.worker.request import task_ready
 
+from ojs_kombu.policy.retry import Failure
 from ojs_kombu.transport.message import DecodedMessage
 
 from .lifecycle import emit
@@ -50,6 +51,8 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
     _ojs_outcome = False
     # The job its lifecycle events are about (ojs_celery.lifecycle.request_job).
     _ojs_job = None
+    # What failed last, for the dead letter of a reject (the ojs:// channel records it before its nack).
+    _ojs_failure: BaseException | None = None
 
     # What the pool process gets (Celery's create_request_cls sends body, content_type and
     # content_encoding): for a job delivery of the ojs:// transport, the [args, kwargs, embed] the
@@ -119,6 +122,7 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
             if self._retry_counted(TimeLimitExceeded(timeout)):
                 return None
         # Exhausted: Celery's failure handling; its requeue becomes a Nack (see reject()).
+        self._ojs_failure = TimeLimitExceeded(timeout)
         return super().on_timeout(soft, timeout)
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
@@ -143,6 +147,8 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
         if self._is_failed_attempt(exc):
             self._ojs_outcome = True
             emit(self, "failed", exc)
+        if isinstance(exc, BaseException):
+            self._ojs_failure = exc
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
     def _is_failed_attempt(self, exc: BaseException) -> bool:
@@ -156,6 +162,11 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
         if requeue and self._ojs_exhausted:
             requeue = False
         rejecting = not self.acknowledged
+        if rejecting and not requeue and self._ojs_failure is not None:
+            # The dead letter says why: the ojs:// channel records this failure, then nacks.
+            note_failure = getattr(self._message.channel, "note_failure", None)
+            if note_failure is not None:
+                note_failure(self._message.delivery_tag, Failure.from_exception(self._ojs_failure))
         result = super().reject(requeue=requeue)
         if rejecting and not requeue:
             self._ojs_outcome = True

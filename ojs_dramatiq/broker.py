@@ -119,7 +119,8 @@ class OjsBroker(dramatiq.Broker):
       confirm_delivery: accepted for compatibility with ``RabbitmqBroker``; publisher
         confirms are always on.
       dead_letter_mode: how a failed message reaches ``ojs.queue.dlx.{q}``: ``"nack"``
-        (``Basic.Nack(requeue=False)``, the binding's FAIL; RabbitMQ adds ``x-death``) or
+        (``Basic.Nack(requeue=False)``, the binding's FAIL; RabbitMQ adds ``x-death``; the final
+        error is recorded in the control stream first, for the dead letter readers) or
         ``"republish"`` (published there with the final error in the envelope and the
         ``x-ojs-error-*`` headers, confirmed, then acked).
       parameters: ``RabbitmqBroker``'s other form instead of ``url``: a list of dicts of pika
@@ -809,10 +810,6 @@ class _OjsConsumer(Consumer):
             return
         origin = message.origin
         if not origin._settled(message):
-            return
-        if origin.settler.dead_letter_mode == "nack":
-            origin.consumer.nack(message.ojs_delivery)
-            self.broker.lifecycle.emit("dead-lettered", message.ojs_job, message.execution)
             return
         exception = message._exception
         failure = (

@@ -59,7 +59,14 @@ from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.observability.tracing import current_trace_meta, with_trace_context
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.control import Cancellations, ControlReader
-from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress, replayable
+from ojs_kombu.runtime.deadletter import (
+    DeadLetterEntry,
+    FinalFailureJoin,
+    ReplayProgress,
+    SameDeath,
+    read_final_failures,
+    replayable,
+)
 from ojs_kombu.runtime.presence import read_events
 from ojs_kombu.wire.codec import OutgoingMessage, encode, encode_body, properties_key
 from ojs_kombu.wire.control import (
@@ -618,12 +625,16 @@ class Client:
             channel = conn.connection.channel()
             channel.auto_decode = False
             entries: list[DeadLetterEntry] = []
+            join, shown = self._final_failures(conn, queue), SameDeath()
             try:
                 while limit is None or len(entries) < limit:
                     message = self._get_dead_letter(channel, self.names.dead_letter_queue(queue))
                     if message is None:
                         break
-                    entry = DeadLetterEntry.from_message(message)
+                    entry = join(DeadLetterEntry.from_message(message))
+                    if shown.repeats(entry):
+                        continue  # a second letter of one death (a crash before its republish's ack)
+                    shown.add(entry)
                     if select is None or select(entry):
                         entries.append(entry)
             finally:
@@ -724,6 +735,7 @@ class Client:
             to_scan: int | None = None  # messages in the queue when the scan began
             scanned = passed_over = 0
             batch: list[tuple[Message, PublishTicket | None, str | None]] = []
+            join, taken_deaths = self._final_failures(conn, queue), SameDeath()
 
             def taken() -> int:  # letters taken, or taken and awaiting their republish's confirm
                 return len(taken_ids) + sum(letter_id is not None for _, _, letter_id in batch)
@@ -745,8 +757,11 @@ class Client:
                         if to_scan is None:
                             to_scan = int(message.delivery_info.get("message_count") or 0) + 1
                         scanned += 1
-                        entry = DeadLetterEntry.from_message(message)
-                        if select(entry) and (limit is None or taken() < limit):
+                        entry = join(DeadLetterEntry.from_message(message))
+                        if taken_deaths.repeats(entry):
+                            batch.append((message, None, None))  # a second letter of a death taken: removed
+                        elif select(entry) and (limit is None or taken() < limit):
+                            taken_deaths.add(entry)
                             chosen = entry.job.id if entry.job is not None else str(entry.message_id)
                             ticket = take(conn, session, entry.job, message) if take and entry.job else None
                             batch.append((message, ticket, chosen))
@@ -774,6 +789,10 @@ class Client:
 
         self._run(scan)
         return taken_ids
+
+    def _final_failures(self, conn: Connection, queue: str) -> FinalFailureJoin:
+        """What joins the nacked letters of ``queue`` to their final failures (read at the first need)."""
+        return FinalFailureJoin(lambda: read_final_failures(conn.connection, self.names, self.topology, queue))
 
     def _get_dead_letter(self, channel: Channel, dead_letter_queue: str) -> Message | None:
         """``Basic.Get`` one message of ``dead_letter_queue``, unacked; None when it is empty.

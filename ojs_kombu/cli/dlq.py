@@ -107,14 +107,17 @@ def selection_of(
 
 
 def summary(entry: DeadLetterEntry) -> dict[str, Any]:
-    """What ``dlq list --json`` prints of a letter (the 0.x fields, plus ``dead_at``)."""
+    """What ``dlq list --json`` prints of a letter: its final failure (``attempt``, ``error_code``,
+    ``error_type``, ``error_message``, ``failed_at``), ``reason`` and ``dead_at``."""
     return {
         "id": entry.job.id if entry.job is not None else entry.message_id,
         "type": entry.job.type if entry.job else None,
-        "attempt": entry.job.attempt if entry.job else None,
+        "attempt": entry.attempt,
         "reason": entry.reason,
         "error_code": entry.error_code,
+        "error_type": entry.error_type,
         "error_message": entry.error_message,
+        "failed_at": format_timestamp(entry.failed_at) if entry.failed_at else None,
         "decode_error": entry.decode_error,
         "dead_at": format_timestamp(entry.dead_at) if entry.dead_at else None,
     }
@@ -163,7 +166,9 @@ def list_(queue: str, as_json: bool, url: str | None, prefix: str, **filters: An
                 cell(s["type"]),
                 cell(s["attempt"]),
                 cell(s["reason"]),
-                cell(s["error_code"] or s["error_message"] or s["decode_error"]),
+                cell(
+                    ": ".join(str(part) for part in (s["error_code"], s["error_message"]) if part) or s["decode_error"]
+                ),
                 cell(s["dead_at"]),
             )
             for s in map(summary, entries)

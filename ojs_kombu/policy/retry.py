@@ -157,12 +157,21 @@ def decide(job: Job, attempt: int, exc: BaseException | None = None, *, error_ty
     return Decision(Outcome.RETRY, delay_ms=ladder_ms(delay), reason=f"retry {attempt} after {delay:.0f} ms")
 
 
-def record_failure(job: Job, attempt: int, failure: Failure) -> Job:
+def replay_count(job: Job) -> int:
+    """How many times ``job`` was replayed from its dead letter queue (``meta["ojs.replay_count"]``)."""
+    try:
+        return max(0, int((job.meta or {}).get("ojs.replay_count", 0) or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def record_failure(job: Job, attempt: int, failure: Failure, occurred_at: datetime | None = None) -> Job:
     """The envelope to republish after attempt ``attempt`` failed.
 
     ``attempt`` becomes the number of executions so far (the header of the
     republished message says ``attempt + 1``); ``error`` is the last failure;
-    ``errors[]`` gains an entry (the last :data:`ERROR_HISTORY` are kept).
+    ``errors[]`` gains an entry (the last :data:`ERROR_HISTORY` are kept) that
+    happened at ``occurred_at`` (default: now).
     """
     error = JobError(type=failure.type, message=failure.message, backtrace=list(failure.backtrace) or None)
     entry = {
@@ -170,7 +179,7 @@ def record_failure(job: Job, attempt: int, failure: Failure) -> Job:
         "message": failure.message,
         "type": failure.type,
         "attempt": max(1, attempt),
-        "occurred_at": format_timestamp(utcnow()),
+        "occurred_at": format_timestamp(occurred_at or utcnow()),
     }
     history = [*(job.errors or []), entry][-ERROR_HISTORY:]
     return job.model_copy(update={"attempt": attempt, "error": error, "errors": history})
@@ -186,4 +195,5 @@ __all__ = [
     "ladder_ms",
     "ladder_ms_until",
     "record_failure",
+    "replay_count",
 ]

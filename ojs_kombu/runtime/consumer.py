@@ -83,10 +83,13 @@ _write_batch: Callable[[Any], WriteBatch] = WriteBatch
 _CHANNELS = 2
 
 #: A settle request from a handler thread: ``("ack" | "nack", delivery)``, or
-#: ``("republish", delivery, destination, queue, prepare)``.
+#: ``("republish", delivery, destination, queue, prepare, then)`` (``then``: ``"ack"``, or
+#: ``"nack"`` for a nack that records the final failure first).
 _Request = (
     tuple[str, "Delivery"]
-    | tuple[str, "Delivery", Destination | Callable[[], Destination], str, Callable[[Any, Destination], None] | None]
+    | tuple[
+        str, "Delivery", Destination | Callable[[], Destination], str, Callable[[Any, Destination], None] | None, str
+    ]
 )
 
 
@@ -206,9 +209,21 @@ class Consumer:
         """Acknowledge ``delivery`` (``Basic.Ack``, ``multiple=False``)."""
         self._request(("ack", delivery))
 
-    def nack(self, delivery: Delivery) -> None:
-        """Reject ``delivery`` without requeue: ``Basic.Nack(requeue=False)``, into the DLQ."""
-        self._request(("nack", delivery))
+    def nack(
+        self,
+        delivery: Delivery,
+        record: Destination | None = None,
+        prepare: Callable[[Any, Destination], None] | None = None,
+    ) -> None:
+        """Reject ``delivery`` without requeue: ``Basic.Nack(requeue=False)``, into the DLQ.
+
+        With ``record`` (the job's final failure), ``record`` is published (confirmed) first
+        (after ``prepare``) and the nack follows; it follows a refused record too.
+        """
+        if record is None:
+            self._request(("nack", delivery))
+        else:
+            self._request(("republish", delivery, record, delivery.queue, prepare, "nack"))
 
     def republish(
         self,
@@ -226,7 +241,7 @@ class Consumer:
         request).  If the broker does not confirm the publish, ``delivery`` is nacked into
         its DLQ so the job is never lost.
         """
-        self._request(("republish", delivery, destination, queue, prepare))
+        self._request(("republish", delivery, destination, queue, prepare, "ack"))
 
     def stop_consuming(self) -> None:
         """Cancel every consumer (no new deliveries); the loop keeps settling."""
@@ -748,21 +763,33 @@ class Consumer:
 
     def _execute_republish(self, item: _Request) -> None:
         delivery = item[1]
-        if len(item) == 5:
-            _, _, destination, queue, prepare = item
+        if len(item) == 6:
+            _, _, destination, queue, prepare, then = item
             assert self._publisher is not None  # connected
             self._publisher.publish_when_ready(
-                destination, queue=queue, prepare=prepare, on_done=self._republished(delivery)
+                destination, queue=queue, prepare=prepare, on_done=self._republished(delivery, then)
             )
 
-    def _republished(self, delivery: Delivery) -> Callable[[PublishTicket], None]:
-        return lambda ticket: self._after_republish(delivery, ticket)
+    def _republished(self, delivery: Delivery, then: str) -> Callable[[PublishTicket], None]:
+        return lambda ticket: self._after_republish(delivery, ticket, then)
 
-    def _after_republish(self, delivery: Delivery, ticket: PublishTicket) -> None:
+    def _after_republish(self, delivery: Delivery, ticket: PublishTicket, then: str = "ack") -> None:
         if delivery.generation != self._generation:
             return
         if ticket.error is None:
-            self._ack(delivery)
+            if then == "ack":
+                self._ack(delivery)
+            else:
+                self._nack(delivery)
+            return
+        if then == "nack":
+            logger.error(
+                "recording the final failure of job %s failed (%s); dead-lettering it without the record",
+                delivery.properties.get("message_id"),
+                ticket.error,
+                extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
+            )
+            self._nack(delivery)
             return
         logger.error(
             "republishing job %s failed (%s); sending it to its dead letter queue",

@@ -417,6 +417,8 @@ class ControlReader:
         replay_timeout: seconds :meth:`attach` waits for its markers before it gives up.
         info: what the worker knows about a job id (for INFO requests); ``None``: INFO is not answered.
         info_max_age: seconds after its ``timestamp`` an INFO request is no longer answered.
+        on_other: called with ``(queue, message)`` for every control message of another type
+            (e.g. the final-failure records the dead letter readers join); ``None``: ignored.
     """
 
     def __init__(
@@ -431,6 +433,7 @@ class ControlReader:
         replay_timeout: float = 60.0,
         info: Callable[[str], JobInfo | None] | None = None,
         info_max_age: float = DEFAULT_INFO_MAX_AGE,
+        on_other: Callable[[str, ControlMessage], None] | None = None,
     ):
         self.names = names
         self.topology = topology
@@ -441,6 +444,7 @@ class ControlReader:
         self.replay_timeout = replay_timeout
         self.info = info
         self.info_max_age = info_max_age
+        self.on_other = on_other
         self._markers: dict[str, str] = {}  # marker message_id -> queue, until read back
         self._channel: Channel | None = None
         self._cancelled: dict[str, float] = {}  # queue -> when to consume its control queue again
@@ -578,6 +582,8 @@ class ControlReader:
                 self._markers.pop(control.message_id, None)
         elif control.type == CONTROL_TYPE_INFO:
             self._answer_info(queue, control)
+        elif self.on_other is not None:
+            self.on_other(queue, control)
         # Other types are ignored.
 
     def _answer_info(self, queue: str, request: ControlMessage) -> None:

@@ -10,7 +10,8 @@ adapter's consumer) do with a delivery besides ``Basic.Ack``:
   (acked, not run) and early (back into the scheduling cascade);
 * :meth:`Settler.fail` carries out a :class:`~ojs_kombu.policy.retry.Decision`:
   retry (confirmed publish to the retry queue, then ack), dead letter
-  (``Basic.Nack(requeue=False)``, or republish with the error headers),
+  (the final failure recorded in the control stream, confirmed, then
+  ``Basic.Nack(requeue=False)``; or a republish with it, then ack),
   discard (ack);
 * :meth:`Settler.hand_back` returns an unstarted job at shutdown without
   spending an attempt.
@@ -41,7 +42,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
 from ojs_kombu.amqp.publisher import Destination
@@ -49,14 +50,15 @@ from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
-from ojs_kombu.model.timefmt import utcnow
+from ojs_kombu.model.timefmt import format_timestamp, utcnow
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
-from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure
+from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure, replay_count
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
 from ojs_kombu.wire.codec import OutgoingMessage, decode, encode
+from ojs_kombu.wire.control import final_failure_message
 from ojs_kombu.wire.headers import error_headers
 
 logger = logging.getLogger(__name__)
@@ -81,6 +83,24 @@ def failed_message(original: OutgoingMessage, job: Job, failure: Failure) -> Out
     return OutgoingMessage(encoded.body, properties, headers)
 
 
+def final_failure_record(job: Job, attempt: int, failure: Failure, failed_at: datetime) -> OutgoingMessage:
+    """The control record of ``failure``, the final one of ``job`` (attempt ``attempt``), for a nack.
+
+    A ``Basic.Nack`` dead-letters the delivered message as it is: its envelope still tells
+    the *previous* attempt's error.  The record (:func:`~ojs_kombu.wire.control.final_failure_message`,
+    to the queue's control stream) is what the dead letter readers join to the letter.
+    """
+    return final_failure_message(
+        job.id,
+        attempt=max(1, attempt),
+        replays=replay_count(job),
+        code=failure.code,
+        type=failure.type,
+        message=failure.message,
+        failed_at=format_timestamp(failed_at),
+    )
+
+
 def failure_error(failure: Failure) -> dict[str, Any]:
     """The ``error`` of a ``failed`` lifecycle event: ``{"code", "type", "message"}`` of ``failure``."""
     return {"code": failure.code, "type": failure.type, "message": failure.message}
@@ -101,8 +121,20 @@ class Settlement(Protocol):
     def ack(self, delivery: Delivery) -> None:
         """``Basic.Ack`` ``delivery``."""
 
-    def nack(self, delivery: Delivery) -> None:
-        """``Basic.Nack(requeue=False)`` ``delivery``: into its dead letter queue."""
+    def nack(
+        self,
+        delivery: Delivery,
+        record: Destination | None = None,
+        prepare: Callable[[Any, Destination], None] | None = None,
+    ) -> None:
+        """``Basic.Nack(requeue=False)`` ``delivery``: into its dead letter queue.
+
+        Parameters:
+            delivery: the delivery to dead-letter.
+            record: the job's final failure (:func:`final_failure_record`): published
+                (confirmed) first, the nack follows its confirm, or its refusal.
+            prepare: ``prepare(connection, record)`` before publishing ``record``.
+        """
 
     def republish(
         self,
@@ -137,8 +169,9 @@ class Settler:
         names: the entity names of the deployment.
         topology: declares retry queues and the scheduling cascade on demand.
         cascade: the scheduling cascade (early jobs go back into it).
-        dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL) or
-            ``"republish"`` (publish to the DLX with the final error headers, then ack).
+        dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL, after the final failure
+            is recorded in the control stream: :meth:`dead_letter`) or ``"republish"`` (publish to
+            the DLX with the final failure in the envelope and headers, then ack).
         early_tolerance_ms: a job delivered at most this much before its
             ``scheduled_at`` is run (the ``ojs://`` transport leaves such a
             job to Celery, which waits for the ETA itself); earlier ones go
@@ -240,13 +273,34 @@ class Settler:
             logger.info("job %s discarded: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
             self.consumer.ack(delivery)
             return
-        if self.dead_letter_mode == "republish":
-            message = failed_message(delivery.outgoing(), record_failure(job, attempt, failure), failure)
-            self.consumer.republish(delivery, (message, self.names.dead_letter_exchange, job.queue), job.queue)
-        else:
-            logger.info("job %s dead-lettered: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
-            self.consumer.nack(delivery)
+        self.dead_letter(delivery, job, attempt, failure, decision.reason)
         self._emit("dead-lettered", job, attempt, failure)
+
+    def dead_letter(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, reason: str = "") -> None:
+        """Into ``ojs.queue.dlx.{q}``, with ``failure`` (attempt ``attempt``) as the letter's final failure.
+
+        ``"republish"``: the letter is published with the failure in its envelope and error
+        headers (confirmed), then the delivery is acked.  ``"nack"``: the failure is recorded
+        in the queue's control stream (:func:`final_failure_record`, confirmed), then the
+        delivery is ``Basic.Nack``-ed, whether the record was confirmed or refused.  Emits nothing.
+        """
+        failed_at = utcnow()
+        if self.dead_letter_mode == "republish":
+            failed = record_failure(job, attempt, failure, failed_at)
+            message = failed_message(delivery.outgoing(), failed, failure)
+            self.consumer.republish(delivery, (message, self.names.dead_letter_exchange, job.queue), job.queue)
+            return
+        logger.info("job %s dead-lettered: %s", job.id, reason or failure.message, extra=job_log_extra(job, attempt))
+        queue = delivery.queue  # whose dead letter queue the nack fills, and whose readers join the record
+        self.consumer.nack(
+            delivery,
+            (
+                final_failure_record(job, attempt, failure, failed_at),
+                self.names.direct_exchange,
+                self.names.control_routing_key(queue),
+            ),
+            prepare=lambda connection, _: self.topology.declare(connection, self.topology.control_specs(queue)),
+        )
 
     def retry(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, delay_ms: int) -> None:
         """Publish ``job`` (attempt+1, error recorded) to its retry queue ``delay_ms`` from now, then ack;
@@ -324,4 +378,12 @@ class Settler:
         )
 
 
-__all__ = ["DeadLetterMode", "Settlement", "Settler", "failed_message", "failure_error", "worker_lost"]
+__all__ = [
+    "DeadLetterMode",
+    "Settlement",
+    "Settler",
+    "failed_message",
+    "failure_error",
+    "final_failure_record",
+    "worker_lost",
+]

@@ -231,8 +231,9 @@ class Worker:
         queue_type: ``"quorum"`` (or ``"classic"``) sets ``queue_options.queue_type``, as for
             :class:`~ojs_kombu.client.Client` (must match the producers').
         heartbeat: AMQP heartbeat, seconds.
-        dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL) or
-            ``"republish"`` (publish to the DLX with the final error headers, then ack).
+        dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL, after the final failure
+            is recorded in the control stream for the dead letter readers) or ``"republish"``
+            (publish to the DLX with the final failure in the envelope and headers, then ack).
         connection_name: shown by the broker's management UI.
         ssl: TLS, as for :class:`~ojs_kombu.client.Client`: ``None`` (``amqps://`` / ``ojss://`` only),
             ``True`` or a dict of ``ca_certs``, ``certfile``, ``keyfile``, ``server_hostname``,

@@ -10,7 +10,6 @@ messages are held unacknowledged while the read runs.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -36,7 +35,9 @@ DEAD_LETTER_SCHEMA = StructType(
         StructField("kwargs", StringType()),
         StructField("attempt", IntegerType()),
         StructField("error_code", StringType()),
+        StructField("error_type", StringType()),
         StructField("error_message", StringType()),
+        StructField("failed_at", TimestampType()),
         StructField("reason", StringType()),
         StructField("dead_lettered_at", TimestampType()),
         StructField("death_count", LongType()),
@@ -45,8 +46,11 @@ DEAD_LETTER_SCHEMA = StructType(
     ]
 )
 """The columns of a dead letter read: ``args``/``kwargs``/``envelope`` are JSON text;
-``reason`` and ``dead_lettered_at`` come from the first ``x-death`` entry (``reason``
-is ``"republished"`` for letters a worker republished with ``x-ojs-error-*``)."""
+``attempt``, ``error_code``, ``error_type``, ``error_message`` and ``failed_at`` are the
+final failure, the one that sent the job there, in every dead-letter mode
+(:class:`~ojs_kombu.runtime.deadletter.DeadLetterEntry`); ``reason`` is the first ``x-death``
+entry's (``"republished"`` for letters a worker republished with their final failure) and
+``dead_lettered_at`` its time, else the final failure's."""
 
 _READ_OPTIONS = {"source", "url", "prefix", "queue", "limit"}
 
@@ -54,24 +58,19 @@ _READ_OPTIONS = {"source", "url", "prefix", "queue", "limit"}
 def entry_row(entry: DeadLetterEntry) -> tuple[Any, ...]:
     """One dead letter as a row of :data:`DEAD_LETTER_SCHEMA`."""
     job = entry.job
-    deaths = entry.headers.get("x-death") or []
-    first = deaths[0] if deaths and isinstance(deaths[0], Mapping) else {}
-    when = first.get("time")
-    if isinstance(when, datetime):
-        when = when.replace(tzinfo=UTC) if when.tzinfo is None else when
-    else:
-        when = None
     return (
         job.id if job is not None else entry.message_id,
         job.type if job is not None else None,
         job.queue if job is not None else None,
         dumps(job.args) if job is not None else None,
         dumps(job.kwargs) if job is not None else None,
-        job.attempt if job is not None else None,
-        entry.error_code or (job.error.type if job is not None and job.error is not None else None),
+        entry.attempt,
+        entry.error_code,
+        entry.error_type,
         entry.error_message,
+        entry.failed_at,
         entry.reason,
-        when,
+        entry.dead_at,
         entry.death_count,
         entry.decode_error,
         entry.body.decode("utf-8", "replace"),

@@ -60,6 +60,7 @@ class _Unsettled:
 
     delivery: Delivery
     job: Job | None = None
+    failure: Failure | None = None  # what the framework said failed, for a reject (note_failure)
 
 
 @dataclass
@@ -618,8 +619,31 @@ class Channel(pyamqp.Channel):
         """
         if requeue and not multiple and self._fail_requeued_job(delivery_tag, "nacked"):
             return
+        if not requeue and not multiple and self._dead_letter_noted(delivery_tag):
+            return
         self._forget(delivery_tag, multiple, METRICS.messages_nacked)
         self.send_method(spec.Basic.Nack, "Lbb", (delivery_tag, multiple, requeue))
+
+    def note_failure(self, delivery_tag: int, failure: Failure) -> None:
+        """What failed in the job of ``delivery_tag``: a reject that follows dead-letters it with
+        ``failure`` as its final failure (recorded, then nacked: see :meth:`Settler.dead_letter`).
+
+        Called by a framework adapter (``ojs_celery``) before it rejects an exhausted task.
+        Unknown or already settled delivery tags are ignored.
+        """
+        unsettled = self._unsettled.get(delivery_tag)
+        if unsettled is not None and unsettled.job is not None:
+            unsettled.failure = failure
+
+    def _dead_letter_noted(self, delivery_tag: int) -> bool:
+        """A reject of a job whose failure was noted: settled by the Settler; False otherwise."""
+        unsettled = self._unsettled.get(delivery_tag)
+        if unsettled is None or unsettled.job is None or unsettled.failure is None:
+            return False
+        job, failure = unsettled.job, unsettled.failure
+        unsettled.job = unsettled.failure = None  # the Settler's nack comes back through basic_nack
+        self.settler.dead_letter(unsettled.delivery, job, job.attempt + 1, failure, "rejected by the framework")
+        return True
 
     def _fail_requeued_job(self, delivery_tag: int, how: str) -> bool:
         """A job delivery given back with ``requeue=True``: a failed attempt (``requeued``), settled by

@@ -59,9 +59,35 @@ class ChannelSettlement:
         """``Basic.Ack`` ``delivery``."""
         self.channel.basic_ack(delivery.delivery_tag)
 
-    def nack(self, delivery: Delivery) -> None:
-        """``Basic.Nack(requeue=False)`` ``delivery`` (into its dead letter queue)."""
-        self.channel.basic_nack(delivery.delivery_tag)
+    def nack(
+        self,
+        delivery: Delivery,
+        record: Destination | None = None,
+        prepare: Callable[[Any, Destination], None] | None = None,
+    ) -> None:
+        """``Basic.Nack(requeue=False)`` ``delivery`` (into its dead letter queue).
+
+        With ``record`` (the job's final failure), ``record`` is published through the
+        connection's confirmed publisher first (after ``prepare``) and the nack follows its
+        confirm (or its refusal); never blocking the caller.
+        """
+        if record is None:
+            self.channel.basic_nack(delivery.delivery_tag)
+            return
+        channel = self.channel
+
+        def settle(ticket: PublishTicket) -> None:
+            if not channel.is_open:
+                return  # the broker redelivers the original
+            if ticket.error is not None:
+                logger.error(
+                    "recording the final failure of job %s failed (%s); dead-lettering it without the record",
+                    delivery.properties.get("message_id"),
+                    ticket.error,
+                )
+            channel.basic_nack(delivery.delivery_tag)
+
+        channel.publisher.publish_when_ready(record, queue=delivery.queue, prepare=prepare, on_done=settle)
 
     def republish(
         self,

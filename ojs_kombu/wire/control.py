@@ -48,8 +48,14 @@ CONTROL_CONTENT_TYPE = "application/json"
 CONTROL_TYPE_MARKER = "ojs.control.marker"
 #: The ``type`` property of a worker's answer to an INFO request (its body: a JobInfo).
 CONTROL_TYPE_INFO_REPLY = "ojs.control.info.reply"
+#: The final failure of a job nacked into its dead letter queue (``dead_letter_mode="nack"``): a
+#: ``Basic.Nack`` cannot change the message, so the failure is recorded here first and the readers of
+#: the dead letter queue join it to the letter (:func:`final_failure_message`).  Workers ignore it.
+CONTROL_TYPE_FINAL_FAILURE = "ojs.control.final-failure"
 #: A control body larger than this is not a control message (a cancel body is ~60 bytes).
 MAX_CONTROL_BYTES = 64 * 1024
+#: How much of an error message a final-failure record keeps (characters).
+MAX_FAILURE_MESSAGE = 4096
 
 _MAX_AGE = re.compile(r"^[1-9][0-9]*(Y|M|D|h|m|s)$")
 
@@ -256,6 +262,42 @@ def pause_message(queue: str, *, paused: bool = True) -> OutgoingMessage:
     return control_message(CONTROL_TYPE_PAUSE if paused else CONTROL_TYPE_RESUME, {"queue": queue})
 
 
+def final_failure_message(
+    job_id: str,
+    *,
+    attempt: int,
+    replays: int,
+    code: str,
+    type: str,
+    message: str,
+    failed_at: str,
+) -> OutgoingMessage:
+    """The record of the final failure of a job about to be nacked into its dead letter queue.
+
+    Published (confirmed) to ``control.{q}`` before the ``Basic.Nack``; readers of the dead
+    letter queue join it to the letter whose job id, attempt (its ``x-ojs-attempt``) and
+    replay count (``meta["ojs.replay_count"]``) match, the latest record winning.
+
+    Parameters:
+        job_id: the job's id.
+        attempt: the attempt that failed (1-based: the delivery's ``x-ojs-attempt``).
+        replays: how many times the job was replayed from its dead letter queue.
+        code, type, message: the failure (the message is cut to :data:`MAX_FAILURE_MESSAGE` characters).
+        failed_at: when it failed (RFC 3339).
+
+    Returns:
+        The control message, ready to publish.
+    """
+    body = {
+        "job_id": control_job_id(job_id),
+        "attempt": attempt,
+        "replays": replays,
+        "error": {"code": code, "type": type, "message": message[:MAX_FAILURE_MESSAGE]},
+        "failed_at": failed_at,
+    }
+    return control_message(CONTROL_TYPE_FINAL_FAILURE, body)
+
+
 def decode_control(body: bytes, properties: dict[str, Any]) -> ControlMessage:
     """Read a control message; tolerant of other producers (no content type, extra fields).
 
@@ -303,11 +345,13 @@ def _published_at(value: Any) -> datetime | None:
 
 __all__ = [
     "CONTROL_CONTENT_TYPE",
+    "CONTROL_TYPE_FINAL_FAILURE",
     "CONTROL_TYPE_INFO_REPLY",
     "CONTROL_TYPE_MARKER",
     "ControlMessage",
     "ControlOptions",
     "cancel_message",
+    "final_failure_message",
     "control_job_id",
     "control_message",
     "decode_control",

@@ -151,7 +151,7 @@ class RecordingSettlement:
     def ack(self, delivery: Delivery) -> None:
         self.calls.append(("ack", ""))
 
-    def nack(self, delivery: Delivery) -> None:
+    def nack(self, delivery: Delivery, record=None, prepare=None) -> None:
         self.calls.append(("nack", ""))
 
     def republish(self, delivery, destination, queue, prepare=None) -> None:

@@ -82,8 +82,8 @@ def worker(amqp_url, prefix):
 def test_overview_dead_letters_and_replay_from_the_page(browser, serve, worker, client, names, tmp_path):
     for i in range(3):
         client.enqueue("idle", [i], queue="backlog")
-    # two attempts: the first one's error is recorded in the job's errors[] when it is retried (the exhausting
-    # attempt is Nack'ed as it is, so a job with a single attempt reaches the DLQ without an error)
+    # two attempts: the first one's error is in the job's errors[] (recorded when it was retried), the
+    # second, final one is the letter's error (recorded in the control stream before the Nack, joined on read)
     retry = {"max_attempts": 2, "initial_interval": "PT0.2S", "jitter": False}
     job = client.enqueue("flaky", [7], queue="dash", retry=retry)
     wait_until(lambda: (c := client.queue_counts([names.dead_letter_queue("dash")])[names.dead_letter_queue("dash")])
@@ -100,6 +100,7 @@ def test_overview_dead_letters_and_replay_from_the_page(browser, serve, worker, 
     text = visit(browser, served, "/queues/dash/dead", tmp_path, "dead-letters")
     letter = browser.find_element(By.CSS_SELECTOR, f'#letters tr[data-id="{job.id}"]')
     assert "flaky-run-1-failed" in letter.text and "flaky" in letter.text and "rejected" in letter.text
+    assert "handler_error: flaky-run-2-failed" in letter.text  # the final failure, attempt 2
 
     browser.find_element(By.ID, "replay").click()
     shown(browser, "h1", "Confirm: replay")

@@ -38,9 +38,10 @@ def test_dead_letters_read_leaves_the_queue_unchanged_then_purge_by_ids(spark, a
         rows = df.collect()
         assert [r.id for r in rows] == before == [job.id for job in jobs]
         for row, job in zip(rows, jobs, strict=True):
-            assert (row.type, row.queue, row.attempt) == ("email.send", "email", 0)
+            assert (row.type, row.queue, row.attempt) == ("email.send", "email", 1)  # the attempt nacked
             assert json.loads(row.args) == job.args and json.loads(row.kwargs) == job.kwargs
             assert row.reason == "rejected" and row.death_count == 1 and row.dead_lettered_at is not None
+            assert row.error_message is None  # nacked without a record: the final error is unknown
             validate_job(json.loads(row.envelope))
         # Non-destructive: same letters, same order.
         assert [e.message_id for e in client.dead_letters("email")] == before
