@@ -265,6 +265,15 @@ class DeadLetterEntry:
         return codes
 
     @property
+    def error_messages(self) -> list[str]:
+        """Every error message the letter carries: the final failure's, ``error.message``, those of ``errors[]``."""
+        messages = [self.error_message] if self.error_message else []
+        if self.job is not None:
+            messages += [self.job.error.message] if self.job.error is not None and self.job.error.message else []
+            messages += [str(e["message"]) for e in self.job.errors or () if isinstance(e, dict) and e.get("message")]
+        return messages
+
+    @property
     def dead_at(self) -> datetime | None:
         """When the letter was dead-lettered: its first ``x-death`` time, else its final failure's
         time, else its job's latest ``errors[].occurred_at``; None when none is known."""
@@ -334,7 +343,7 @@ class DeadLetterFilter:
     Attributes:
         types: the job's type is one of these (a letter that is not an OJS job never matches).
         error: an error code the letter carries (:attr:`DeadLetterEntry.error_codes`, exact,
-            any case), or text found in its error message (any case).
+            any case), or text found in one of its error messages (:attr:`DeadLetterEntry.error_messages`, any case).
         since: dead-lettered at or after this aware datetime (:attr:`DeadLetterEntry.dead_at`;
             a letter whose time is unknown never matches).
         ids: its :attr:`DeadLetterEntry.letter_id`, or the framework's own id its job carries
@@ -381,7 +390,7 @@ class DeadLetterFilter:
         if self.error is not None:
             wanted = self.error.lower()
             codes = {code.lower() for code in entry.error_codes}
-            if wanted not in codes and wanted not in (entry.error_message or "").lower():
+            if wanted not in codes and not any(wanted in message.lower() for message in entry.error_messages):
                 return False
         if self.since is not None:
             dead_at = entry.dead_at

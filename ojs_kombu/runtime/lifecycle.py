@@ -119,7 +119,7 @@ class Lifecycle:
         if not subscribers:
             if self._deferred:
                 moments = (job.enqueued_at, job.scheduled_at) if event == "started" else _NONE
-                self._defer((event, job.id, job.type, job.queue, attempt, error, time.time(), moments))
+                self._defer((event, job.id, job.type, job.queue, attempt, error, time.time_ns(), moments))
             return None
         enqueued_at, scheduled_at = _moments(job.enqueued_at, job.scheduled_at) if event == "started" else _NONE
         job_event = _new_event(
@@ -155,8 +155,8 @@ class Lifecycle:
 
 
 # The fields emit() queues for a deferred subscriber: event, job id, type and queue, attempt,
-# error, time.time() and the job's (enqueued_at, scheduled_at) texts on a started event.
-_Queued = tuple[JobEventName, str, str, str, int, "dict[str, Any] | None", float, tuple[Any, Any]]
+# error, time.time_ns() and the job's (enqueued_at, scheduled_at) texts on a started event.
+_Queued = tuple[JobEventName, str, str, str, int, "dict[str, Any] | None", int, tuple[Any, Any]]
 _NONE: tuple[None, None] = (None, None)
 
 
@@ -165,11 +165,16 @@ def _built(queued: _Queued, worker_id: str) -> JobEvent:
     event, job_id, job_type, queue, attempt, error, at, (enqueued, scheduled) = queued
     enqueued_at, scheduled_at = _NONE if enqueued is None and scheduled is None else _moments(enqueued, scheduled)
     return _new_event(
-        event, job_id, job_type, queue, attempt, worker_id, _from_timestamp(at, UTC), error, enqueued_at, scheduled_at
+        event, job_id, job_type, queue, attempt, worker_id, _from_ns(at), error, enqueued_at, scheduled_at
     )
 
 
-_from_timestamp = datetime.fromtimestamp
+def _from_ns(ns: int) -> datetime:
+    """``time.time_ns()`` as an aware datetime, cut to the microsecond as ``datetime.now()`` cuts it:
+    ``datetime.fromtimestamp(time.time())`` rounds half-even and could stamp an event 1 µs after a
+    ``datetime.now()`` read later."""
+    seconds, nanoseconds = divmod(ns, 1_000_000_000)
+    return datetime.fromtimestamp(seconds, UTC).replace(microsecond=nanoseconds // 1000)
 
 
 def _deliver(subscriber: Subscriber, event: JobEvent) -> None:
