@@ -35,7 +35,9 @@ from typing import Any
 
 from amqp import Channel, spec
 from amqp import Message as WireMessage
-from amqp.exceptions import MessageNacked
+from amqp.exceptions import MessageNacked, PreconditionFailed
+
+from ojs_kombu.amqp.topology import parse_precondition_failed
 
 LEASE_CONSUMER_TIMEOUT_MS = 2**31 - 1
 """``x-consumer-timeout`` of the lease queue: 2**31-1 ms, about 24.8 days."""
@@ -100,11 +102,15 @@ class LeaseChannel:
             ``(ready tokens, consumers)`` as the broker counts them.
 
         Raises:
-            amqp exceptions: as py-amqp raises them (406 when the queue exists with other arguments).
+            TopologyConflictError: the queue exists with other arguments (406), e.g. as a classic queue.
+            amqp exceptions: as py-amqp raises them.
         """
-        ok = self.channel.queue_declare(
-            self.queue, durable=True, auto_delete=False, exclusive=False, arguments=lease_queue_arguments()
-        )
+        try:
+            ok = self.channel.queue_declare(
+                self.queue, durable=True, auto_delete=False, exclusive=False, arguments=lease_queue_arguments()
+            )
+        except PreconditionFailed as exc:
+            raise parse_precondition_failed(self.queue, str(exc.reply_text or exc)) from exc
         return int(ok.message_count), int(ok.consumer_count)
 
     def seed(self) -> bool:

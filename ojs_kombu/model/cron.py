@@ -74,7 +74,7 @@ _FIELD_NAMES = ("second", "minute", "hour", "day-of-month", "month", "day-of-wee
 _FIELD_RANGES = ("0-59", "0-59", "0-23", "1-31", "1-12 or JAN-DEC", "0-7 or SUN-SAT")
 _FIELD_EXTRAS = {"day-of-month": ", L and LW (15W is not supported)", "day-of-week": ", 5L and FRI#3"}
 # Days of month that some months lack: accepted, with a note (spec §3.5).
-_SOMETIMES_MISSING_DAYS = re.compile(r"(?<![0-9#/])(29|30|31)(?![0-9])")
+_SOMETIMES_MISSING_DAYS = re.compile(r"(?<![0-9#/-])(29|30|31)(?![0-9])")
 
 
 def _parse_every(text: str) -> timedelta:

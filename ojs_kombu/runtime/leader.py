@@ -25,9 +25,12 @@ the socket closes (a killed process, a closed connection), else when it has hear
 two to three AMQP heartbeats (``heartbeat``, :data:`DEFAULT_LEASE_HEARTBEAT` = 10 s).  Since
 ``lease_ttl`` must be at most half the heartbeat, a leader cut off silently has stopped before
 anyone else can be handed the token (measured: stopped after 1.0 s, token handed on after 16.5 s,
-with a 6 s heartbeat and a 1.5 s ttl).  What remains is a process
-paused *between* checking :attr:`~LeaderLease.is_leader` and acting on it: the tick's job id,
-derived from (cron name, scheduled time) and guarded by a unique lock (DESIGN §20), covers it.
+with a 6 s heartbeat and a 1.5 s ttl).  Two overlaps remain: when
+the broker closes the leader's connection (or cancels its consumer) it delivers the token to the
+next instance at the same moment, and the old leader reads the news milliseconds later (1.3 ms
+after the new one was elected, in one run); and a process paused *between* checking
+:attr:`~LeaderLease.is_leader` and acting on it.  The tick's job id, derived from (cron name,
+scheduled time) and guarded by a unique lock (DESIGN §20), covers both.
 
 Failover time: the next consumer is delivered the token as soon as the broker closes the
 old leader's connection: within tens of milliseconds after a SIGKILL or a closed connection
@@ -142,6 +145,11 @@ class LeaderLease:
         """Whether a token this instance published was accepted."""
 
     # -- the public side --------------------------------------------------------------------------
+
+    @property
+    def subscribed(self) -> bool:
+        """Whether the lease is connected and subscribed to the lease queue (as the leader or waiting)."""
+        return self._lease is not None
 
     @property
     def is_leader(self) -> bool:

@@ -17,11 +17,13 @@ from urllib.parse import urlsplit
 import pytest
 from kombu import Connection
 
+from ojs_kombu.errors import TopologyConflictError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.runtime.leader import LeaderLease
 
 CHILD = """
 import sys, time
+from ojs_kombu.errors import TopologyConflictError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.runtime.leader import LeaderLease
 lease = LeaderLease(sys.argv[1], names=Names(sys.argv[2]), connection_name="cron-child").start()
@@ -46,6 +48,7 @@ def leaders(leases: list[LeaderLease]) -> list[int]:
 
 
 def ready_tokens(url: str, queue: str) -> int:
+    """Tokens waiting in the lease queue (its ``consumer_count`` counts the active consumer only)."""
     with Connection(url) as conn:
         return int(conn.default_channel.queue_declare(queue, passive=True).message_count)
 
@@ -107,14 +110,14 @@ def test_closing_the_leaders_connection_moves_the_leadership(leases, management,
     took = wait_for(lambda: len([i for i in leaders(group) if i != old]) == 1, 10)
     (new,) = [i for i in leaders(group) if i != old]
     assert not group[old].is_leader
+    wait_for(lambda: new in elected_at and old in lost_at, 5)  # the callbacks run just after the state changes
     print(
-        f"\nclosed leader connection: new leader after {took * 1000:.1f} ms; "
-        f"old leader knew after {(lost_at[old] - closed) * 1000:.1f} ms, "
-        f"new elected {(elected_at[new] - closed) * 1000:.1f} ms after the close"
+        f"\nclosed leader connection: new leader elected {(elected_at[new] - closed) * 1000:.1f} ms, "
+        f"old leader knew {(lost_at[old] - closed) * 1000:.1f} ms after the close request"
     )
     assert took < 5
     # The old instance reconnects and waits as a follower: still one leader.
-    time.sleep(2)
+    wait_for(lambda: group[old].subscribed, 15)
     assert leaders(group) == [new]
 
 
@@ -126,7 +129,7 @@ def test_a_sigkilled_leader_process_is_replaced(leases, amqp_url, names):
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "LEADER"
         group = [lease.start() for lease in leases(2)]
-        time.sleep(1.5)  # both subscribed, waiting behind the child
+        wait_for(lambda: all(lease.subscribed for lease in group), 15)  # both waiting behind the child
         assert leaders(group) == []
         killed = time.monotonic()
         child.send_signal(signal.SIGKILL)
@@ -175,9 +178,11 @@ def test_a_later_instance_adds_no_lasting_token(leases, amqp_url, names):
     assert first.wait_until_leader(15)
     (second,) = leases(1)
     second.start()
-    time.sleep(2)
-    assert leaders([first, second]) == [0]
+    wait_for(lambda: second.subscribed, 15)
+    # The second found no token waiting (the first holds it) and seeded one; the leader removed it.
+    wait_for(lambda: first.surplus_tokens_removed == int(second.seeded), 10)
     assert ready_tokens(amqp_url, names.cron_leader_queue) == 0
+    assert leaders([first, second]) == [0]
     first.stop()
     assert second.wait_until_leader(5)
     second.stop()
@@ -247,7 +252,7 @@ def test_a_leader_cut_off_silently_stops_before_another_is_elected(leases, amqp_
         assert proxied.wait_until_leader(15)
         (follower,) = leases(1, **options)
         follower.start()
-        time.sleep(1.5)
+        wait_for(lambda: follower.subscribed, 15)
         assert not follower.is_leader
         frozen = time.monotonic()
         proxy.frozen.set()
@@ -263,6 +268,16 @@ def test_a_leader_cut_off_silently_stops_before_another_is_elected(leases, amqp_
         proxied.stop()
     finally:
         proxy.close()
+
+
+def test_a_lease_queue_with_other_arguments_stops_the_lease_with_a_clear_error(leases, amqp_url, names):
+    with Connection(amqp_url) as conn:
+        conn.default_channel.queue_declare(names.cron_leader_queue, durable=True, auto_delete=False)  # classic
+    (lease,) = leases(1)
+    lease.start()
+    with pytest.raises(TopologyConflictError, match="cron.leader.* already exists with different arguments"):
+        lease.wait_until_leader(15)
+    assert isinstance(lease.error, TopologyConflictError)
 
 
 def test_the_lease_checks_its_heartbeat(amqp_url):

@@ -169,6 +169,8 @@ def test_a_day_some_months_lack_is_accepted_with_a_warning():  # spec §3.5
     expression = CronExpression.parse("0 0 31 * *")
     assert expression.warnings
     assert not CronExpression.parse("0 0 1 * *").warnings
+    assert not CronExpression.parse("0 0 1-31 * *").warnings  # every day: nothing to warn about
+    assert CronExpression.parse("0 0 1,30 * *").warnings
     # It does not fire in months without the 31st.
     assert local(fires("0 0 31 * *", UTC, at(2026, 1, 31, 1), 2), UTC) == [
         "2026-03-31 00:00:00+0000",
