@@ -9,9 +9,10 @@ definition fires is :mod:`ojs_kombu.policy.cron`'s business.
 Expressions (spec §3–4): 5 fields, or 6 with seconds first, told apart by the
 number of whitespace-separated tokens; ``*`` ``,`` ``-`` ``/`` in every field;
 month and weekday names in any case; 0 and 7 are Sunday; ``L`` (day of month and
-``5L`` in day of week), ``LW`` and ``#`` (``FRI#3``).  The nearest-weekday form
-``15W`` (a SHOULD of the spec) is refused: the field grammar comes from `cronsim`_,
-which matches Debian's cron and does not have it.  The macros ``@yearly``,
+``5L`` in day of week), ``LW`` and ``#`` (``FRI#3``); the field grammar comes from
+`cronsim`_, which matches Debian's cron.  The nearest-weekday form ``15W`` (Quartz's,
+which cronsim lacks) is added here: one day of month followed by ``W``, with ``*`` as the
+day of week, as Quartz requires.  The macros ``@yearly``,
 ``@annually``, ``@monthly``, ``@weekly``, ``@daily``, ``@midnight``, ``@hourly``
 and ``@every <duration>`` (Go's units ``ms``, ``s``, ``m``, ``h``, combined:
 ``@every 1h30m``).
@@ -26,6 +27,7 @@ datetime.timedelta(seconds=5400)
 
 from __future__ import annotations
 
+import calendar
 import functools
 import re
 import zoneinfo
@@ -72,7 +74,8 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
 _FIELD_NAMES = ("second", "minute", "hour", "day-of-month", "month", "day-of-week")
 _FIELD_RANGES = ("0-59", "0-59", "0-23", "1-31", "1-12 or JAN-DEC", "0-7 or SUN-SAT")
-_FIELD_EXTRAS = {"day-of-month": ", L and LW (15W is not supported)", "day-of-week": ", 5L and FRI#3"}
+_FIELD_EXTRAS = {"day-of-month": ", L, LW and 15W", "day-of-week": ", 5L and FRI#3"}
+_NEAREST_WEEKDAY = re.compile(r"([0-9]{1,2})W", re.IGNORECASE)
 # Days of month that some months lack: accepted, with a note (spec §3.5).
 _SOMETIMES_MISSING_DAYS = re.compile(r"(?<![0-9#/-])(29|30|31)(?![0-9])")
 
@@ -125,11 +128,27 @@ class CronExpression:
     fields: str | None
     interval: timedelta | None
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    nearest_weekday: int | None = None
+    """``N`` of a ``NW`` day of month (the weekday nearest to the Nth), else ``None``."""
 
     @property
     def has_seconds(self) -> bool:
         """Whether the expression has the sixth (seconds) field."""
         return self.fields is not None and len(self.fields.split()) == 6
+
+    @property
+    def matcher_fields(self) -> str | None:
+        """:attr:`fields` as cronsim reads them: a ``NW`` day of month becomes the days it can fall on.
+
+        The nearest weekday to the Nth is within two days of it; the caller keeps the one day
+        :func:`nearest_weekday` names.
+        """
+        if self.fields is None or self.nearest_weekday is None:
+            return self.fields
+        parts = self.fields.split()
+        day = self.nearest_weekday
+        parts[-3] = f"{max(1, day - 2)}-{min(31, day + 2)}"
+        return " ".join(parts)
 
     @classmethod
     def parse(cls, text: str) -> CronExpression:
@@ -170,8 +189,10 @@ class CronExpression:
                 field="cron",
             )
         normalized = " ".join(fields)
+        nearest = _parse_nearest_weekday(fields)
+        expression = cls(text, normalized, None, nearest_weekday=nearest)
         try:
-            CronSim(normalized, datetime(2000, 1, 1))
+            CronSim(expression.matcher_fields or normalized, datetime(2000, 1, 1))
         except CronSimError as exc:
             raise _field_error(fields, str(exc)) from None
         except (ValueError, IndexError) as exc:  # a malformed term cronsim does not diagnose itself
@@ -180,7 +201,53 @@ class CronExpression:
         warnings: tuple[str, ...] = ()
         if _SOMETIMES_MISSING_DAYS.search(day_of_month):
             warnings = (f"day of month {day_of_month!r}: the job does not fire in months without that day",)
-        return cls(text, normalized, None, warnings)
+        return cls(text, normalized, None, warnings, nearest)
+
+
+def _parse_nearest_weekday(fields: list[str]) -> int | None:
+    """``N`` of a ``NW`` day-of-month field; None for any other field.
+
+    Raises:
+        ValidationError: ``W`` anywhere but alone after one day (``1-5W``, ``1,15W``), a day out of
+            1–31, or a day of week other than ``*`` with it.
+    """
+    day_of_month = fields[-3]
+    if "W" not in day_of_month.upper() or day_of_month.upper() == "LW":
+        return None
+    match = _NEAREST_WEEKDAY.fullmatch(day_of_month)
+    if match is None or not 1 <= int(match[1]) <= 31:
+        raise ValidationError(
+            f"cron: the day-of-month field {day_of_month!r} is invalid: W follows a single day of month "
+            "(15W: the weekday nearest to the 15th), or L (LW: the last weekday)",
+            field="cron",
+        )
+    if fields[-1] != "*":
+        raise ValidationError(f"cron: {day_of_month!r} needs '*' as the day of week (got {fields[-1]!r})", field="cron")
+    return int(match[1])
+
+
+def nearest_weekday(year: int, month: int, day: int) -> int | None:
+    """The day of ``month`` that ``dayW`` means (Quartz): the weekday nearest to ``day``, in the same month.
+
+    A Saturday moves to the Friday before, a Sunday to the Monday after, but never into another
+    month: ``1W`` on a Saturday is Monday the 3rd, ``31W`` on a Sunday is Friday the 29th.
+
+    Parameters:
+        year, month: the month.
+        day: the ``N`` of ``NW``.
+
+    Returns:
+        The day of month, or ``None`` when the month has no such day (``31W`` in April).
+    """
+    last = calendar.monthrange(year, month)[1]
+    if day > last:
+        return None
+    weekday = calendar.weekday(year, month, day)  # Monday 0 ... Sunday 6
+    if weekday == 5:  # Saturday
+        return day - 1 if day > 1 else day + 2
+    if weekday == 6:  # Sunday
+        return day + 1 if day < last else day - 2
+    return day
 
 
 @functools.cache
@@ -380,5 +447,6 @@ __all__ = [
     "CronExpression",
     "CronJob",
     "OverlapPolicy",
+    "nearest_weekday",
     "parse_timezone",
 ]

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from cronsim import CronSim
 
 from ojs_kombu.errors import ValidationError
-from ojs_kombu.model.cron import CronExpression
+from ojs_kombu.model.cron import CronExpression, nearest_weekday
 
 MIN_EVALUATION_INTERVAL = 1.0
 """Seconds: the evaluation loop runs at most once a second (CRON-24)."""
@@ -74,10 +74,14 @@ def next_fire(
             return start + step
         periods = (after - start) // step + 1
         return start + periods * step
-    assert expression.fields is not None
+    fields = expression.matcher_fields
+    assert fields is not None
+    day = expression.nearest_weekday
     local = after.astimezone(zone).replace(tzinfo=None)
     try:
-        for wall in CronSim(expression.fields, local):
+        for wall in CronSim(fields, local):
+            if day is not None and wall.day != nearest_weekday(wall.year, wall.month, day):
+                continue  # a day around the Nth that is not its nearest weekday
             instant = _instant(wall, zone)
             # In the fall-back overlap ``after`` may lie in the second pass; wall times whose
             # first occurrence has passed already fired then (CRON-17).

@@ -210,6 +210,30 @@ def test_special_characters(expression, after, expected):  # CRON-09, CRON-S01
     assert fires(expression, UTC, after, len(expected)) == expected
 
 
+def test_nearest_weekday():  # spec §3.3: "0 0 15W * *" = nearest weekday to the 15th
+    assert fires("0 0 15W * *", UTC, at(2026, 1, 1), 3) == [
+        at(2026, 1, 15),  # a Thursday: that day
+        at(2026, 2, 16),  # the 15th is a Sunday: Monday
+        at(2026, 3, 16),  # a Sunday again
+    ]
+    assert fires("0 0 15W * *", UTC, at(2026, 8, 1), 1) == [at(2026, 8, 14)]  # a Saturday: Friday
+    # Never into another month: 1W on a Saturday is Monday the 3rd, 31W on a Sunday Friday the 29th.
+    assert fires("0 0 1W * *", UTC, at(2026, 7, 31), 1) == [at(2026, 8, 3)]
+    assert fires("0 0 31W * *", UTC, at(2026, 5, 1), 1) == [at(2026, 5, 29)]
+    # A month without the day: no fire (31W: none in April).
+    assert fires("0 0 31W * *", UTC, at(2026, 4, 1), 1) == [at(2026, 5, 29)]
+    assert fires("0 0 15w * *", UTC, at(2026, 1, 1), 1) == [at(2026, 1, 15)]
+
+
+@pytest.mark.parametrize(
+    "expression", ["0 0 1-5W * *", "0 0 1,15W * *", "0 0 0W * *", "0 0 32W * *", "0 0 W * *", "0 0 15W * MON"]
+)
+def test_bad_nearest_weekday_forms(expression):
+    with pytest.raises(ValidationError) as raised:
+        CronExpression.parse(expression)
+    assert raised.value.field == "cron"
+
+
 def test_names_are_case_insensitive_and_sunday_is_0_and_7():  # CRON-10, spec §3.4
     start = at(2026, 1, 1)  # a Thursday
     by_number = fires("0 12 * 1-3 1-5", UTC, start, 5)
