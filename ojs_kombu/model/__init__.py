@@ -5,10 +5,12 @@ Pure Python and pydantic: nothing here imports kombu or py-amqp.  Modules, botto
 ``jsonvalue`` (JSON-native values, JSON text in and out), ``ids`` (UUIDv7 job ids),
 ``naming`` (job type and queue name rules, AMQP entity names), ``body`` (an envelope's
 JSON text), ``fields`` and ``base`` (the models' field types and machinery),
-``policies`` (retry and unique policies), ``job`` (the envelope).
+``policies`` (retry and unique policies), ``job`` (the envelope), ``cron`` (cron job
+definitions and expressions).
 """
 
 from ojs_kombu.model.body import MAX_ENVELOPE_BYTES
+from ojs_kombu.model.cron import CronExpression, CronJob, OverlapPolicy, parse_timezone
 from ojs_kombu.model.fields import JobState
 from ojs_kombu.model.ids import JOB_ID_PATTERN, new_job_id
 from ojs_kombu.model.job import SPEC_VERSION, Job, JobError
@@ -37,11 +39,14 @@ __all__ = [
     "MAX_SAFE_INTEGER",
     "QUEUE_NAME_PATTERN",
     "SPEC_VERSION",
+    "CronExpression",
+    "CronJob",
     "UNLIMITED_ATTEMPTS",
     "Job",
     "JobError",
     "JobState",
     "Names",
+    "OverlapPolicy",
     "RetryPolicy",
     "UniquePolicy",
     "ensure_json_native",
@@ -51,6 +56,7 @@ __all__ = [
     "new_job_id",
     "ojs_queue_for",
     "parse_duration",
+    "parse_timezone",
     "parse_timestamp",
     "utcnow",
     "validate_job_type",

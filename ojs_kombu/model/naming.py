@@ -52,6 +52,8 @@ PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
 
 #: Queue names that would collide with the binding's own per-queue entities.
 RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.")
+#: OJS queue names whose ``ojs.queue.{name}`` is one of the binding's own queues: the cron leader lease.
+RESERVED_QUEUE_NAMES = ("cron.leader",)
 
 CONTROL_TYPE_CANCEL = "ojs.control.cancel"
 CONTROL_TYPE_HEARTBEAT = "ojs.control.heartbeat"
@@ -104,6 +106,8 @@ def check_new_queue_name(value: Any) -> str:
         Problem: as :func:`check_queue_name`, or the name starts with one of :data:`RESERVED_QUEUE_PREFIXES`.
     """
     queue = check_queue_name(value)
+    if queue in RESERVED_QUEUE_NAMES:
+        raise Problem(f"queue name {queue!r} is reserved: ojs.queue.{queue} is the cron scheduler's leader lease")
     if queue.startswith(RESERVED_QUEUE_PREFIXES):
         raise Problem(
             f"queue name {queue!r} starts with a reserved prefix ({', '.join(RESERVED_QUEUE_PREFIXES)}): "
@@ -259,6 +263,11 @@ class Names:
         return f"control.{queue}"
 
     @property
+    def cron_leader_queue(self) -> str:
+        """The cron schedulers' leader lease (``ojs.queue.cron.leader``, DESIGN §20); ``cron.leader`` is reserved."""
+        return self._name("ojs.queue.cron.leader")
+
+    @property
     def events_exchange(self) -> str:
         """The topic exchange of worker presence and job lifecycle events (``ojs.exchange.events``)."""
         return self._name("ojs.exchange.events")
@@ -284,7 +293,12 @@ class Names:
         if not amqp_name.startswith(head):
             return None
         queue = amqp_name[len(head) :]
-        if not queue or queue.startswith(RESERVED_QUEUE_PREFIXES) or not QUEUE_NAME_RE.fullmatch(queue):
+        if (
+            not queue
+            or queue.startswith(RESERVED_QUEUE_PREFIXES)
+            or queue in RESERVED_QUEUE_NAMES
+            or not QUEUE_NAME_RE.fullmatch(queue)
+        ):
             return None
         return queue
 
@@ -304,6 +318,7 @@ __all__ = [
     "QUEUE_NAME_PATTERN",
     "Names",
     "QUEUE_NAME_RE",
+    "RESERVED_QUEUE_NAMES",
     "RESERVED_QUEUE_PREFIXES",
     "job_type_for",
     "ojs_queue_for",
