@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ojs_kombu import DuplicateJobError, Job, OjsError, UniquePolicy, ValidationError
+from ojs_kombu import DuplicateJobError, Job, Names, OjsError, UniquePolicy, ValidationError
 from ojs_kombu.policy import (
     DEFAULT_STATES,
     canonical_json,
@@ -186,3 +186,11 @@ def test_duplicate_job_error():
     assert isinstance(error, OjsError) and isinstance(error, Exception)
     assert error.existing_id == "019078a3-b5c7-7def-8a12-3456789abcde"
     assert error.key == "ab" * 32
+
+
+def test_lock_queue_names():
+    key = "ab" * 32
+    assert Names().lock_queue(key) == f"ojs.lock.{key}"
+    assert Names("tenant1").lock_queue(key) == f"tenant1.ojs.lock.{key}"
+    assert Names("tenant1").lock_holder_queue(key) == f"tenant1.ojs.lock.{key}.holder"
+    assert Names().queue_from_job_queue(Names().lock_queue(key)) is None
