@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import kombu
 import pytest
-from support import message_count, wait_until
+from support import message_count, raw_channel, wait_until
 
 from ojs_kombu import Names
 from ojs_kombu.amqp.locks import Acquired, Held, UniqueLocks
@@ -132,3 +132,18 @@ def test_a_lock_without_period_lives_queue_expires_at_most(amqp_url: str, names:
         assert locks.acquire(key, "job-b", timedelta(days=30)) == Held(key, "job-a")
         wait_until(lambda: locks.holder(key) is None, timeout=10, message="the capped lock to expire")
         locks.close()
+
+
+def test_a_reader_holding_the_record_does_not_open_the_lock(locks: UniqueLocks, names: Names, amqp_url: str):
+    # x-max-length counts ready messages only: had readers taken the token itself, a token held
+    # unacknowledged would let a second acquirer in.  Readers take the holder's record instead.
+    key = new_key()
+    assert isinstance(locks.acquire(key, "job-a", timedelta(minutes=5)), Acquired)
+    with raw_channel(amqp_url) as channel:
+        method, _, body = channel.basic_get(names.lock_holder_queue(key), auto_ack=False)
+        assert body == b"job-a"
+        result = locks.acquire(key, "job-b", timedelta(minutes=5))
+        assert isinstance(result, Held)  # its id may read as None: the record is out
+        channel.basic_reject(method.delivery_tag, requeue=True)
+    assert message_count(amqp_url, names.lock_queue(key)) == 1
+    assert locks.holder(key) == "job-a"
