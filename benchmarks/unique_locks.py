@@ -3,10 +3,11 @@
 1. **Rate.**  On one connection, ``--ops`` (2,000) rounds of: acquire a new key + release it;
    then acquire one key that is held (the duplicate path: a nack and a read of the holder's
    id); also a plain confirmed publish of the same size to one queue, as the floor.
-2. **Live locks.**  ``--locks`` (10,000) locks acquired and kept (each is two classic queues:
-   the lock and its holder record); the node's memory (``mem_used`` and the queue_procs /
-   metadata parts of its breakdown, management API) is read before and after, after a
-   garbage collection settles (``--settle`` seconds), and reported per 1,000 locks.  The
+2. **Live locks.**  ``--locks`` (5,000) locks acquired and kept (each is two classic queues:
+   the lock and its holder record); the node's open files (``fd_used``: one per queue holding a
+   persistent message, so the node's file limit bounds the live locks) and memory (``mem_used``
+   and the largest parts of its breakdown, management API) are read before and after, each after
+   ``--settle`` seconds, and reported per 1,000 locks.  ``--transient``: tokens not persistent.  The
    locks are then released (the queues deleted) and the memory read again.
 
 Run against a broker with the management plugin::
@@ -40,7 +41,7 @@ def node_memory(management: ManagementClient) -> dict[str, float]:
     """The first node's memory in MB: ``mem_used`` and every part of its breakdown."""
     node = management.request("GET", "/api/nodes")[0]
     breakdown = management.request("GET", f"/api/nodes/{quote(node['name'], safe='')}/memory")["memory"]
-    out = {"mem_used": node["mem_used"] / 1e6}
+    out = {"mem_used": node["mem_used"] / 1e6, "fd_used": float(node.get("fd_used") or 0)}
     for part, value in breakdown.items():
         if isinstance(value, dict):  # "total" is {"rss": ..., "allocated": ..., "erlang": ...}
             for sub, number in value.items():
@@ -107,10 +108,10 @@ def live_locks(locks: UniqueLocks, management: ManagementClient, count: int, set
     print(f"{count} locks acquired in {elapsed:.1f}s ({count / elapsed:.0f} /s)")
     time.sleep(settle)
     after = node_memory(management)
-    print(f"node memory with {count} live locks ({2 * count} queues), MB: before -> after (per 1k locks)")
+    print(f"node with {count} live locks ({2 * count} queues): MB (fd_used: files) before -> after (per 1k locks)")
     deltas = {part: value - before.get(part, 0.0) for part, value in after.items()}
-    shown = ["mem_used", "total.rss", "total.erlang"] + sorted(
-        (p for p in deltas if not p.startswith(("mem_used", "total"))), key=lambda p: -deltas[p]
+    shown = ["fd_used", "mem_used", "total.rss", "total.erlang"] + sorted(
+        (p for p in deltas if not p.startswith(("fd_used", "mem_used", "total"))), key=lambda p: -deltas[p]
     )[:8]
     for part in shown:
         value, delta = after.get(part, 0.0), deltas.get(part, 0.0)
@@ -127,8 +128,9 @@ def live_locks(locks: UniqueLocks, management: ManagementClient, count: int, set
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", type=int, default=2000)
-    parser.add_argument("--locks", type=int, default=10_000)
+    parser.add_argument("--locks", type=int, default=5_000)
     parser.add_argument("--settle", type=float, default=5.0)
+    parser.add_argument("--transient", action="store_true", help="UniqueLocks(persistent=False)")
     args = parser.parse_args()
     url = os.environ.get("OJS_AMQP_URL", "amqp://guest:guest@localhost:5672//")
     management = ManagementClient(
@@ -142,7 +144,7 @@ def main() -> None:
     try:
         with kombu.Connection(url) as connection:
             connection.connect()
-            locks = UniqueLocks(connection.connection, names=names)
+            locks = UniqueLocks(connection.connection, names=names, persistent=not args.transient)
             if args.ops:
                 rates(locks, connection.connection, names, args.ops)
             if args.locks:

@@ -147,3 +147,14 @@ def test_a_reader_holding_the_record_does_not_open_the_lock(locks: UniqueLocks, 
         channel.basic_reject(method.delivery_tag, requeue=True)
     assert message_count(amqp_url, names.lock_queue(key)) == 1
     assert locks.holder(key) == "job-a"
+
+
+def test_release_without_the_holder_record_reads_the_token(locks: UniqueLocks, names: Names, management):
+    # The record is a transient message: a broker restart loses it, the persistent token stays.
+    key = new_key()
+    assert isinstance(locks.acquire(key, "job-a", timedelta(minutes=5)), Acquired)
+    assert management.delete_queue(names.lock_holder_queue(key))
+    assert locks.release(key, "job-b") is False  # the token is another job's: it is put back
+    assert locks.acquire(key, "job-c", timedelta(minutes=5)) == Held(key, None)
+    assert locks.release(key, "job-a") is True
+    assert isinstance(locks.acquire(key, "job-c", timedelta(minutes=5)), Acquired)
