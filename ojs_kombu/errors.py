@@ -13,6 +13,7 @@ catch the whole family with one ``except``.  The tree::
     │   ├── UnroutableError      Basic.Return: no queue bound for the routing key
     │   ├── PublishNackedError   the broker answered Basic.Nack to our publish
     │   └── PublishTimeoutError  no confirm arrived in time (outcome unknown)
+    ├── DuplicateJobError        a unique job's key is held by another job (on_conflict="reject")
     ├── BrokerConnectionError    the broker could not be reached within the retry budget
     │   └── TlsVerificationError  (also a BrokerRefusedError) the TLS certificate failed verification
     ├── BrokerRefusedError       the broker refused for good: retrying cannot help
@@ -134,6 +135,22 @@ class PublishNackedError(PublishError):
 
 class PublishTimeoutError(PublishError):
     """No publisher confirm arrived in time.  The job may or may not be queued."""
+
+
+class DuplicateJobError(OjsError):
+    """A unique job was refused: another job holds its uniqueness key (``on_conflict="reject"``).
+
+    Attributes:
+        existing_id: the id of the job holding the key, or None when it could not be read
+            (the holder's record expired or was released in the meantime).
+        key: the uniqueness key (SHA-256 hex of the job's chosen dimensions).  Derived from
+            the job's arguments: log it at DEBUG at most (unique-jobs spec §12).
+    """
+
+    def __init__(self, message: str, *, existing_id: str | None, key: str):
+        super().__init__(message)
+        self.existing_id = existing_id
+        self.key = key
 
 
 class BrokerConnectionError(OjsError, ConnectionError):
@@ -274,6 +291,7 @@ __all__ = [
     "DecodeError",
     "Discard",
     "ManagementError",
+    "DuplicateJobError",
     "MetricsServerError",
     "NotFoundError",
     "OjsError",

@@ -1,4 +1,4 @@
-"""AMQP I/O on kombu / py-amqp: connections, confirmed publishing, frame reading, declarations;
+"""AMQP I/O on kombu / py-amqp: connections, confirmed publishing, frame reading, declarations, unique locks;
 and the broker's management HTTP API (:mod:`ojs_kombu.amqp.management`).
 
 Every use of py-amqp internals lives in this subpackage, and so does the one
@@ -8,6 +8,7 @@ place where py-amqp / kombu exceptions become :mod:`ojs_kombu.errors`
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
 from ojs_kombu.amqp.errors import is_permanent, map_exception, map_exceptions, raise_if_permanent
+from ojs_kombu.amqp.locks import Acquired, Held, UniqueLocks
 from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import OnConflict, Topology
@@ -15,11 +16,14 @@ from ojs_kombu.amqp.version import parse_version, rabbitmq_version
 
 __all__ = [
     "DEFAULT_HEARTBEAT",
+    "Acquired",
     "ConfirmedPublisher",
     "ManagementClient",
+    "Held",
     "OnConflict",
     "PublishTicket",
     "Topology",
+    "UniqueLocks",
     "connect_once",
     "is_permanent",
     "make_connection",

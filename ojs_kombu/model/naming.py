@@ -262,6 +262,17 @@ class Names:
         """
         return f"control.{queue}"
 
+    def lock_queue(self, key: str) -> str:
+        """The queue that is the unique lock of ``key``: ``ojs.lock.{key}``.
+
+        Outside the ``ojs.queue.`` namespace, so no job queue name can collide with it.
+        """
+        return self._name(f"ojs.lock.{key}")
+
+    def lock_holder_queue(self, key: str) -> str:
+        """The queue holding the id of the job that holds the lock of ``key``: ``ojs.lock.{key}.holder``."""
+        return self._name(f"ojs.lock.{key}.holder")
+
     @property
     def cron_leader_queue(self) -> str:
         """The cron schedulers' leader lease (``ojs.queue.cron.leader``, DESIGN §20); ``cron.leader`` is reserved."""

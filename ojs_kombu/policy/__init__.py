@@ -1,24 +1,46 @@
-"""Decisions without I/O: retry outcomes and the delay ladder, back-off, the scheduling cascade, cron fire times."""
+"""Decisions without I/O: retry outcomes and the delay ladder, back-off, the scheduling cascade, cron fire times, unique keys."""
 
 from ojs_kombu.policy.backoff import reconnect_delay, retry_delay
 from ojs_kombu.policy.cron import Due, due, evaluation_delay, next_fire
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, ladder_ms_until, record_failure
 from ojs_kombu.policy.schedule import Cascade, delay_ms_until
+from ojs_kombu.policy.unique import (
+    DEFAULT_KEYS,
+    DEFAULT_ON_CONFLICT,
+    DEFAULT_STATES,
+    canonical_json,
+    effective_keys,
+    effective_on_conflict,
+    effective_states,
+    job_unique_key,
+    period_end,
+    unique_key,
+)
 
 __all__ = [
     "Cascade",
+    "DEFAULT_KEYS",
+    "DEFAULT_ON_CONFLICT",
+    "DEFAULT_STATES",
     "Decision",
     "Due",
     "Failure",
     "Outcome",
+    "canonical_json",
     "decide",
     "delay_ms_until",
     "due",
     "evaluation_delay",
+    "next_fire",
+    "effective_keys",
+    "effective_on_conflict",
+    "effective_states",
+    "job_unique_key",
     "ladder_ms",
     "ladder_ms_until",
-    "next_fire",
+    "period_end",
     "reconnect_delay",
     "record_failure",
     "retry_delay",
+    "unique_key",
 ]

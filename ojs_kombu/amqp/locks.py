@@ -1,0 +1,308 @@
+"""Unique-job locks on RabbitMQ alone (DESIGN §19): a set-if-absent per key, with expiry, no other datastore.
+
+A lock is a classic queue ``ojs.lock.{key}`` declared with ``x-max-length=1`` and
+``x-overflow=reject-publish``.  Acquiring publishes one persistent token (the holder's job id,
+per-message ``expiration`` = the period) with publisher confirms: the broker takes it only when
+the queue is empty, so ``Basic.Ack`` = acquired and ``Basic.Nack`` = held by another job.  The
+queue process handles publishes one at a time, so any number of concurrent acquirers get
+exactly one ack.  The token's TTL frees the lock at the end of the period even if every holder
+crashed, and ``x-expires`` removes the idle queue itself.
+
+Measured choices (``docs/unique-jobs.md``):
+
+* **Classic, not quorum.** On RabbitMQ 4.3 a quorum queue with ``x-max-length=1`` and
+  ``reject-publish`` acked 2 to 16 of 16 concurrent publishes: its limit is applied after the
+  fact, so it is no set-if-absent.  A lock therefore lives on one node.
+* **The holder's id is not read from the lock queue.** ``x-max-length`` counts *ready*
+  messages only: while a ``Basic.Get`` holds the token unacknowledged, the queue is "empty"
+  and takes another acquirer's token, and the requeued token makes two holders.  The holder's
+  id is written, after the ack, to a second queue ``ojs.lock.{key}.holder`` (``x-max-length=1``,
+  ``drop-head``, same TTL) that readers may take and requeue without touching the lock.
+* **The period is a per-message TTL, not ``x-message-ttl``**: the remaining period differs
+  from one acquirer to the next, and queue arguments must be equal for every declarer of a name.
+  ``x-expires`` is one constant per deployment for the same reason, so a token never lives
+  longer than it (``queue_expires``, default 7 days): a lock without a period ends by then too.
+* **One open file per live lock.** A classic queue holding a persistent message keeps a file
+  open (measured on 4.3: 1.0 per queue; none for a transient message), so the token is persistent
+  (a lock outlives a broker restart) and the holder's record is not; a node holds at most
+  about its file descriptor limit of live locks (``persistent=False``: no file, and a restart
+  frees every lock).
+
+A :class:`UniqueLocks` uses one py-amqp connection from one thread.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Final
+
+from amqp import Connection
+from amqp.exceptions import NotFound, PreconditionFailed
+
+from ojs_kombu.amqp.connection import close_quietly
+from ojs_kombu.amqp.errors import map_exceptions
+from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.errors import PublishNackedError, UnroutableError, ValidationError
+from ojs_kombu.model.naming import Names
+from ojs_kombu.wire.codec import OutgoingMessage
+
+DEFAULT_QUEUE_EXPIRES: Final = timedelta(days=7)
+"""``x-expires`` of the lock queues, and the longest a lock lives (its period capped)."""
+
+_ATTEMPTS: Final = 5  # acquire: a lock freed or a queue deleted between two steps is tried again
+_HOLDER_WAIT: Final = 2.0  # seconds a reader waits for a new holder to write its id
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """The lock of ``key`` is now held by ``holder_id`` until released or ``ttl_ms`` elapsed."""
+
+    key: str
+    holder_id: str
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The lock of ``key`` is held by another job: ``existing_id``, or None when its id could not be read."""
+
+    key: str
+    existing_id: str | None
+
+
+class UniqueLocks:
+    """Acquire, read and release unique-job locks on one AMQP connection.
+
+    Parameters:
+        connection: a connected py-amqp connection, used from this thread only.
+        names: the deployment's entity names (its prefix).
+        queue_expires: ``x-expires`` of the lock queues: the same for every process of a
+            deployment (RabbitMQ refuses a declaration with other arguments).  A lock never
+            lives longer than this, whatever its period.
+        delete_on_release: a release deletes the two queues of the lock (the node then holds
+            queues for live locks only); False leaves them to ``x-expires``, which makes the
+            next acquire of the same key about 4x cheaper but keeps an idle queue pair per
+            key until ``queue_expires`` (``docs/unique-jobs.md`` has the numbers).
+        persistent: the token is a persistent message, so a lock outlives a broker restart.
+            RabbitMQ keeps one file open per classic queue holding a persistent message: a
+            node holds at most about its file descriptor limit of live locks.  False keeps the
+            tokens in memory (no file each): a broker restart frees every lock.
+    """
+
+    def __init__(
+        self,
+        connection: Connection,
+        *,
+        names: Names | None = None,
+        queue_expires: timedelta = DEFAULT_QUEUE_EXPIRES,
+        delete_on_release: bool = True,
+        persistent: bool = True,
+    ):
+        if queue_expires <= timedelta(0):
+            raise ValidationError("queue_expires must be greater than zero", field="queue_expires")
+        self.connection = connection
+        self.names = names if names is not None else Names()
+        self.expires_ms = math.ceil(queue_expires.total_seconds() * 1000)
+        self.delete_on_release = delete_on_release
+        self.persistent = persistent
+        self._publisher = ConfirmedPublisher(connection)
+        self._channel: Any = connection.channel()
+
+    # -- the public operations
+
+    def acquire(self, key: str, holder_id: str, period: timedelta | None) -> Acquired | Held:
+        """Take the lock of ``key`` for ``holder_id`` unless another holds it (atomic set-if-absent).
+
+        Parameters:
+            key: the uniqueness key (:func:`ojs_kombu.policy.unique_key`).
+            holder_id: the id of the job that will hold it.
+            period: how long the lock may live at most; None or longer than ``queue_expires``
+                means ``queue_expires``.
+
+        Returns:
+            :class:`Acquired`, or :class:`Held` with the holder's id.
+
+        Raises:
+            ValidationError: ``period`` is not positive, or ``holder_id`` is empty.
+            PublishError: the broker did not confirm the token (timeout, unroutable five times).
+            BrokerRefusedError: a lock queue exists with other arguments (another ``queue_expires``).
+        """
+        if not holder_id:
+            raise ValidationError("holder_id must not be empty", field="holder_id")
+        ttl_ms = self._ttl_ms(period)
+        lock = self.names.lock_queue(key)
+        for _ in range(_ATTEMPTS):
+            self._declare(lock, overflow="reject-publish")
+            error = self._publish(lock, holder_id, ttl_ms, persistent=self.persistent)
+            if error is None:
+                self._write_holder(key, holder_id, ttl_ms)
+                return Acquired(key, holder_id, ttl_ms)
+            if isinstance(error, UnroutableError):
+                continue  # the queue was deleted (released, expired) after our declaration
+            if not isinstance(error, PublishNackedError):
+                raise error
+            existing = self.holder(key)
+            if existing is not None or self._lock_count(lock):
+                return Held(key, existing)
+            # Freed between the nack and the read: try again.
+        return Held(key, self.holder(key))
+
+    def holder(self, key: str) -> str | None:
+        """The id of the job holding the lock of ``key``, or None when it is free.
+
+        Reads the holder's record without touching the lock.  A holder that has just
+        acquired writes its record a moment later: while the lock is held and the record
+        not there yet, this waits for it (up to 2 s, then None).
+
+        Parameters:
+            key: the uniqueness key.
+
+        Returns:
+            The holder's job id, or None.
+        """
+        deadline = time.monotonic() + _HOLDER_WAIT
+        while True:
+            message = self._get(self.names.lock_holder_queue(key))
+            if message is not None:
+                self._channel.basic_reject(message.delivery_tag, requeue=True)
+                return _body_text(message)
+            if not self._lock_count(self.names.lock_queue(key)) or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.005)
+
+    def release(self, key: str, holder_id: str) -> bool:
+        """Free the lock of ``key`` if ``holder_id`` holds it; a lock held by another job is left alone.
+
+        A release after the lock expired and another job took it does not free the new
+        holder's lock: the holder's record names the other job, and the lock's token is
+        never taken unless the record names ``holder_id``.  The record is not persistent: after
+        a broker restart (or when it is still missing 2 s after an acquire) the token itself
+        is read, and put back if it is another job's.
+
+        Parameters:
+            key: the uniqueness key.
+            holder_id: the job that took the lock.
+
+        Returns:
+            True when this removed ``holder_id``'s token; False when it no longer held the lock.
+        """
+        record_queue = self.names.lock_holder_queue(key)
+        lock = self.names.lock_queue(key)
+        deadline = time.monotonic() + _HOLDER_WAIT
+        while (record := self._get(record_queue)) is None:
+            if not self._lock_count(lock):
+                return False
+            if time.monotonic() >= deadline:
+                break  # held, but no record: the broker restarted since the acquire
+            time.sleep(0.005)
+        if record is not None and _body_text(record) != holder_id:
+            self._channel.basic_reject(record.delivery_tag, requeue=True)
+            return False
+        # The record is ours, so the token is ours too unless it expired in the last moment.
+        channel = self._channel
+        token = self._get(lock)
+        if self._channel is not channel:
+            return False  # no lock queue (expired): closing the channel requeued our stale record
+        released = token is not None and _body_text(token) == holder_id
+        if token is not None:
+            if released:
+                self._channel.basic_ack(token.delivery_tag)
+            else:
+                self._channel.basic_reject(token.delivery_tag, requeue=True)
+        if record is not None:
+            self._channel.basic_ack(record.delivery_tag)
+        if released and self.delete_on_release:
+            self._delete_if_empty(lock)
+            self._delete_if_empty(record_queue)
+        return released
+
+    def close(self) -> None:
+        """Close this object's channels (not the connection)."""
+        self._publisher.close()
+        close_quietly(self._channel)
+
+    # -- steps
+
+    def _ttl_ms(self, period: timedelta | None) -> int:
+        if period is None:
+            return self.expires_ms
+        if period <= timedelta(0):
+            raise ValidationError(f"period must be greater than zero, got {period!r}", field="period")
+        return min(self.expires_ms, max(1, math.ceil(period.total_seconds() * 1000)))
+
+    def _arguments(self, overflow: str) -> dict[str, Any]:
+        return {
+            "x-queue-type": "classic",
+            "x-max-length": 1,
+            "x-overflow": overflow,
+            "x-expires": self.expires_ms,
+        }
+
+    def _declare(self, queue: str, *, overflow: str) -> None:
+        # Every acquire declares: it restarts the idle queue's x-expires clock.
+        with map_exceptions():
+            self._call(
+                lambda ch: ch.queue_declare(queue, durable=True, auto_delete=False, arguments=self._arguments(overflow))
+            )
+
+    def _publish(self, queue: str, holder_id: str, ttl_ms: int, *, persistent: bool) -> Exception | None:
+        message = OutgoingMessage(
+            holder_id.encode("utf-8"),
+            {
+                "message_id": holder_id,
+                "expiration": str(ttl_ms),
+                "delivery_mode": 2 if persistent else 1,
+                "content_type": "text/plain",
+            },
+        )
+        ticket = self._publisher.publish(message, exchange="", routing_key=queue, queue=queue, job_id=holder_id)
+        self._publisher.wait([ticket])
+        return ticket.error
+
+    def _write_holder(self, key: str, holder_id: str, ttl_ms: int) -> None:
+        record_queue = self.names.lock_holder_queue(key)
+        for _ in range(_ATTEMPTS):
+            self._declare(record_queue, overflow="drop-head")
+            error = self._publish(record_queue, holder_id, ttl_ms, persistent=False)
+            if not isinstance(error, UnroutableError):
+                break
+        if error is not None:
+            raise error
+
+    def _get(self, queue: str) -> Any:
+        try:
+            return self._call(lambda ch: ch.basic_get(queue, no_ack=False))
+        except NotFound:
+            return None
+
+    def _lock_count(self, queue: str) -> int:
+        try:
+            return int(self._call(lambda ch: ch.queue_declare(queue, passive=True)).message_count)
+        except NotFound:
+            return 0
+
+    def _delete_if_empty(self, queue: str) -> None:
+        try:
+            self._call(lambda ch: ch.queue_delete(queue, if_empty=True))
+        except (NotFound, PreconditionFailed):
+            pass  # gone already, or a new holder's token is in it: it stays
+
+    def _call(self, operation: Any) -> Any:
+        """Run ``operation(channel)``; a channel the broker closed (404, 406) is replaced before the error rises."""
+        try:
+            return operation(self._channel)
+        except (NotFound, PreconditionFailed):
+            close_quietly(self._channel)
+            self._channel = self.connection.channel()
+            raise
+
+
+def _body_text(message: Any) -> str:
+    body = message.body
+    return body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else str(body)
+
+
+__all__ = ["DEFAULT_QUEUE_EXPIRES", "Acquired", "Held", "UniqueLocks"]
