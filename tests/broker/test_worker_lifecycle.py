@@ -127,7 +127,7 @@ def test_a_job_outliving_the_grace_period_never_writes_to_a_reused_descriptor(cl
         assert worker.wait_until_ready()
         client.enqueue("slow.job", [])
         assert started.wait(15)
-        wake_fd = worker.consumer._wake_w  # the write end of the consumer's wake-up pipe
+        wake_fd = worker.consumer.wakeup.write_fd  # the write end of the consumer's wake-up pipe
         worker.stop()  # the job still runs after the 0.2 s grace period; the pipe is closed
         # Give the freed descriptor number to a file of our own, as any later open() in the
         # process would get it.
