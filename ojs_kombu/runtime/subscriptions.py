@@ -114,9 +114,11 @@ class Subscriptions(Generic[S]):
         self.by_tag[tag] = subscription
 
     def _stop(self, subscription: S) -> None:
+        # Cancel first: what the broker delivers until its Basic.CancelOk (read while the cancel
+        # waits for it) still belongs to the subscription's queue.
+        self._subscriber.cancel(subscription)
         subscription.consuming = False
         self.by_tag.pop(subscription.tag, None)
-        self._subscriber.cancel(subscription)
 
     def find(self, tag: str) -> S | None:
         """The subscription last consumed with ``tag`` (consuming, paused or cancelled by the broker)."""
