@@ -1,4 +1,5 @@
-"""AMQP I/O on kombu / py-amqp: connections, confirmed publishing, frame reading, declarations.
+"""AMQP I/O on kombu / py-amqp: connections, confirmed publishing, frame reading, one ordered write path
+per connection (:mod:`ojs_kombu.amqp.outbox`), declarations.
 
 Every use of py-amqp internals lives in this subpackage, and so does the one
 place where py-amqp / kombu exceptions become :mod:`ojs_kombu.errors`
@@ -7,6 +8,7 @@ place where py-amqp / kombu exceptions become :mod:`ojs_kombu.errors`
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
 from ojs_kombu.amqp.errors import is_permanent, map_exception, map_exceptions, raise_if_permanent
+from ojs_kombu.amqp.outbox import Outbox, outbox
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import OnConflict, Topology
 from ojs_kombu.amqp.version import parse_version, rabbitmq_version
@@ -15,11 +17,13 @@ __all__ = [
     "DEFAULT_HEARTBEAT",
     "ConfirmedPublisher",
     "OnConflict",
+    "Outbox",
     "PublishTicket",
     "Topology",
     "connect_once",
     "is_permanent",
     "make_connection",
+    "outbox",
     "map_exception",
     "map_exceptions",
     "parse_version",

@@ -567,4 +567,4 @@ def test_amqp_028_one_thread_at_a_time_uses_the_connection_when_jobs_run_inline(
     assert most[0] == 1  # never two threads in the loop's passes or acks at once
     assert "ojs-consumer" in job_threads  # the first job ran inline
     assert users <= {"ojs-consumer", "ojs-stand-in"} and "ojs-stand-in" in users
-    assert worker._handover.takeovers >= 1
+    assert worker.dispatch.handover.takeovers >= 1
