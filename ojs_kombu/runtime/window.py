@@ -43,6 +43,7 @@ class Window:
         self.prefetch = prefetch
         self.counter = QueueCounters()
         self._unacked: dict[str, int] = dict.fromkeys(queues, 0)
+        self._consumed: dict[str, Any] = {}  # queue -> its child of messages_consumed (per delivery: no call)
         #: A delivery or a settle since the last :meth:`record`.
         self.changed = True
 
@@ -53,7 +54,10 @@ class Window:
 
     def delivered(self, queue: str) -> None:
         """One delivery of ``queue``: counted, and in the window until settled."""
-        self.counter(METRICS.messages_consumed, queue).inc()
+        child = self._consumed.get(queue)
+        if child is None:
+            child = self._consumed[queue] = self.counter(METRICS.messages_consumed, queue)
+        child.inc()
         self._unacked[queue] = self._unacked.get(queue, 0) + 1
         self.changed = True
 
