@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ojs_kombu.gc_pause import GcPause
+from ojs_kombu.client._gc_pause import GcPause
 
 
 @pytest.fixture(autouse=True)
