@@ -135,3 +135,25 @@ def test_a_large_batch_runs_without_collections_and_restores_the_collector(amqp_
             failed = broken.enqueue_many(jobs)
         assert all(r.error is not None for r in failed)
         assert gc.isenabled()
+
+
+def test_gc_pause_false_leaves_the_collector_alone(amqp_url, prefix):
+    from ojs_kombu.client import GC_PAUSE_MIN_JOBS
+
+    collections: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    with Client(amqp_url, prefix=prefix, gc_pause=False) as client:
+        client.declare_queue("unpaused")
+        jobs = [Job.create("bulk.job", [i], queue="unpaused") for i in range(2 * GC_PAUSE_MIN_JOBS)]
+        gc.collect()
+        gc.callbacks.append(count)
+        try:
+            results = client.enqueue_many(jobs)
+        finally:
+            gc.callbacks.remove(count)
+        assert all(r.ok for r in results)
+        assert collections  # the batch's allocations ran young collections as usual

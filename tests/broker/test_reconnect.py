@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import threading
@@ -204,3 +205,41 @@ def test_the_services_work_alone_over_one_session(amqp_url, names):
         assert observation.paused_queues(["svc"], 10) == {"svc": True}
     finally:
         session.close()
+
+
+@pytest.mark.broker
+def test_the_gc_pause_ends_when_the_broker_stops_confirming(node, prefix):
+    """The pause lasts the batch's own publishing: a node that confirms nothing lifts it within ~1 s."""
+    from ojs_kombu.client import GC_PAUSE_MIN_JOBS
+
+    paused_until: list[float] = []
+    running = threading.Event()
+
+    def sample() -> None:
+        while running.is_set():
+            if not gc.isenabled():
+                paused_until.append(time.monotonic())
+            time.sleep(0.01)
+
+    # py-amqp's TCP_USER_TIMEOUT (1 s) would abort the connection, the batch's bytes unread by the blocked node.
+    patient = {"socket_settings": {socket.TCP_USER_TIMEOUT: 60_000}}
+    with Client(node.url, prefix=prefix, confirm_timeout=4, connect_retries=0, transport_options=patient) as client:
+        client.enqueue("stall.job", [0])  # declared and confirmed before the alarm
+        jobs = [Job.create("stall.job", [i]) for i in range(GC_PAUSE_MIN_JOBS)]
+        node.ctl("set_vm_memory_high_watermark", "0")
+        running.set()
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            started = time.monotonic()
+            results = client.enqueue_many(jobs)
+            ended = time.monotonic()
+        finally:
+            running.clear()
+            sampler.join(5)
+            node.ctl("set_vm_memory_high_watermark", "0.4")
+    assert {type(r.error) for r in results} == {PublishTimeoutError}, {repr(r.error) for r in results}
+    assert ended - started >= 4  # it waited for the confirms ...
+    assert paused_until and paused_until[-1] - started < 2.5  # ... without the collector paused
+    assert gc.isenabled()
+    node.management().delete_by_prefix(prefix + ".")

@@ -25,6 +25,17 @@ def test_disabled_inside_enabled_after():
     assert gc.isenabled()
 
 
+def test_end_lifts_the_pause_early_and_lets_the_next_batch_pause():
+    with GcPause() as pause:
+        pause.end()
+        assert gc.isenabled()
+        pause.end()  # idempotent
+        with GcPause():  # the lock is free again: another batch may pause
+            assert not gc.isenabled()
+        assert gc.isenabled()
+    assert gc.isenabled()
+
+
 def test_restored_when_left_by_an_exception():
     with pytest.raises(KeyError), GcPause():
         assert not gc.isenabled()
