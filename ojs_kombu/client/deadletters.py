@@ -59,8 +59,11 @@ class DeadLetterWalk:
     republished by ``take`` and acked once that is confirmed, or, when ``take`` is None,
     acked at once (removed).  Every other letter is moved to the back of the queue
     unchanged (confirmed, then acked), and the walk then covers every message that was
-    in the queue when it began, so the letters left keep their order.  The id of a taken
-    letter is its job's id, else its ``message_id``; :attr:`taken_ids` lists them.
+    in the queue when it began, so the letters left keep their order (letters dead-lettered
+    during the walk may end up among them).  When nothing was passed over, the walk stops as
+    soon as ``limit`` letters are taken.  A crash mid-walk may leave a passed-over letter twice
+    in the queue, never none.  The id of a taken letter is its job's id, else its
+    ``message_id``; :attr:`taken_ids` lists them.
 
     Parameters:
         session: the client's session.

@@ -74,38 +74,29 @@ class Client:
     """Enqueues OJS jobs on RabbitMQ; thread-safe, a context manager.
 
     Parameters:
-        url: broker URL (``amqp://``, ``amqps://``, ``ojs://``, ``ojss://``), or the nodes of a
-            cluster as a ``;``-separated list (``"amqp://n1;amqp://n2"``) or a list/tuple of URLs:
-            on a connection loss the client moves to the next node, and backs off only after
-            every node failed in a row (``docs/cluster.md``, Failover).  Default ``$OJS_AMQP_URL``.
+        url: broker URL (``amqp://``, ``amqps://``, ``ojs://``, ``ojss://``), or a cluster's nodes as a
+            ``;``-separated list or a list of URLs: on a connection loss the client moves to the next
+            node, backing off once all failed in a row (``docs/cluster.md``).  Default ``$OJS_AMQP_URL``.
         prefix: multi-tenant prefix of every entity name (``tenant1.ojs.queue.email``).
         queue_options: optional arguments of every job queue this client declares.
-        queue_type: ``"quorum"`` (or ``"classic"``) sets ``queue_options.queue_type``: with
-            ``"quorum"`` every entity a job passes through (job queue, DLQ, retry queues,
-            scheduling cascade) is a quorum queue with at-least-once dead-lettering
-            (``docs/cluster.md``).
+        queue_type: ``"quorum"`` (or ``"classic"``) sets ``queue_options.queue_type``: with ``"quorum"``
+            every entity a job passes through is a quorum queue, dead-lettering at least once.
         queues: job queues declared eagerly when the client starts.
         declare: declare a job queue lazily before the first publish to it.
         pool_size: at most this many connections (one per concurrently publishing thread).
         confirm_timeout: seconds to wait for publisher confirms.
-        publish_timeout: seconds an operation (``enqueue``, ``declare_queue``, …) keeps
-            trying to reach the broker once a connection attempt failed: attempts follow
-            the back-off ``min(2^(n-1), 60)`` s ±25 % (DESIGN §9), cut short at this
-            budget, and each TCP connect may take at most what is left of it.  Then
+        publish_timeout: seconds an operation keeps reconnecting once an attempt failed (back-off
+            ``min(2^(n-1), 60)`` s ±25 %, DESIGN §9; each connect capped by what is left), then
             :class:`BrokerConnectionError`.  Default 5 s; ``None``: no time limit.
-        connect_retries: also give up after this many failed reconnections (``None``: no
-            limit but ``publish_timeout``).
+        connect_retries: also give up after this many failed reconnections (``None``: no limit).
         heartbeat: AMQP heartbeat in seconds.
         app_id: ``app_id`` property of published jobs (default ``"ojs"``).
-        on_conflict: what to do when a queue exists with other arguments
-            (``"use-existing"``: warn and use it; ``"raise"``).  A job queue whose
-            dead-letter arguments differ is refused either way.
+        on_conflict: a queue that exists with other arguments: ``"use-existing"`` (warn, use it) or
+            ``"raise"``.  A job queue whose dead-letter arguments differ is refused either way.
         connection_name: shown by the broker (management UI) for this client's connections.
-        ssl: TLS: ``None`` (only for ``amqps://`` / ``ojss://`` URLs, system CAs), ``True``, or a dict
-            of ``ca_certs``, ``certfile``, ``keyfile``, ``server_hostname``, ``verify`` (see
-            :func:`ojs_kombu.amqp.connection.tls_options`).  The certificate chain and the host
-            name are verified unless ``verify`` is ``False``; a failed verification raises
-            :class:`~ojs_kombu.errors.TlsVerificationError` at once.
+        ssl: TLS: ``None`` (``amqps://`` / ``ojss://`` URLs only, system CAs), ``True``, or a dict
+            (:func:`ojs_kombu.amqp.connection.tls_options`); chain and host name are verified unless
+            ``verify`` is ``False`` (else :class:`~ojs_kombu.errors.TlsVerificationError` at once).
         transport_options: passed to :class:`kombu.Connection`.
         window: publishes a connection may have awaiting their confirm.
         control: retention of the control streams ``ojs.queue.control.{q}`` this client declares.
@@ -195,9 +186,8 @@ class Client:
         Parameters:
             type: the job type (``"email.send"``).
             args: its positional arguments (JSON values).
-            options: the keyword options of :meth:`Job.create` (:class:`JobOptions`):
-                ``queue``, ``kwargs``, ``meta``, ``priority``, ``retry``, ``scheduled_at``,
-                ``expires_at``, ``timeout``, ``tags``, ``id``.
+            options: the keyword options of :meth:`Job.create` (:class:`JobOptions`): ``queue``,
+                ``kwargs``, ``meta``, ``priority``, ``retry``, ``scheduled_at``, ``expires_at``, ...
 
         Returns:
             The confirmed job.
@@ -221,19 +211,15 @@ class Client:
     def enqueue_many(self, jobs: Iterable[Job]) -> list[EnqueueResult]:
         """Enqueue many jobs: pipelined publishes on one channel, then all confirms.
 
-        Unless ``Client(gc_pause=False)``, a batch of ``GC_PAUSE_MIN_JOBS`` (1,000) jobs or
-        more is published with Python's cyclic garbage collector paused: its objects all live
-        until its confirms, so collections meanwhile would only scan them.  The pause lasts one
-        publishing attempt at most (never a reconnect's wait) and ends when a confirm wait reads
-        nothing for a second; collections are delayed, never skipped; one batch at a time pauses
-        it, and a program that disabled the collector keeps it disabled.
+        Unless ``Client(gc_pause=False)``, a batch of 1,000 jobs or more is published with the
+        cyclic garbage collector paused, for one publishing attempt at most (never a reconnect's
+        wait, never a stalled broker's): see :meth:`~ojs_kombu.client.publishing.Publishing.enqueue_many`.
 
         Parameters:
             jobs: the jobs, e.g. from :meth:`Job.create`.
 
         Returns:
-            One :class:`EnqueueResult` per job, in order; a job that failed carries its
-            error and does not affect the others.
+            One :class:`EnqueueResult` per job, in order; a failed job carries its error alone.
         """
         return self._publishing.enqueue_many(list(jobs))
 
@@ -263,11 +249,9 @@ class Client:
     def pause(self, queue: str) -> None:
         """Pause ``queue``: every ``ojs_kombu.Worker`` of it stops consuming it (``Basic.Cancel``).
 
-        Publishes ``type=ojs.control.pause``, body ``{"queue": …}``, to the control
-        stream as :meth:`cancel` does.  Workers keep running and settling the jobs
-        they already hold; jobs published meanwhile wait in the queue.  The pause
-        outlives worker restarts: a worker replays the control stream at start, and
-        the last pause or resume of the queue decides.
+        Published (``type=ojs.control.pause``) to the control stream as :meth:`cancel` is.  Workers
+        settle the jobs they hold; new ones wait in the queue.  The pause outlives worker restarts:
+        a worker replays the control stream at start, and the queue's last pause or resume decides.
 
         Parameters:
             queue: the OJS queue.
@@ -281,8 +265,7 @@ class Client:
     def resume(self, queue: str) -> None:
         """Resume ``queue`` after :meth:`pause`: its workers consume it again (``Basic.Consume``).
 
-        Publishes ``type=ojs.control.resume``, body ``{"queue": …}``.  Resuming a
-        queue that is not paused is harmless.
+        Publishes ``type=ojs.control.resume``; resuming a queue that is not paused is harmless.
 
         Parameters:
             queue: the OJS queue.
@@ -307,8 +290,7 @@ class Client:
             timeout: seconds to wait for answers (> 0).
 
         Returns:
-            The job's :class:`~ojs_kombu.model.info.JobInfo`, or None when no live
-            worker knows it (after ``timeout``).
+            The job's :class:`~ojs_kombu.model.info.JobInfo`, or None: no live worker knows it.
 
         Raises:
             ValidationError: a bad job id, queue name or timeout (nothing is published).
@@ -375,16 +357,14 @@ class Client:
     ) -> list[DeadLetterEntry]:
         """Up to ``limit`` jobs in ``ojs.queue.dlx.{queue}``, oldest first, left in place.
 
-        Messages are read with ``Basic.Get`` on a channel that is then closed
-        without acking, so the broker keeps every one of them.  Inspection is
-        not FETCH: workers never use ``Basic.Get``.
+        Read with ``Basic.Get`` on a channel then closed without acking, so the broker keeps every
+        one of them.  Inspection is not FETCH: workers never use ``Basic.Get``.
 
         Parameters:
             queue: the OJS queue whose dead letters to read.
             limit: at most this many entries (``None``: all of them).
-            select: only the entries it picks (e.g. a
-                :class:`~ojs_kombu.runtime.deadletter.DeadLetterFilter`); the letters it
-                passes over are read too (held unacked until the browse ends), not returned.
+            select: only the entries it picks (e.g. a :class:`~ojs_kombu.runtime.deadletter.DeadLetterFilter`);
+                the letters it passes over are read too (held unacked until the browse ends).
 
         Raises:
             NotFoundError: the dead letter queue does not exist.
@@ -403,10 +383,8 @@ class Client:
     ) -> list[str]:
         """Move dead letters of ``queue`` back to their job queue; returns the replayed job ids.
 
-        Each replayed job starts again at attempt 0 (its error history kept,
-        ``meta["ojs.replay_count"]`` incremented), with ``x-death*`` and the
-        error headers removed.  Its republish is confirmed before the dead
-        letter is acked.
+        Each replayed job starts again at attempt 0 (its error history kept, ``meta["ojs.replay_count"]``
+        incremented, ``x-death*`` and error headers removed); its republish is confirmed before its ack.
 
         The queue is walked as :class:`~ojs_kombu.client.deadletters.DeadLetterWalk` says: at
         most ``window`` letters unacknowledged, a letter passed over (not among ``ids``, not an
@@ -417,15 +395,12 @@ class Client:
             limit: replay at most this many jobs.
             ids: replay only these job ids.
             window: dead letters held unacknowledged at most (>= 1).
-            progress: called with a :class:`ReplayProgress` once per window, when its
-                letters are fetched and their republishes confirmed, right before they are acked.
-            select: replay only the letters it also picks (e.g. a
-                :class:`~ojs_kombu.runtime.deadletter.DeadLetterFilter`).
+            progress: called with a :class:`ReplayProgress` once per window, right before its acks.
+            select: replay only the letters it also picks (a ``DeadLetterFilter``, say).
 
         Raises:
             NotFoundError: the dead letter queue does not exist.
-            PublishError: a republish was refused (the scan stops; letters not
-                yet acked return to the queue).
+            PublishError: a republish was refused (the walk stops; letters not acked return).
         """
         return self._dead_letters.replay(queue, limit=limit, ids=ids, window=window, progress=progress, select=select)
 
@@ -450,8 +425,7 @@ class Client:
             queue: the OJS queue whose ``ojs.queue.dlx.{queue}`` is purged.
             ids: delete only these letters.
             window: letters held unacknowledged at most during a walk (>= 1).
-            select: delete only the letters it also picks (e.g. a
-                :class:`~ojs_kombu.runtime.deadletter.DeadLetterFilter`).
+            select: delete only the letters it also picks (a ``DeadLetterFilter``, say).
             limit: delete at most this many letters.
             progress: called once per window of a walk, as for :meth:`replay_dead_letters`.
 

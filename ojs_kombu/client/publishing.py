@@ -142,7 +142,8 @@ class Publishing(Service):
         publishing attempt with the cyclic collector paused: every object of the batch
         lives until its confirms, so a collection meanwhile would only scan them.  The
         pause ends with the attempt (never across a reconnect's wait), or as soon as a
-        confirm wait has read nothing for a second; collections are delayed, never skipped.
+        confirm wait has read nothing for a second; collections are delayed, never skipped.  One
+        batch at a time pauses it, and a program that disabled the collector keeps it disabled.
 
         Returns:
             One :class:`EnqueueResult` per job, in order.
