@@ -212,8 +212,8 @@ class Client:
         """Enqueue many jobs: pipelined publishes on one channel, then all confirms.
 
         Unless ``Client(gc_pause=False)``, a batch of 1,000 jobs or more is published with the
-        cyclic garbage collector paused, for one publishing attempt at most (never a reconnect's
-        wait, never a stalled broker's): see :meth:`~ojs_kombu.client.publishing.Publishing.enqueue_many`.
+        cyclic garbage collector paused, for its first publishing attempt at most (never a
+        reconnect's wait, never a stalled broker's): see :meth:`~ojs_kombu.client.publishing.Publishing.enqueue_many`.
 
         Parameters:
             jobs: the jobs, e.g. from :meth:`Job.create`.

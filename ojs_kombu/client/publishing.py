@@ -10,7 +10,6 @@ read; a reconnect publishes again only the jobs not yet confirmed.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from datetime import datetime
 from functools import lru_cache, partial
 from typing import Any
@@ -138,12 +137,13 @@ class Publishing(Service):
     def enqueue_many(self, jobs: list[Job]) -> list[EnqueueResult]:
         """Publish ``jobs`` pipelined on one channel, then read all confirms.
 
-        With ``gc_pause``, a batch of :data:`GC_PAUSE_MIN_JOBS` jobs or more runs each
-        publishing attempt with the cyclic collector paused: every object of the batch
-        lives until its confirms, so a collection meanwhile would only scan them.  The
-        pause ends with the attempt (never across a reconnect's wait), or as soon as a
-        confirm wait has read nothing for a second; collections are delayed, never skipped.  One
-        batch at a time pauses it, and a program that disabled the collector keeps it disabled.
+        With ``gc_pause``, a batch of :data:`GC_PAUSE_MIN_JOBS` jobs or more runs its first
+        publishing attempt with the cyclic collector paused: every object of the batch lives
+        until its confirms, so a collection meanwhile would only scan them.  The pause ends with
+        the batch, when that attempt fails (the reconnect's wait and any later attempt run
+        unpaused), or as soon as a confirm wait has read nothing for a second (a stalled broker);
+        collections are delayed, never skipped.  One batch at a time pauses it, and a program
+        that disabled the collector keeps it disabled.
 
         Returns:
             One :class:`EnqueueResult` per job, in order.
@@ -154,10 +154,15 @@ class Publishing(Service):
         """Publish a batch (one job: a bad job raises its ValidationError); one outcome per job."""
         batch = _Batch(self.session, jobs, pause_gc=self.gc_pause and len(jobs) >= GC_PAUSE_MIN_JOBS)
         try:
-            self.session.run(batch.publish)
-        except (BrokerConnectionError, BrokerRefusedError) as exc:
-            batch.fail_pending(exc)
-        return batch.outcomes()
+            try:
+                self.session.run(batch.publish)
+            except (BrokerConnectionError, BrokerRefusedError) as exc:
+                batch.fail_pending(exc)
+            return batch.outcomes()
+        finally:
+            # Here, not earlier: the collection that the pause delayed runs in the caller's next
+            # allocation, once the batch's tickets are gone.
+            batch.end_pause()
 
 
 class _Batch:
@@ -168,11 +173,12 @@ class _Batch:
     """
 
     def __init__(self, session: Session, jobs: list[Job], *, pause_gc: bool):
+        self._pause = GcPause() if pause_gc else None  # started by the first attempt only
+        self._attempted = False
         if current_trace_meta():  # the caller's trace context, the same for every job of the batch
             jobs = [with_trace_context(job) if isinstance(job, Job) else job for job in jobs]
         self.session = session
         self.jobs = jobs
-        self.pause_gc = pause_gc
         self.results: list[EnqueueResult | None] = [None] * len(jobs)
         # Jobs are checked now and encoded as they are published, so the broker works on the
         # first ones while the rest are encoded; an encoded message is kept for a resend.
@@ -211,6 +217,7 @@ class _Batch:
             self._publish_pending(conn)
         except conn.connection_errors + conn.channel_errors:
             if self.pending:
+                self.end_pause()  # never across the wait before a reconnect, nor its attempt
                 raise
             self.session.drop(conn)  # every job was confirmed before the connection broke
 
@@ -219,16 +226,16 @@ class _Batch:
         self._declare(conn)
         sent: list[int] = []
         tickets: list[PublishTicket] = []
-        with GcPause() if self.pause_gc else nullcontext() as pause:
-            # A broker that stalls ends the pause: it lasts the batch's own publishing only.
-            publisher.on_stall = pause.end if pause is not None else None
-            try:
-                self._publish_all(publisher, sent, tickets)
-                # After a nack the publisher moves to a fresh channel (RabbitMQ 3.10's stale quorum leader).
-                publisher.wait(tickets, self.session.confirm_timeout)
-            finally:
-                publisher.on_stall = None
-                self._settle(sent, tickets)
+        if self._pause is not None and not self._attempted:  # a retried attempt runs unpaused
+            publisher.on_stall = self._pause.start().end  # a broker that stalls ends it at once
+        self._attempted = True
+        try:
+            self._publish_all(publisher, sent, tickets)
+            # After a nack the publisher moves to a fresh channel (RabbitMQ 3.10's stale quorum leader).
+            publisher.wait(tickets, self.session.confirm_timeout)
+        finally:
+            publisher.on_stall = None
+            self._settle(sent, tickets)
 
     def _declare(self, conn: Connection) -> None:
         session = self.session
@@ -305,6 +312,11 @@ class _Batch:
             if ticket.done:
                 results[index] = EnqueueResult(jobs[index], ticket.error)
         self.pending = [i for i in self.pending if results[i] is None]
+
+    def end_pause(self) -> None:
+        """End the collector's pause, if this batch holds it (idempotent)."""
+        if self._pause is not None:
+            self._pause.end()
 
     def fail_pending(self, exc: BrokerConnectionError | BrokerRefusedError) -> None:
         """The broker could not be reached: every job not yet settled fails with ``exc``."""

@@ -30,7 +30,7 @@ from ojs_kombu.client.observation import Observation
 from ojs_kombu.client.publishing import Publishing
 from ojs_kombu.client.session import ConnectionSettings
 from ojs_kombu.runtime.presence import Beacon
-from tests.support import wait_until
+from support import wait_until
 
 SECRET = "not-the-password-4711"
 
