@@ -18,6 +18,7 @@ import uuid
 from urllib.parse import urlsplit
 
 import pytest
+from support import wait_until
 
 from ojs_kombu import AccessRefusedError, BrokerConnectionError, Client, Job, PublishTimeoutError
 from ojs_kombu.amqp.failover import Failover
@@ -30,7 +31,6 @@ from ojs_kombu.client.observation import Observation
 from ojs_kombu.client.publishing import Publishing
 from ojs_kombu.client.session import ConnectionSettings
 from ojs_kombu.runtime.presence import Beacon
-from support import wait_until
 
 SECRET = "not-the-password-4711"
 
