@@ -147,23 +147,12 @@ class Client:
         events_options: EventsOptions | None = None,
         gc_pause: bool = True,
     ):
-        names = Names(prefix)
+        name = connection_name or f"ojs_kombu client {socket.gethostname()} pid {os.getpid()}"
+        options = (queue_options or QueueOptions()).with_queue_type(queue_type)
         self._session = Session(
-            ConnectionSettings(
-                url=resolve_url(url),
-                heartbeat=heartbeat,
-                ssl=ssl,
-                transport_options=transport_options,
-                connection_name=connection_name or f"ojs_kombu client {socket.gethostname()} pid {os.getpid()}",
-                pool_size=pool_size,
-            ),
-            names=names,
-            topology=Topology(
-                names,
-                queue_options=(queue_options or QueueOptions()).with_queue_type(queue_type),
-                on_conflict=on_conflict,
-                control=control,
-                events=events_options,
+            ConnectionSettings(resolve_url(url), heartbeat, ssl, transport_options, name, pool_size),
+            Topology(
+                Names(prefix), queue_options=options, on_conflict=on_conflict, control=control, events=events_options
             ),
             declare=declare,
             confirm_timeout=confirm_timeout,
@@ -323,12 +312,7 @@ class Client:
         return self._observation.workers(stale_after, timeout)
 
     def events(
-        self,
-        since: datetime | timedelta,
-        *,
-        queue: str | None = None,
-        limit: int | None = None,
-        timeout: float = 10.0,
+        self, since: datetime | timedelta, *, queue: str | None = None, limit: int | None = None, timeout: float = 10.0
     ) -> list[JobEventRecord]:
         """Job lifecycle events read back from the events stream, oldest first.
 

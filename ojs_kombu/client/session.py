@@ -28,7 +28,6 @@ from ojs_kombu.amqp.reconnect import Budgeted, Reconnector
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.amqp.urls import safe_url
 from ojs_kombu.errors import BrokerRefusedError, OjsError, PublishError, ValidationError
-from ojs_kombu.model.naming import Names
 from ojs_kombu.policy.schedule import Cascade
 
 logger = logging.getLogger(__name__)
@@ -66,8 +65,7 @@ class Session:
 
     Parameters:
         connection: the broker URL(s) and connection options.
-        names: the entity names (tenant prefix).
-        topology: the declarations (per-client cache of what is declared).
+        topology: the declarations (per-client cache of what is declared) and their names.
         declare: declare a job queue before the first publish to it.
         confirm_timeout: seconds to wait for publisher confirms.
         publish_timeout: seconds an operation keeps reconnecting (None: no limit).
@@ -82,9 +80,8 @@ class Session:
     def __init__(
         self,
         connection: ConnectionSettings,
-        *,
-        names: Names,
         topology: Topology,
+        *,
         declare: bool,
         confirm_timeout: float,
         publish_timeout: float | None,
@@ -103,9 +100,9 @@ class Session:
         self.url = connection.url
         self.heartbeat = connection.heartbeat
         self.connection_name = connection.connection_name
-        self.names = names
+        self.names = topology.names
         self.topology = topology
-        self.cascade = Cascade(names)
+        self.cascade = Cascade(topology.names)
         self.declare = declare
         self.confirm_timeout = confirm_timeout
         self.publish_timeout = publish_timeout

@@ -181,8 +181,7 @@ def test_the_services_work_alone_over_one_session(amqp_url, names):
         ConnectionSettings(
             url=amqp_url, heartbeat=60, ssl=None, transport_options=None, connection_name="services", pool_size=2
         ),
-        names=names,
-        topology=Topology(names),
+        Topology(names),
         declare=True,
         confirm_timeout=10,
         publish_timeout=5,
