@@ -122,7 +122,7 @@ class Session:
 
     # -- running operations --------------------------------------------------------------------
 
-    def run(self, operation: Callable[[Connection], T], *, must_exist: bool = False) -> T:
+    def run(self, operation: Callable[[Connection], T]) -> T:
         """Run ``operation(conn)`` on a pooled, connected connection, reconnecting under the budget.
 
         Connection errors are retried with the back-off of DESIGN §9 for at most
@@ -135,7 +135,6 @@ class Session:
 
         Parameters:
             operation: the broker work; called again from the start after a reconnect.
-            must_exist: the operation reads an entity that must exist (a 404 is final).
 
         Raises:
             OjsError: the session is closed.
@@ -144,14 +143,12 @@ class Session:
         """
         if self.closed:
             raise OjsError("the client is closed")
-        reconnector = Reconnector(
-            Budgeted(self.publish_timeout, self.connect_retries), self.failover, url=self.url, must_exist=must_exist
-        )
+        reconnector = Reconnector(Budgeted(self.publish_timeout, self.connect_retries), self.failover, url=self.url)
         channel_retry = False
         while True:
             conn = self._pool.acquire(block=True)
             try:
-                with map_exceptions(url=self.url, must_exist=must_exist):
+                with map_exceptions(url=self.url):
                     self._connect(conn, reconnector)
                     return operation(conn)
             except BrokerRefusedError:
