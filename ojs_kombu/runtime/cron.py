@@ -72,10 +72,12 @@ from ojs_kombu.wire.cron import (
     CronBook,
     CronEntry,
     CronFired,
+    CronLeader,
     cron_marker_message,
     decode_cron_record,
     definition_message,
     fired_message,
+    leader_message,
     removal_message,
 )
 from ojs_kombu.wire.events import CronEvent, JobEventRecord, cron_event_message, decode_event
@@ -414,6 +416,10 @@ class CronRegistry:
         found = [registered(entries[name]) for name in sorted(entries)]
         return [c for c in found if enabled is None or c.enabled is enabled]
 
+    def leader(self) -> CronLeader | None:
+        """The scheduler elected last, as it recorded itself on the stream (it may have died since)."""
+        return self._read().leader
+
     def get(self, name: str) -> RegisteredCron:
         """The cron job ``name`` (spec §8.3).
 
@@ -667,6 +673,9 @@ class CronScheduler:
             # Newly elected: read what the previous leader wrote before it lost the lease.
             self._reader.wait(self._connection.connection, self._reader.mark(), DEFAULT_READ_TIMEOUT)
             self._synced = True
+            leader = CronLeader(self.scheduler_id, socket.gethostname(), os.getpid(), utcnow())
+            self._publish(leader_message(leader), "", self.names.cron_stream, self.names.cron_stream)
+            self.book.apply(leader)
             logger.info("cron scheduler %s: leader, %d cron job(s)", self.scheduler_id, len(self.book.entries))
         wait = 0.5
         for entry in list(self.book.entries.values()):

@@ -12,6 +12,8 @@ exchange (routing key = the stream's name).  Every record is a JSON message
 ``ojs.cron.removed``       ``{"name": …, "removed_at": "…Z"}``
 ``ojs.cron.fired``         ``{"name": …, "scheduled_time": "…Z", "job_id": … | null,
                            "skipped": null | "overlap_skip" | …, "at": "…Z"}``
+``ojs.cron.leader``        ``{"scheduler_id": …, "host": …, "pid": …, "elected_at": "…Z"}``: a
+                           scheduler became the leader (for ``ojs-amqp cron list``)
 ``ojs.cron.marker``        ``{}``: a reader's catch-up mark (its ``message_id`` identifies it)
 =========================  ===================================================================
 
@@ -41,6 +43,7 @@ from ojs_kombu.wire.control import json_message
 CRON_TYPE_DEFINITION = "ojs.cron.definition"
 CRON_TYPE_REMOVED = "ojs.cron.removed"
 CRON_TYPE_FIRED = "ojs.cron.fired"
+CRON_TYPE_LEADER = "ojs.cron.leader"
 CRON_TYPE_MARKER = "ojs.cron.marker"
 #: A record larger than this is not a cron record.
 MAX_CRON_RECORD_BYTES = 1024 * 1024
@@ -87,7 +90,17 @@ class CronFired:
     at: datetime
 
 
-CronRecord = CronDefinition | CronRemoval | CronFired
+@dataclass(frozen=True)
+class CronLeader:
+    """An ``ojs.cron.leader`` record: the scheduler ``scheduler_id`` became the leader at ``elected_at``."""
+
+    scheduler_id: str
+    host: str
+    pid: int
+    elected_at: datetime
+
+
+CronRecord = CronDefinition | CronRemoval | CronFired | CronLeader
 
 
 def definition_message(cron: CronJob, *, registered_at: datetime | None = None) -> OutgoingMessage:
@@ -122,6 +135,17 @@ def fired_message(
         "at": format_timestamp(utcnow()),
     }
     return json_message(CRON_TYPE_FIRED, body, delivery_mode=2)
+
+
+def leader_message(leader: CronLeader) -> OutgoingMessage:
+    """The record of an election (persistent)."""
+    body = {
+        "scheduler_id": leader.scheduler_id,
+        "host": leader.host,
+        "pid": leader.pid,
+        "elected_at": format_timestamp(leader.elected_at),
+    }
+    return json_message(CRON_TYPE_LEADER, body, sent_at=leader.elected_at, delivery_mode=2)
 
 
 def cron_marker_message() -> OutgoingMessage:
@@ -163,7 +187,7 @@ def decode_cron_record(body: bytes, properties: dict[str, Any]) -> CronRecord | 
             invalid definition.
     """
     kind = properties.get("type")
-    if kind not in (CRON_TYPE_DEFINITION, CRON_TYPE_REMOVED, CRON_TYPE_FIRED):
+    if kind not in (CRON_TYPE_DEFINITION, CRON_TYPE_REMOVED, CRON_TYPE_FIRED, CRON_TYPE_LEADER):
         return None
     if len(body) > MAX_CRON_RECORD_BYTES:
         raise DecodeError(f"a cron record is {len(body)} bytes", code="invalid_payload")
@@ -183,6 +207,14 @@ def decode_cron_record(body: bytes, properties: dict[str, Any]) -> CronRecord | 
     if kind == CRON_TYPE_REMOVED:
         what = "a cron removal"
         return CronRemoval(_text(data, "name", what), _time(data, "removed_at", what))
+    if kind == CRON_TYPE_LEADER:
+        what = "a cron leader record"
+        pid = data.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            raise DecodeError(f"{what}: 'pid' is missing or not an integer", code="invalid_payload")
+        return CronLeader(
+            _text(data, "scheduler_id", what), _text(data, "host", what), pid, _time(data, "elected_at", what)
+        )
     what = "a cron tick"
     return CronFired(
         _text(data, "name", what),
@@ -220,6 +252,8 @@ class CronBook:
     """The registry folded from the cron stream: the latest definition per name, with its ticks."""
 
     entries: dict[str, CronEntry] = field(default_factory=dict)
+    leader: CronLeader | None = None
+    """The latest scheduler elected (it may have died since: see its ``elected_at``)."""
 
     def apply(self, record: CronRecord) -> None:
         """Fold one record in (records are applied in stream order).
@@ -236,6 +270,8 @@ class CronBook:
             else:
                 previous.cron = record.cron
                 previous.registered_at = record.registered_at
+        elif isinstance(record, CronLeader):
+            self.leader = record
         elif isinstance(record, CronRemoval):
             self.entries.pop(record.name, None)
         else:
@@ -252,6 +288,7 @@ __all__ = [
     "CRON_STREAM_SEGMENT_BYTES",
     "CRON_TYPE_DEFINITION",
     "CRON_TYPE_FIRED",
+    "CRON_TYPE_LEADER",
     "CRON_TYPE_MARKER",
     "CRON_TYPE_REMOVED",
     "MAX_CRON_RECORD_BYTES",
@@ -259,6 +296,7 @@ __all__ = [
     "CronDefinition",
     "CronEntry",
     "CronFired",
+    "CronLeader",
     "CronRecord",
     "CronRemoval",
     "cron_marker_message",
@@ -266,5 +304,6 @@ __all__ = [
     "decode_cron_record",
     "definition_message",
     "fired_message",
+    "leader_message",
     "removal_message",
 ]
