@@ -64,15 +64,17 @@ from ojs_kombu.model.cron import CronJob, OverlapPolicy, tick_job_id
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
-from ojs_kombu.policy.cron import due, first_due
+from ojs_kombu.policy.cron import MAX_EVALUATION_INTERVAL, MIN_EVALUATION_INTERVAL, due, first_due
 from ojs_kombu.runtime.leader import LeaderLease
 from ojs_kombu.wire.codec import OutgoingMessage, encode
 from ojs_kombu.wire.control import cancel_message
 from ojs_kombu.wire.cron import (
     CronBook,
+    CronDefinition,
     CronEntry,
     CronFired,
     CronLeader,
+    CronRemoval,
     cron_marker_message,
     decode_cron_record,
     definition_message,
@@ -519,6 +521,7 @@ class CronScheduler:
         self._thread: threading.Thread | None = None
         self._synced = False  # caught up with the stream since this instance became the leader
         self._publisher: ConfirmedPublisher | None = None
+        self._planned = 0.0
         self.ready = threading.Event()
         """Set once the scheduler replayed the cron stream (and after each reconnect)."""
         self.fired = 0
@@ -616,7 +619,7 @@ class CronScheduler:
             self.topology.ensure_cron(connection)
             self.topology.ensure_events(connection)
             self.book = CronBook()
-            self._reader = CronStreamReader(self.names, self.book)
+            self._reader = CronStreamReader(self.names, self.book, self._on_record)
             self._reader.attach(connection)
             self._reader.wait(connection, self._reader.mark(), DEFAULT_READ_TIMEOUT * 6)
             if self.topology.events_is_stream():
@@ -658,17 +661,42 @@ class CronScheduler:
 
     def _serve(self) -> None:
         connection = self._connection.connection
+        self._planned = 0.0  # monotonic time of the next evaluation
         with map_exceptions(url=self.url):
             while not self._stopping.is_set():
-                delay = self._evaluate() if self.lease.is_leader else 0.5
+                if not self.lease.is_leader:
+                    self._synced, self._planned = False, 0.0  # evaluate at once when elected
+                    timeout = 0.5
+                else:
+                    if time.monotonic() >= self._planned:
+                        fired, wait = self._evaluate()
+                        floor = self._planned + MIN_EVALUATION_INTERVAL if fired else 0.0
+                        self._planned = self._next_evaluation(floor, time.monotonic(), wait)
+                    timeout = min(0.5, max(0.001, self._planned - time.monotonic()))
                 try:
-                    connection.drain_events(timeout=max(0.01, min(delay, 0.5)))
+                    connection.drain_events(timeout=timeout)
                 except TimeoutError:
                     pass
                 connection.heartbeat_tick()
 
-    def _evaluate(self) -> float:
-        """Fire what is due; returns the seconds until the next occurrence (at most 0.5 s)."""
+    @staticmethod
+    def _next_evaluation(floor: float, now: float, wait: float) -> float:
+        """When to evaluate next (monotonic): when the earliest occurrence is due (1 ms after, so the
+        clock has passed it), not before ``floor`` and at most 60 s from now (spec §7.3).
+
+        After an evaluation that fired, ``floor`` is one second after it was *planned* (CRON-24:
+        measured from the plan, so the lateness of one tick does not add up into the next); after
+        one that found nothing due (a wake-up a little early, a new definition) there is none.
+        """
+        return min(now + MAX_EVALUATION_INTERVAL, max(floor, now + wait + 0.001))
+
+    def _on_record(self, record: Any) -> None:
+        """A definition or removal read from the stream: evaluate again soon (still once a second at most)."""
+        if isinstance(record, CronDefinition | CronRemoval) and self._synced:
+            self._planned = min(self._planned, time.monotonic())
+
+    def _evaluate(self) -> tuple[bool, float]:
+        """Fire what is due; returns whether anything fired, and the seconds until the earliest next occurrence."""
         if not self._synced:
             # Newly elected: read what the previous leader wrote before it lost the lease.
             self._reader.wait(self._connection.connection, self._reader.mark(), DEFAULT_READ_TIMEOUT)
@@ -677,7 +705,7 @@ class CronScheduler:
             self._publish(leader_message(leader), "", self.names.cron_stream, self.names.cron_stream)
             self.book.apply(leader)
             logger.info("cron scheduler %s: leader, %d cron job(s)", self.scheduler_id, len(self.book.entries))
-        wait = 0.5
+        wait, fired = MAX_EVALUATION_INTERVAL, False
         for entry in list(self.book.entries.values()):
             upcoming = next_run_of(entry)
             if upcoming is None:
@@ -693,12 +721,13 @@ class CronScheduler:
             if outcome.fire_at is not None:
                 if not self.lease.is_leader:
                     self._synced = False
-                    return 0.5
+                    return fired, MIN_EVALUATION_INTERVAL
                 self._fire(entry, outcome.fire_at, now)
+                fired = True
                 upcoming = outcome.next_run_at
             if upcoming is not None:
                 wait = min(wait, (upcoming - utcnow()).total_seconds())
-        return wait
+        return fired, wait
 
     def claim_tick(self, cron: CronJob, scheduled_time: datetime, job_id: str) -> bool:
         """The seam of the unique lock (``ojs_kombu.amqp.locks``, DESIGN §20): whether this tick may fire.

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -280,3 +281,43 @@ def test_the_cli_adds_lists_and_removes_crons(amqp_url, prefix, schedulers, regi
     code, out = invoke("cron", "remove", "nightly", *connection)
     assert code == 0 and json.loads(out) == {"deleted": True, "name": "nightly"}
     assert registry.list() == []
+
+
+@pytest.fixture
+def slow_worker(amqp_url, prefix):
+    """A worker of the queue ``slow`` publishing job events, whose ``cron.slow`` jobs run until released."""
+    from ojs_kombu import Worker
+
+    release = threading.Event()
+    started: list[str] = []
+    worker = Worker(amqp_url, queues=["slow"], prefix=prefix, events=True, concurrency=1)
+
+    def slow() -> None:
+        from ojs_kombu import current_job
+
+        started.append(current_job().id)
+        while not release.is_set():
+            time.sleep(0.01)
+
+    worker.handler("cron.slow", slow)
+    worker.start()
+    assert worker.wait_until_ready()
+    yield release, started
+    release.set()
+    worker.stop(timeout=10)
+
+
+def test_skip_skips_ticks_while_the_previous_job_runs(registry, schedulers, slow_worker, amqp_url, names):
+    release, started = slow_worker
+    registry.register_cron("slow", "@every 1s", "cron.slow", queue="slow")  # overlap_policy="skip" by default
+    (scheduler,) = schedulers(1)
+    wait_for(lambda: scheduler.skipped >= 2, 20, "two skipped ticks")
+    first = started[0]
+    fired_while_running = scheduler.fired
+    events = cron_events(amqp_url, names, fired_while_running + 2)
+    skipped = [e for e in events if e.event == "skipped"]
+    assert skipped and all(e.reason == "overlap_skip" for e in skipped)
+    assert skipped[0].active_job_id == registry.get("slow").last_job_id or skipped[0].active_job_id in started
+    release.set()
+    wait_for(lambda: scheduler.fired > fired_while_running, 20, "a tick after the job ended")
+    assert first == started[0]
