@@ -749,7 +749,7 @@ class CronScheduler:
         cron = entry.cron
         job_id = tick_job_id(cron.name, scheduled_time)
         if not self.claim_tick(cron, scheduled_time, job_id):
-            self._record(CronFired(cron.name, scheduled_time, None, "claimed", now), None)
+            self.book.apply(CronFired(cron.name, scheduled_time, None, "claimed", now))  # its claimer records it
             return
         previous = entry.last_job_id
         active = self._activity.is_active(previous)
@@ -764,7 +764,7 @@ class CronScheduler:
                     scheduled_time,
                     reason="overlap_skip",
                     active_job_id=previous,
-                )  # fmt: skip
+                )
             )
             self.skipped += 1
             return
@@ -793,7 +793,7 @@ class CronScheduler:
                 job_type=cron.type,
                 run_count=entry.run_count,
                 actual_time=utcnow(),
-            )  # fmt: skip
+            )
         )
         logger.info("cron %s: fired %s as job %s", cron.name, format_timestamp(scheduled_time), job_id)
 

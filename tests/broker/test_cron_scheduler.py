@@ -321,3 +321,14 @@ def test_skip_skips_ticks_while_the_previous_job_runs(registry, schedulers, slow
     release.set()
     wait_for(lambda: scheduler.fired > fired_while_running, 20, "a tick after the job ended")
     assert first == started[0]
+
+
+def test_cancel_previous_cancels_the_running_job_and_fires(registry, schedulers, slow_worker):
+    release, started = slow_worker
+    registry.register_cron("slow", "@every 1s", "cron.slow", queue="slow", overlap_policy="cancel_previous")
+    (scheduler,) = schedulers(1)
+    # One worker thread, and each job runs until released: a third job can start only if the ticks
+    # cancelled the ones before it.
+    wait_for(lambda: len(started) >= 3, 30, "three jobs started one after the other")
+    assert scheduler.skipped == 0
+    assert len(set(started)) == len(started)
