@@ -355,7 +355,7 @@ class CronRegistry:
         job_type: str,
         args: list[Any] | tuple[Any, ...] = (),
         *,
-        queue: str = "default",
+        queue: str,
         timezone: str = "UTC",
         overlap_policy: OverlapPolicy = "skip",
         enabled: bool = True,

@@ -332,3 +332,20 @@ def test_cancel_previous_cancels_the_running_job_and_fires(registry, schedulers,
     wait_for(lambda: len(started) >= 3, 30, "three jobs started one after the other")
     assert scheduler.skipped == 0
     assert len(set(started)) == len(started)
+
+
+def test_cron_run_stops_gracefully_on_sigterm_and_hands_the_lease_over(registry, schedulers, amqp_url, prefix):
+    registry.register_cron("handover", "@every 1s", "cron.tick", queue="handover")
+    child = start_cli_scheduler(amqp_url, prefix)
+    try:
+        wait_for(lambda: (leader := registry.leader()) is not None and leader.pid == child.pid, 30, "the CLI leads")
+        (standby,) = schedulers(1)
+        wait_for(lambda: standby.ready.is_set(), 20, "the standby replayed the stream")
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(10) == 0
+        wait_for(lambda: standby.is_leader, 5, "the standby elected")
+    finally:
+        if child.poll() is None:
+            child.kill()
+        _, stderr = child.communicate(timeout=10)
+    assert "Traceback" not in stderr
