@@ -55,6 +55,7 @@ from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
 from ojs_kombu.observability.server import MetricsServer, serve_metrics
+from ojs_kombu.runtime.cron import CronRegistry, CronScheduler, RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
 from ojs_kombu.runtime.worker import Worker, current_job
 from ojs_kombu.transport import register_aliases
@@ -78,6 +79,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CONTENT_TYPE",
+    "CronRegistry",
+    "CronScheduler",
+    "RegisteredCron",
     "AccessRefusedError",
     "ActiveJob",
     "ArgumentDifference",

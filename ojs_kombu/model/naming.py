@@ -65,6 +65,8 @@ EVENT_TYPE_WORKER = "ojs.event.worker"
 """``type`` property of a worker presence on the events stream (DESIGN §14)."""
 EVENT_TYPE_JOB_PREFIX = "ojs.event.job."
 """``type`` property of a job lifecycle event: this prefix and the event (``ojs.event.job.started``)."""
+EVENT_TYPE_CRON_PREFIX = "ojs.event.cron."
+"""``type`` property of a cron event (ojs-cron.md §9): this prefix and ``triggered`` or ``skipped``."""
 
 
 def check_job_type(value: Any) -> str:
@@ -279,6 +281,11 @@ class Names:
         return self._name("ojs.queue.cron.leader")
 
     @property
+    def cron_stream(self) -> str:
+        """The stream of cron job definitions and ticks (``ojs.stream.cron``, DESIGN §20)."""
+        return self._name("ojs.stream.cron")
+
+    @property
     def events_exchange(self) -> str:
         """The topic exchange of worker presence and job lifecycle events (``ojs.exchange.events``)."""
         return self._name("ojs.exchange.events")
@@ -292,6 +299,11 @@ class Names:
     def worker_routing_key(worker_id: str) -> str:
         """Routing key of a worker's presence on the events exchange: ``worker.{worker_id}``."""
         return f"worker.{worker_id}"
+
+    @staticmethod
+    def cron_event_routing_key(event: str, name: str) -> str:
+        """Routing key of a cron event on the events exchange: ``cron.{event}.{name}``."""
+        return f"cron.{event}.{name}"
 
     @staticmethod
     def job_event_routing_key(event: str, queue: str) -> str:
@@ -320,6 +332,7 @@ __all__ = [
     "CONTROL_TYPE_INFO",
     "CONTROL_TYPE_PAUSE",
     "CONTROL_TYPE_RESUME",
+    "EVENT_TYPE_CRON_PREFIX",
     "EVENT_TYPE_JOB_PREFIX",
     "EVENT_TYPE_WORKER",
     "JOB_TYPE_PATTERN",
