@@ -35,10 +35,12 @@ from ojs_kombu.client.observation import DEFAULT_STALE_AFTER, Observation
 from ojs_kombu.client.publishing import Publishing
 from ojs_kombu.client.results import EnqueueResult, JobOptions, QueueCounts
 from ojs_kombu.client.session import ConnectionSettings, Session
+from ojs_kombu.model.cron import OverlapPolicy
 from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.runtime.cron import CronRegistry, RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions, QueueType
@@ -166,6 +168,7 @@ class Client:
         self._control = Control(self._session)
         self._dead_letters = DeadLetters(self._session)
         self._observation = Observation(self._session)
+        self._cron = CronRegistry(self._session.run, self._session.names, self._session.topology)
         for queue in queues:
             self.declare_queue(queue)
 
@@ -457,6 +460,45 @@ class Client:
             BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
         """
         return self._observation.paused_queues(queues, timeout)
+
+    def register_cron(
+        self,
+        name: str,
+        expression: str,
+        job_type: str,
+        args: list[Any] | tuple[Any, ...] = (),
+        *,
+        queue: str,
+        timezone: str = "UTC",
+        overlap_policy: OverlapPolicy = "skip",
+        enabled: bool = True,
+        description: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> RegisteredCron:
+        """Register (or replace) the periodic job ``name``, fired by a :class:`~ojs_kombu.CronScheduler`.
+
+        Parameters and errors: :meth:`~ojs_kombu.runtime.cron.CronRegistry.register_cron`.
+        """
+        return self._cron.register_cron(
+            name,
+            expression,
+            job_type,
+            args,
+            queue=queue,
+            timezone=timezone,
+            overlap_policy=overlap_policy,
+            enabled=enabled,
+            description=description,
+            options=options,
+        )
+
+    def crons(self, *, enabled: bool | None = None) -> list[RegisteredCron]:
+        """The registered periodic jobs with their last and next runs (:meth:`~ojs_kombu.runtime.cron.CronRegistry.list`)."""
+        return self._cron.list(enabled=enabled)
+
+    def remove_cron(self, name: str) -> None:
+        """Remove the periodic job ``name``; raises :class:`~ojs_kombu.errors.NotFoundError` when none has it."""
+        self._cron.remove(name)
 
     def declare_queue(self, name: str, *, scheduling: bool = False, **queue_options: Any) -> str:
         """Eagerly declare job queue ``name`` with its DLQ; returns the AMQP queue name.

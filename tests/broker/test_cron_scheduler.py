@@ -372,3 +372,20 @@ def test_the_leader_reconnects_after_its_connection_is_closed_and_keeps_firing(r
     ids = [b["id"] for b in ticks.bodies]
     assert len(ids) == len(set(ids))
     assert scheduler.is_leader  # the lease has a connection of its own
+
+
+def test_the_client_registers_lists_and_removes_crons_a_scheduler_fires(client, schedulers, jobs):
+    """``Client.register_cron`` / ``crons`` / ``remove_cron`` are the registry's, on the client's session."""
+    registered = client.register_cron("via-client", "@every 1s", "cron.tick", ["c"], queue="via-client")
+    assert registered.name == "via-client" and registered.options["queue"] == "via-client"
+    schedulers(1)
+    found = jobs("via-client")
+    wait_for(lambda: found.count() > 0, 15, "a tick of the client's cron")
+    tick = found.bodies[0]
+    check_tick(tick, "via-client")
+    assert tick["args"] == ["c"] and tick["type"] == "cron.tick"
+    assert [c.name for c in client.crons()] == ["via-client"]
+    client.remove_cron("via-client")
+    assert client.crons() == []
+    with pytest.raises(NotFoundError):
+        client.remove_cron("via-client")
