@@ -1,4 +1,4 @@
-"""AMQP I/O on kombu / py-amqp: connections, confirmed publishing, frame reading, declarations, unique locks;
+"""AMQP I/O on kombu / py-amqp: connections, confirmed publishing, frame reading, declarations, unique locks, workflow fan-in;
 and the broker's management HTTP API (:mod:`ojs_kombu.amqp.management`).
 
 Every use of py-amqp internals lives in this subpackage, and so does the one
@@ -8,6 +8,7 @@ place where py-amqp / kombu exceptions become :mod:`ojs_kombu.errors`
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
 from ojs_kombu.amqp.errors import is_permanent, map_exception, map_exceptions, raise_if_permanent
+from ojs_kombu.amqp.fanin import FanIn, Pending, Ready
 from ojs_kombu.amqp.locks import Acquired, Held, UniqueLocks
 from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
@@ -18,10 +19,13 @@ __all__ = [
     "DEFAULT_HEARTBEAT",
     "Acquired",
     "ConfirmedPublisher",
+    "FanIn",
     "ManagementClient",
     "Held",
     "OnConflict",
+    "Pending",
     "PublishTicket",
+    "Ready",
     "Topology",
     "UniqueLocks",
     "connect_once",

@@ -1,0 +1,353 @@
+"""Fan-in on RabbitMQ alone (DESIGN §21): a group's or batch's outcomes counted in the broker, callbacks fired once.
+
+Each group or batch has a **stream** ``ojs.workflow.{id}`` (:meth:`Names.fan_in_stream`).  A job
+that ended appends one record ``{"kind": "outcome", "index", "state", "result", "error"}`` with
+publisher confirms, then reads the stream from where this object last stopped up to its own
+record.  Counting *distinct indexes* makes a second report of the same job (a worker SIGKILLed
+between "handler finished" and "ack" runs the job again and reports again) count once; the first
+record of an index wins.  A stream is read without consuming it, so every reporter sees every
+record before its own: the reporter of the last record appended sees all of them.
+
+When a reporter sees every index, it takes the **unique lock** ``fanin.{id}``
+(:class:`~ojs_kombu.amqp.locks.UniqueLocks`, an atomic set-if-absent) with its own index as the
+holder.  Only the winner gets :class:`Ready`; every other reporter gets :class:`Pending`.  The
+winner publishes the callbacks with :meth:`FanIn.fire`: each callback job goes to its job queue
+*and* (``BCC``, one publish, one routing decision) into the stream, so the stream records which
+callbacks exist.  If the winner dies before it fired them all, its job was not acknowledged: the
+broker delivers it again, its new report finds the lock held *by its own index*, and gets
+:class:`Ready` again with :attr:`Ready.fired` naming the callbacks already published, which
+:meth:`fire` skips.  A callback is therefore published once — unless the winner died after the
+broker routed a callback and before it received the confirm, when the same job id (derived by
+the caller from the workflow id) is published twice; ``Worker(deduplicate=True)`` runs it once.
+
+Clean-up: :meth:`FanIn.cleanup` deletes the stream once the workflow ended (its callbacks may read
+results from it, :attr:`~ojs_kombu.model.workflow.WorkflowContext.results_from`); the lock token
+expires by itself.  RabbitMQ refuses ``x-expires`` on a stream (406 ``invalid arg 'x-expires'``,
+measured on 4.3.6), so the safety net is ``x-max-age`` (:data:`STREAM_MAX_AGE`: segments older
+than it are dropped) and small segments; a stream whose workflow never ended stays until deleted
+(``ojs-amqp`` lists them as ``ojs.workflow.*``).
+
+A :class:`FanIn` uses one py-amqp connection from one thread.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+from amqp import Connection
+from amqp.exceptions import NotFound
+
+from ojs_kombu.amqp.connection import close_quietly
+from ojs_kombu.amqp.errors import map_exceptions
+from ojs_kombu.amqp.locks import Acquired, UniqueLocks
+from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.errors import ValidationError
+from ojs_kombu.model.naming import Names
+from ojs_kombu.model.workflow import StepState
+from ojs_kombu.wire.codec import OutgoingMessage
+
+STREAM_MAX_AGE: Final = "7D"
+"""``x-max-age`` of the fan-in streams: the longest a group or batch may take."""
+
+STREAM_SEGMENT_BYTES: Final = 1_000_000
+"""``x-stream-max-segment-size-bytes``: small segments, so ``x-max-age`` can drop them."""
+
+_READ_TIMEOUT: Final = 30.0  # seconds a reader waits for its own record to come back
+_PREFETCH: Final = 500
+_TERMINAL: Final = frozenset({"completed", "failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Not every job ended yet, or another reporter fires the callbacks: ``reported`` of ``count`` seen."""
+
+    workflow_id: str
+    reported: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Every job ended and this reporter won: enqueue the callbacks (:meth:`FanIn.fire`).
+
+    Attributes:
+        workflow_id: the group's or batch's id.
+        results: every job's ``parent_results`` entry by index (``"0"``...): its result, or
+            ``{"error": {...}}`` when it failed (ojs-workflows.md §7.4: all of them).
+        states: every job's final state by index.
+        fired: ids of the callback jobs already published (by an earlier incarnation of this winner).
+    """
+
+    workflow_id: str
+    results: dict[str, Any]
+    states: dict[int, StepState]
+    fired: frozenset[str] = frozenset()
+
+    @property
+    def failed(self) -> tuple[int, ...]:
+        """The indexes of the jobs that failed, in order."""
+        return tuple(index for index, state in sorted(self.states.items()) if state == "failed")
+
+
+@dataclass(slots=True)
+class _Log:
+    """What this object read of one stream so far."""
+
+    next_offset: int = 0
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)
+    fired: set[str] = field(default_factory=set)
+
+
+class FanIn:
+    """Count a group's or batch's outcomes in the broker and elect the one reporter that fires its callbacks.
+
+    Parameters:
+        connection: a connected py-amqp connection, used from this thread only.
+        names: the deployment's entity names (its prefix).
+        locks: the unique locks to guard the callbacks with (default: a new :class:`UniqueLocks`
+            on ``connection``, closed by :meth:`close`).
+    """
+
+    def __init__(self, connection: Connection, *, names: Names | None = None, locks: UniqueLocks | None = None):
+        self.connection = connection
+        self.names = names if names is not None else Names()
+        self._own_locks = locks is None
+        self.locks = locks if locks is not None else UniqueLocks(connection, names=self.names)
+        self._publisher = ConfirmedPublisher(connection)
+        self._channel: Any = connection.channel()
+        self._logs: dict[str, _Log] = {}
+        self._declared: set[str] = set()
+
+    def report(
+        self,
+        workflow_id: str,
+        index: int,
+        count: int,
+        state: StepState,
+        result: Any = None,
+        error: Mapping[str, Any] | None = None,
+    ) -> Ready | Pending:
+        """Record that job ``index`` of ``count`` ended, and say whether this reporter fires the callbacks.
+
+        Call it after the job's handler ended for good (completed, or failed with no retry left)
+        and before acknowledging the job: a report repeated after a crash counts once.
+
+        Parameters:
+            workflow_id: the group's or batch's id.
+            index: the job's index in it.
+            count: how many jobs it has.
+            state: ``completed`` or ``failed``.
+            result: the handler's return value (JSON; checked by the caller against
+                :data:`~ojs_kombu.model.workflow.MAX_RESULT_BYTES`).
+            error: the OJS error object of a failed job.
+
+        Returns:
+            :class:`Ready` for exactly one reporter per workflow (and again for the same index
+            after its crash), :class:`Pending` for every other.
+
+        Raises:
+            ValidationError: an index outside ``0..count-1``, or a state that is not terminal.
+            PublishError: the record was not confirmed.
+        """
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+            raise ValidationError(f"index must be in 0..{count - 1}, got {index!r}", field="index")
+        if state not in _TERMINAL:
+            raise ValidationError(f"state must be completed or failed, got {state!r}", field="state")
+        holder = self._holder(workflow_id)
+        if holder is not None and holder != str(index):
+            return Pending(workflow_id, count, count)  # every job ended; another reporter fires
+        stream = self._declare(workflow_id)
+        record_id = str(uuid.uuid4())
+        record = {"kind": "outcome", "index": index, "state": state, "result": result}
+        if error is not None:
+            record["error"] = dict(error)
+        self._append(stream, record_id, record)
+        log = self._read(workflow_id, until=record_id)
+        if len(log.records) < count:
+            return Pending(workflow_id, len(log.records), count)
+        outcome = self.locks.acquire(self.names.fan_in_lock_key(workflow_id), str(index), None)
+        if not isinstance(outcome, Acquired) and outcome.existing_id != str(index):
+            return Pending(workflow_id, count, count)
+        states: dict[int, StepState] = {i: log.records[i]["state"] for i in range(count)}
+        results = {str(i): _entry(log.records[i]) for i in range(count)}
+        return Ready(workflow_id, results, states, frozenset(log.fired))
+
+    def fire(self, ready: Ready, callbacks: Iterable[tuple[str, OutgoingMessage]]) -> list[str]:
+        """Publish the callback jobs of a :class:`Ready`, skipping those already published.
+
+        Each goes to its job queue through the default exchange and, in the same publish
+        (``BCC``), into the fan-in stream, which is how a later :class:`Ready` knows it was fired.
+
+        Parameters:
+            ready: what :meth:`report` returned.
+            callbacks: ``(AMQP job queue name, encoded job)`` pairs; the job's ``message_id``
+                must be derived from the workflow id, so a repeated firing is recognised.
+
+        Returns:
+            The ids of the jobs published now.
+
+        Raises:
+            ValidationError: a callback without ``message_id``.
+            PublishError: a callback was not confirmed.
+        """
+        stream = self.names.fan_in_stream(ready.workflow_id)
+        published: list[str] = []
+        tickets = []
+        for queue, message in callbacks:
+            job_id = message.properties.get("message_id")
+            if not job_id:
+                raise ValidationError("a callback needs a message_id derived from the workflow id", field="message_id")
+            if job_id in ready.fired:
+                continue
+            bcc = OutgoingMessage(message.body, message.properties, {**message.headers, "BCC": [stream]})
+            tickets.append(self._publisher.publish(bcc, exchange="", routing_key=queue, queue=queue, job_id=job_id))
+            published.append(job_id)
+        self._publisher.wait(tickets)
+        for ticket in tickets:
+            ticket.raise_for_error()
+        return published
+
+    def results(self, workflow_id: str) -> dict[str, Any]:
+        """Every recorded job's ``parent_results`` entry, read from the stream (for results too big to carry inline).
+
+        Parameters:
+            workflow_id: the group's or batch's id.
+
+        Returns:
+            The entries by index (``"0"``...), first record of each index.
+        """
+        stream = self._declare(workflow_id)
+        marker = str(uuid.uuid4())
+        self._append(stream, marker, {"kind": "read"})
+        log = self._read(workflow_id, until=marker)
+        return {str(i): _entry(record) for i, record in sorted(log.records.items())}
+
+    def cleanup(self, workflow_id: str) -> None:
+        """Delete the fan-in stream of a workflow that ended (idempotent).
+
+        Parameters:
+            workflow_id: the group's or batch's id.
+        """
+        stream = self.names.fan_in_stream(workflow_id)
+        try:
+            self._call(lambda ch: ch.queue_delete(stream))
+        except NotFound:
+            pass
+        self._declared.discard(workflow_id)
+        self._logs.pop(workflow_id, None)
+
+    def close(self) -> None:
+        """Close this object's channels (not the connection)."""
+        self._publisher.close()
+        close_quietly(self._channel)
+        if self._own_locks:
+            self.locks.close()
+
+    # -- steps
+
+    def _holder(self, workflow_id: str) -> str | None:
+        """The index holding the callbacks' lock, or None when none does yet (no record to read)."""
+        key = self.names.fan_in_lock_key(workflow_id)
+        try:
+            count = int(self._call(lambda ch: ch.queue_declare(self.names.lock_queue(key), passive=True)).message_count)
+        except NotFound:
+            return None
+        return self.locks.holder(key) if count else None
+
+    def _declare(self, workflow_id: str) -> str:
+        stream = self.names.fan_in_stream(workflow_id)
+        if workflow_id not in self._declared:
+            arguments = {
+                "x-queue-type": "stream",
+                "x-max-age": STREAM_MAX_AGE,
+                "x-stream-max-segment-size-bytes": STREAM_SEGMENT_BYTES,
+            }
+            with map_exceptions():
+                self._call(lambda ch: ch.queue_declare(stream, durable=True, auto_delete=False, arguments=arguments))
+            self._declared.add(workflow_id)
+        return stream
+
+    def _append(self, stream: str, record_id: str, record: dict[str, Any]) -> None:
+        message = OutgoingMessage(
+            orjson.dumps(record), {"message_id": record_id, "delivery_mode": 2, "content_type": "application/json"}
+        )
+        ticket = self._publisher.publish(message, exchange="", routing_key=stream, queue=stream, job_id=record_id)
+        self._publisher.wait([ticket])
+        ticket.raise_for_error()
+
+    def _read(self, workflow_id: str, *, until: str) -> _Log:
+        """Read the stream from where this object stopped up to (at least) the message ``until``."""
+        log = self._logs.setdefault(workflow_id, _Log())
+        stream = self.names.fan_in_stream(workflow_id)
+        channel = self._channel
+        seen = False
+
+        def on_message(message: Any) -> None:
+            nonlocal seen
+            offset = int(message.headers.get("x-stream-offset", log.next_offset))
+            if offset >= log.next_offset:
+                log.next_offset = offset + 1
+                _absorb(log, message)
+            if message.properties.get("message_id") == until:
+                seen = True
+            channel.basic_ack(message.delivery_tag)
+
+        channel.basic_qos(0, _PREFETCH, False)
+        tag = channel.basic_consume(
+            stream, callback=on_message, no_ack=False, arguments={"x-stream-offset": log.next_offset}
+        )
+        deadline = time.monotonic() + _READ_TIMEOUT
+        try:
+            while not seen:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"the fan-in record {until} did not come back from {stream} in {_READ_TIMEOUT} s"
+                    )
+                try:
+                    self.connection.drain_events(timeout=min(left, 1.0))
+                except TimeoutError:
+                    continue
+        finally:
+            channel.basic_cancel(tag)
+        return log
+
+    def _call(self, operation: Any) -> Any:
+        """Run ``operation(channel)``; a channel the broker closed (404) is replaced before the error rises."""
+        try:
+            return operation(self._channel)
+        except NotFound:
+            close_quietly(self._channel)
+            self._channel = self.connection.channel()
+            raise
+
+
+def _absorb(log: _Log, message: Any) -> None:
+    try:
+        record = orjson.loads(message.body)
+    except orjson.JSONDecodeError:
+        return  # not ours: nothing else publishes to the stream, but a stray message must not stop the count
+    if not isinstance(record, dict):
+        return
+    if record.get("kind") == "outcome":
+        index = record.get("index")
+        if isinstance(index, int) and index not in log.records:
+            log.records[index] = record
+    elif "specversion" in record or "kind" not in record:
+        job_id = message.properties.get("message_id")
+        if isinstance(job_id, str):
+            log.fired.add(job_id)
+
+
+def _entry(record: Mapping[str, Any]) -> Any:
+    if record.get("state") == "failed":
+        return {"error": record.get("error") or {}}
+    return record.get("result")
+
+
+__all__ = ["STREAM_MAX_AGE", "STREAM_SEGMENT_BYTES", "FanIn", "Pending", "Ready"]
