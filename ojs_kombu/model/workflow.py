@@ -374,7 +374,11 @@ def workflow_from_dict(data: Mapping[str, Any]) -> Workflow:
 
 
 def _node_to_dict(node: Node) -> dict[str, Any]:
-    return node.to_dict() if isinstance(node, Job) else workflow_to_dict(node)
+    if isinstance(node, Job):
+        return node.to_dict()
+    # workflow.schema.json requires "args" on every step, a nested workflow too (the spec's own
+    # §10.3 example has none and fails it): an empty one keeps the form valid; reading ignores it.
+    return {**workflow_to_dict(node), "args": []}
 
 
 def _workflow_from_dict(data: Mapping[str, Any], where: str) -> Workflow:
