@@ -17,7 +17,7 @@ import pytest
 from support import get_messages, message_count, raw_channel, wait_until
 
 from ojs_kombu import Names
-from ojs_kombu.amqp.fanin import FanIn, Pending, Ready
+from ojs_kombu.amqp.fanin import STREAM_MAX_AGE, FanIn, Pending, Ready
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.model.job import Job
@@ -55,6 +55,40 @@ def test_duplicates_count_once_and_one_ready(fan_in: FanIn, workflow_id: str):
     assert fan_in.report(workflow_id, 2, 3, "completed", 3) == Pending(workflow_id, 3, 3)
 
 
+def test_cleanup_and_late_reports(fan_in: FanIn, names: Names, amqp_url: str, management):
+    wf = new_job_id()
+    stream = names.fan_in_stream(wf)
+    fan_in.report(wf, 0, 2, "completed", 1)
+    info = management.queue(stream)
+    assert info is not None
+    assert info["type"] == "stream"
+    assert info["arguments"]["x-max-age"] == STREAM_MAX_AGE  # the safety net: RabbitMQ refuses x-expires here
+    assert isinstance(fan_in.report(wf, 1, 2, "completed", 2), Ready)
+    fan_in.cleanup(wf)
+    fan_in.cleanup(wf)  # idempotent
+    assert not _exists(amqp_url, stream)
+    # Late reports after the clean-up (the winner's included) neither win nor declare the stream again.
+    with kombu.Connection(amqp_url) as connection:
+        connection.connect()
+        other = FanIn(connection.connection, names=names)
+        assert other.report(wf, 0, 2, "completed", 1) == Pending(wf, 2, 2)
+        assert other.report(wf, 1, 2, "completed", 2) == Pending(wf, 2, 2)
+        other.close()
+    assert not _exists(amqp_url, stream)
+
+
+def _exists(amqp_url: str, queue: str) -> bool:
+    import pika.exceptions
+
+    try:
+        with raw_channel(amqp_url) as channel:
+            channel.queue_declare(queue, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        assert exc.reply_code == 404
+        return False
+    return True
+
+
 def test_bad_reports_are_refused(fan_in: FanIn, workflow_id: str):
     with pytest.raises(ValidationError) as info:
         fan_in.report(workflow_id, 3, 3, "completed")
@@ -87,13 +121,26 @@ def test_failure_selects_on_complete_and_on_failure(fan_in: FanIn, workflow_id: 
         assert [r.path for r in status.runnable] == [("on_complete",), ("on_failure",)]
         assert all(r.parent_results == ready.results for r in status.runnable)
         callbacks = [(queue, encode(r.job)) for r in status.runnable]
-        assert fan_in.fire(ready, callbacks) == [wf.on_complete.id, wf.on_failure.id]  # type: ignore[union-attr]
+        # The winner dies after the broker took both callbacks, before its "fired" record.
+        append = fan_in._append
+
+        def die_before_fired_record(stream: str, record_id: str, record: dict) -> None:
+            if record.get("kind") == "fired":
+                raise RuntimeError("SIGKILL")
+            append(stream, record_id, record)
+
+        fan_in._append = die_before_fired_record  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError):
+            fan_in.fire(ready, callbacks)
+        fan_in._append = append  # type: ignore[method-assign]
         wait_until(lambda: message_count(amqp_url, queue) == 2)
-        # The winner reports again (it died before its ack): Ready again, with both callbacks already fired.
+        # Its job is delivered again and reports again: Ready again, both callbacks known as fired.
         again = fan_in.report(workflow_id, 1, 3, "completed", {"message_id": "msg_002"})
         assert isinstance(again, Ready)
         assert again.fired == {wf.on_complete.id, wf.on_failure.id}  # type: ignore[union-attr]
         assert fan_in.fire(again, callbacks) == []
+        # Once fire() finished, a further report of the winner's job is Pending.
+        assert fan_in.report(workflow_id, 1, 3, "completed", {"message_id": "msg_002"}) == Pending(workflow_id, 3, 3)
         got = get_messages(amqp_url, queue, 2)
         assert sorted(props.message_id for _, props, _ in got) == sorted([wf.on_complete.id, wf.on_failure.id])  # type: ignore[union-attr]
         assert all(b"BCC" not in str(props.headers).encode() for _, props, _ in got)  # the broker strips it
@@ -122,6 +169,8 @@ def test_200_members_from_4_connections_some_twice(amqp_url: str, names: Names, 
                 for index in mine:
                     for _ in range(2 if index in duplicates else 1):
                         got = fan.report(workflow_id, index, count, "completed", {"i": index})
+                        if isinstance(got, Ready):
+                            fan.fire(got, [])  # as a worker does before its ack
                         with lock:
                             outcomes.append(got)
                 fan.close()
@@ -157,6 +206,8 @@ with kombu.Connection(url) as connection:
     fan = FanIn(connection.connection, names=Names(prefix))
     for index in range(start, count):
         got = fan.report(wf, index, count, "completed", {"i": index})
+        if isinstance(got, Ready):
+            fan.fire(got, [])
         print(("READY" if isinstance(got, Ready) else "PENDING") + f" {index}", flush=True)
 """
 
