@@ -1,6 +1,7 @@
 """Fan-in on RabbitMQ alone (DESIGN §21): a group's or batch's outcomes counted in the broker, callbacks fired once.
 
-Each group or batch has a **stream** ``ojs.workflow.{id}`` (:meth:`Names.fan_in_stream`).  A job
+Each group or batch has a **stream** ``ojs.workflow.{id}`` (:meth:`Names.fan_in_stream`), created
+by :meth:`FanIn.open` before its jobs are published (with the workflow's continuation).  A job
 that ended appends one record ``{"kind": "outcome", "index", "state", "result", "error"}`` with
 publisher confirms, then reads the stream from where this object last stopped up to its own
 record.  Counting *distinct indexes* makes a second report of the same job (a worker SIGKILLed
@@ -47,7 +48,7 @@ from ojs_kombu.amqp.connection import close_quietly
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.locks import Acquired, UniqueLocks
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
-from ojs_kombu.errors import ValidationError
+from ojs_kombu.errors import NotFoundError, UnroutableError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.workflow import StepState
 from ojs_kombu.wire.codec import OutgoingMessage
@@ -85,12 +86,14 @@ class Ready:
             ``{"error": {...}}`` when it failed (ojs-workflows.md §7.4: all of them).
         states: every job's final state by index.
         fired: ids of the callback jobs already published (by an earlier incarnation of this winner).
+        continuation: what :meth:`FanIn.open` was given.
     """
 
     workflow_id: str
     results: dict[str, Any]
     states: dict[int, StepState]
     fired: frozenset[str] = frozenset()
+    continuation: dict[str, Any] | None = None
 
     @property
     def failed(self) -> tuple[int, ...]:
@@ -106,6 +109,7 @@ class _Log:
     records: dict[int, dict[str, Any]] = field(default_factory=dict)
     fired: set[str] = field(default_factory=set)
     done: bool = False  # a "fired" record: every callback was published
+    continuation: dict[str, Any] | None = None
     consumer_tag: str | None = None
     seen_ids: set[str] = field(default_factory=set)  # message ids read and not yet waited for
     holder_checked: bool = False
@@ -133,6 +137,32 @@ class FanIn:
         self._readers: OrderedDict[str, None] = OrderedDict()
         self._declared: set[str] = set()
         self._qos_set = False
+
+    def open(self, workflow_id: str, count: int, continuation: Mapping[str, Any] | None = None) -> None:
+        """Create the fan-in of a group or batch, before its jobs are published (idempotent).
+
+        Declares the stream and appends an ``open`` record (confirmed), so the stream is
+        writable before any job reports: on RabbitMQ 3.10 a publish from another connection
+        to a stream still being created kills that connection (541 INTERNAL_ERROR,
+        ``osiris_writer:write(none, ...)`` in the broker's log), so reporters never declare it.
+
+        Parameters:
+            workflow_id: the group's or batch's id.
+            count: how many jobs it has.
+            continuation: what to do once it ended (the root definition, ``workflow_to_dict``),
+                returned in :attr:`Ready.continuation`.
+
+        Raises:
+            ValidationError: ``count`` below 1.
+            PublishError: the record was not confirmed.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValidationError(f"count must be an integer >= 1, got {count!r}", field="count")
+        stream = self._declare(workflow_id)
+        record: dict[str, Any] = {"kind": "open", "count": count}
+        if continuation is not None:
+            record["continuation"] = dict(continuation)
+        self._append(stream, str(uuid.uuid4()), record)
 
     def report(
         self,
@@ -163,6 +193,8 @@ class FanIn:
 
         Raises:
             ValidationError: an index outside ``0..count-1``, or a state that is not terminal.
+            NotFoundError: no fan-in stream: :meth:`open` was not called, or the workflow was
+                cleaned up before every job reported (cancelled).
             PublishError: the record was not confirmed.
         """
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
@@ -177,7 +209,7 @@ class FanIn:
             if holder is not None and (holder != str(index) or not self._stream_exists(workflow_id)):
                 return Pending(workflow_id, count, count)  # another reporter fires, or the workflow was cleaned up
             self._logs.setdefault(workflow_id, _Log()).holder_checked = True
-        stream = self._declare(workflow_id)
+        stream = self.names.fan_in_stream(workflow_id)
         record_id = str(uuid.uuid4())
         record = {"kind": "outcome", "index": index, "state": state, "result": result}
         if error is not None:
@@ -191,7 +223,7 @@ class FanIn:
             return Pending(workflow_id, count, count)  # another reporter fires, or this one fired already
         states: dict[int, StepState] = {i: log.records[i]["state"] for i in range(count)}
         results = {str(i): _entry(log.records[i]) for i in range(count)}
-        return Ready(workflow_id, results, states, frozenset(log.fired))
+        return Ready(workflow_id, results, states, frozenset(log.fired), log.continuation)
 
     def fire(self, ready: Ready, callbacks: Iterable[tuple[str, OutgoingMessage]]) -> list[str]:
         """Publish the callback jobs of a :class:`Ready`, skipping those already published.
@@ -240,7 +272,7 @@ class FanIn:
         Returns:
             The entries by index (``"0"``...), first record of each index.
         """
-        stream = self._declare(workflow_id)
+        stream = self.names.fan_in_stream(workflow_id)
         marker = str(uuid.uuid4())
         self._append(stream, marker, {"kind": "read"})
         log = self._read(workflow_id, until=marker)
@@ -306,6 +338,13 @@ class FanIn:
         )
         ticket = self._publisher.publish(message, exchange="", routing_key=stream, queue=stream, job_id=record_id)
         self._publisher.wait([ticket])
+        if isinstance(ticket.error, UnroutableError):
+            raise NotFoundError(
+                f"no fan-in stream {stream!r}: open() it before the group's jobs are published "
+                "(or the workflow was cleaned up)",
+                reply_code=404,
+                method="Basic.Publish",
+            )
         ticket.raise_for_error()
 
     def _read(self, workflow_id: str, *, until: str) -> _Log:
@@ -394,6 +433,10 @@ def _absorb(log: _Log, message: Any) -> None:
         return
     if record.get("kind") == "fired":
         log.done = True
+    elif record.get("kind") == "open":
+        continuation = record.get("continuation")
+        if isinstance(continuation, dict) and log.continuation is None:
+            log.continuation = continuation
     elif record.get("kind") == "outcome":
         index = record.get("index")
         if isinstance(index, int) and index not in log.records:

@@ -18,7 +18,7 @@ from support import get_messages, message_count, raw_channel, wait_until
 
 from ojs_kombu import Names
 from ojs_kombu.amqp.fanin import STREAM_MAX_AGE, FanIn, Pending, Ready
-from ojs_kombu.errors import ValidationError
+from ojs_kombu.errors import NotFoundError, ValidationError
 from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.workflow import batch, evaluate
@@ -44,11 +44,14 @@ def workflow_id(fan_in: FanIn) -> Iterator[str]:
 
 
 def test_duplicates_count_once_and_one_ready(fan_in: FanIn, workflow_id: str):
+    fan_in.open(workflow_id, 3, {"type": "chain", "steps": []})
+    fan_in.open(workflow_id, 3)  # idempotent
     assert fan_in.report(workflow_id, 0, 3, "completed", {"a": 1}) == Pending(workflow_id, 1, 3)
     assert fan_in.report(workflow_id, 0, 3, "completed", {"a": "again"}) == Pending(workflow_id, 1, 3)
     assert fan_in.report(workflow_id, 2, 3, "completed", 3) == Pending(workflow_id, 2, 3)
     ready = fan_in.report(workflow_id, 1, 3, "completed", [2])
     assert isinstance(ready, Ready)
+    assert ready.continuation == {"type": "chain", "steps": []}
     assert ready.results == {"0": {"a": 1}, "1": [2], "2": 3}  # the first report of job 0 wins
     assert ready.failed == ()
     # After the win, another job's late duplicate is told to wait, never Ready.
@@ -58,6 +61,7 @@ def test_duplicates_count_once_and_one_ready(fan_in: FanIn, workflow_id: str):
 def test_cleanup_and_late_reports(fan_in: FanIn, names: Names, amqp_url: str, management):
     wf = new_job_id()
     stream = names.fan_in_stream(wf)
+    fan_in.open(wf, 2)
     fan_in.report(wf, 0, 2, "completed", 1)
     info = management.queue(stream)
     assert info is not None
@@ -90,6 +94,11 @@ def _exists(amqp_url: str, queue: str) -> bool:
 
 
 def test_bad_reports_are_refused(fan_in: FanIn, workflow_id: str):
+    with pytest.raises(NotFoundError, match="open"):
+        fan_in.report(workflow_id, 0, 3, "completed")  # never opened: no stream to count in
+    with pytest.raises(ValidationError) as info:
+        fan_in.open(workflow_id, 0)
+    assert info.value.field == "count"
     with pytest.raises(ValidationError) as info:
         fan_in.report(workflow_id, 3, 3, "completed")
     assert info.value.field == "index"
@@ -111,6 +120,7 @@ def test_failure_selects_on_complete_and_on_failure(fan_in: FanIn, workflow_id: 
     with raw_channel(amqp_url) as channel:
         channel.queue_declare(queue, durable=True)
     try:
+        fan_in.open(workflow_id, 3)
         fan_in.report(workflow_id, 0, 3, "completed", {"message_id": "msg_001"})
         fan_in.report(workflow_id, 2, 3, "failed", error={"code": "handler_error", "message": "bounced"})
         ready = fan_in.report(workflow_id, 1, 3, "completed", {"message_id": "msg_002"})
@@ -178,6 +188,7 @@ def test_200_members_from_4_connections_some_twice(amqp_url: str, names: Names, 
             with lock:
                 outcomes.append(exc)
 
+    fan_in.open(workflow_id, count)
     threads = [threading.Thread(target=reporter, args=(indexes[n::threads_n],)) for n in range(threads_n)]
     started = time.perf_counter()
     for thread in threads:
@@ -212,8 +223,9 @@ with kombu.Connection(url) as connection:
 """
 
 
-def test_sigkilled_reporter_restarted_one_ready(amqp_url: str, prefix: str, workflow_id: str):
+def test_sigkilled_reporter_restarted_one_ready(amqp_url: str, prefix: str, fan_in: FanIn, workflow_id: str):
     count = 120
+    fan_in.open(workflow_id, count)
     args = [sys.executable, "-c", REPORTER, amqp_url, prefix, workflow_id, str(count)]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     first = subprocess.Popen([*args, "0"], stdout=subprocess.PIPE, text=True, env=env)
