@@ -50,7 +50,7 @@ from ojs_kombu.amqp.locks import Acquired, UniqueLocks
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
 from ojs_kombu.errors import NotFoundError, UnroutableError, ValidationError
 from ojs_kombu.model.naming import Names
-from ojs_kombu.model.workflow import StepState
+from ojs_kombu.model.workflow import StepState, check_result
 from ojs_kombu.wire.codec import OutgoingMessage
 
 STREAM_MAX_AGE: Final = "7D"
@@ -183,8 +183,8 @@ class FanIn:
             index: the job's index in it.
             count: how many jobs it has.
             state: ``completed`` or ``failed``.
-            result: the handler's return value (JSON; checked by the caller against
-                :data:`~ojs_kombu.model.workflow.MAX_RESULT_BYTES`).
+            result: the handler's return value: JSON, at most
+                :data:`~ojs_kombu.model.workflow.MAX_RESULT_BYTES`.
             error: the OJS error object of a failed job.
 
         Returns:
@@ -192,7 +192,9 @@ class FanIn:
             when it died before :meth:`fire` finished), :class:`Pending` for every other.
 
         Raises:
-            ValidationError: an index outside ``0..count-1``, or a state that is not terminal.
+            ValidationError: an index outside ``0..count-1``, a state that is not terminal, a
+                result that is not JSON.
+            ResultTooLargeError: a result over :data:`~ojs_kombu.model.workflow.MAX_RESULT_BYTES`.
             NotFoundError: no fan-in stream: :meth:`open` was not called, or the workflow was
                 cleaned up before every job reported (cancelled).
             PublishError: the record was not confirmed.
@@ -201,6 +203,7 @@ class FanIn:
             raise ValidationError(f"index must be in 0..{count - 1}, got {index!r}", field="index")
         if state not in _TERMINAL:
             raise ValidationError(f"state must be completed or failed, got {state!r}", field="state")
+        check_result(result)
         log = self._logs.get(workflow_id)
         if log is None or not log.holder_checked:
             # Once per workflow and object: a late report after the callbacks fired (and the stream

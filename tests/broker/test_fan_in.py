@@ -18,10 +18,10 @@ from support import get_messages, message_count, raw_channel, wait_until
 
 from ojs_kombu import Names
 from ojs_kombu.amqp.fanin import STREAM_MAX_AGE, FanIn, Pending, Ready
-from ojs_kombu.errors import NotFoundError, ValidationError
+from ojs_kombu.errors import NotFoundError, ResultTooLargeError, ValidationError
 from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.model.job import Job
-from ojs_kombu.model.workflow import batch, evaluate
+from ojs_kombu.model.workflow import MAX_RESULT_BYTES, batch, evaluate
 from ojs_kombu.wire.codec import encode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,6 +105,8 @@ def test_bad_reports_are_refused(fan_in: FanIn, workflow_id: str):
     with pytest.raises(ValidationError) as info:
         fan_in.report(workflow_id, 0, 3, "active")
     assert info.value.field == "state"
+    with pytest.raises(ResultTooLargeError):
+        fan_in.report(workflow_id, 0, 3, "completed", "x" * MAX_RESULT_BYTES)  # checked before anything is sent
 
 
 def test_failure_selects_on_complete_and_on_failure(fan_in: FanIn, workflow_id: str, names: Names, amqp_url: str):

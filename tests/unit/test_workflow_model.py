@@ -504,3 +504,12 @@ def test_bad_context_names_the_field(data, field):
     with pytest.raises(ValidationError) as info:
         WorkflowContext.from_meta({"workflow": data})
     assert info.value.field == field
+
+
+def test_fan_in_entity_names():
+    from ojs_kombu import Names
+
+    wf = "019539a4-0001-7000-8000-000000000001"
+    assert Names().fan_in_stream(wf) == f"ojs.workflow.{wf}"  # outside ojs.queue.: no job queue collides
+    assert Names("tenant1").fan_in_stream(wf) == f"tenant1.ojs.workflow.{wf}"
+    assert Names("tenant1").lock_queue(Names.fan_in_lock_key(wf)) == f"tenant1.ojs.lock.fanin.{wf}"
