@@ -18,8 +18,10 @@ callbacks exist.  If the winner dies before it fired them all, its job was not a
 broker delivers it again, its new report finds the lock held *by its own index*, and gets
 :class:`Ready` again with :attr:`Ready.fired` naming the callbacks already published, which
 :meth:`fire` skips.  A callback is therefore published once — unless the winner died after the
-broker routed a callback and before it received the confirm, when the same job id (derived by
-the caller from the workflow id) is published twice; ``Worker(deduplicate=True)`` runs it once.
+broker routed a callback and before it received the confirm, or the winner's job runs twice at
+the same time (delivered again while its first run is alive, e.g. after a consumer timeout): the
+same job id (fixed in the workflow's definition) is then published twice, and
+``Worker(deduplicate=True)`` runs it once.
 
 Clean-up: :meth:`FanIn.cleanup` deletes the stream once the workflow ended (its callbacks may read
 results from it, :attr:`~ojs_kombu.model.workflow.WorkflowContext.results_from`); the lock token
@@ -48,7 +50,7 @@ from ojs_kombu.amqp.connection import close_quietly
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.locks import Acquired, UniqueLocks
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
-from ojs_kombu.errors import NotFoundError, UnroutableError, ValidationError
+from ojs_kombu.errors import NotFoundError, PublishTimeoutError, UnroutableError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.workflow import StepState, check_result
 from ojs_kombu.wire.codec import OutgoingMessage
@@ -135,7 +137,6 @@ class FanIn:
         self._probe: Any = connection.channel()  # declarations and deletions: a 404 closes it, not the readers
         self._logs: dict[str, _Log] = {}
         self._readers: OrderedDict[str, None] = OrderedDict()
-        self._declared: set[str] = set()
         self._qos_set = False
 
     def open(self, workflow_id: str, count: int, continuation: Mapping[str, Any] | None = None) -> None:
@@ -197,7 +198,8 @@ class FanIn:
             ResultTooLargeError: a result over :data:`~ojs_kombu.model.workflow.MAX_RESULT_BYTES`.
             NotFoundError: no fan-in stream: :meth:`open` was not called, or the workflow was
                 cleaned up before every job reported (cancelled).
-            PublishError: the record was not confirmed.
+            PublishError: the record was not confirmed, or did not come back from the stream
+                within 30 s (:class:`~ojs_kombu.errors.PublishTimeoutError`).
         """
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
             raise ValidationError(f"index must be in 0..{count - 1}, got {index!r}", field="index")
@@ -217,7 +219,11 @@ class FanIn:
         record = {"kind": "outcome", "index": index, "state": state, "result": result}
         if error is not None:
             record["error"] = dict(error)
-        self._append(stream, record_id, record)
+        try:
+            self._append(stream, record_id, record)
+        except NotFoundError:
+            self._forget(workflow_id)  # what was read of a deleted stream says nothing of a new one
+            raise
         log = self._read(workflow_id, until=record_id)
         if len(log.records) < count:
             return Pending(workflow_id, len(log.records), count)
@@ -288,12 +294,14 @@ class FanIn:
             workflow_id: the group's or batch's id.
         """
         stream = self.names.fan_in_stream(workflow_id)
-        self._close_reader(workflow_id)
+        self._forget(workflow_id)
         try:
             self._call(lambda ch: ch.queue_delete(stream))
         except NotFound:
             pass
-        self._declared.discard(workflow_id)
+
+    def _forget(self, workflow_id: str) -> None:
+        self._close_reader(workflow_id)
         self._logs.pop(workflow_id, None)
 
     def close(self) -> None:
@@ -324,15 +332,13 @@ class FanIn:
 
     def _declare(self, workflow_id: str) -> str:
         stream = self.names.fan_in_stream(workflow_id)
-        if workflow_id not in self._declared:
-            arguments = {
-                "x-queue-type": "stream",
-                "x-max-age": STREAM_MAX_AGE,
-                "x-stream-max-segment-size-bytes": STREAM_SEGMENT_BYTES,
-            }
-            with map_exceptions():
-                self._call(lambda ch: ch.queue_declare(stream, durable=True, auto_delete=False, arguments=arguments))
-            self._declared.add(workflow_id)
+        arguments = {
+            "x-queue-type": "stream",
+            "x-max-age": STREAM_MAX_AGE,
+            "x-stream-max-segment-size-bytes": STREAM_SEGMENT_BYTES,
+        }
+        with map_exceptions():
+            self._call(lambda ch: ch.queue_declare(stream, durable=True, auto_delete=False, arguments=arguments))
         return stream
 
     def _append(self, stream: str, record_id: str, record: dict[str, Any]) -> None:
@@ -362,11 +368,16 @@ class FanIn:
         self._readers.pop(workflow_id, None)
         self._readers[workflow_id] = None  # most recently used last
         deadline = time.monotonic() + _READ_TIMEOUT
+        stream = self.names.fan_in_stream(workflow_id)
         while until not in log.seen_ids:
+            if log.consumer_tag is None:
+                self._logs.pop(workflow_id, None)
+                raise NotFoundError(f"the fan-in stream {stream!r} was deleted while it was read", reply_code=404)
             left = deadline - time.monotonic()
             if left <= 0:
-                stream = self.names.fan_in_stream(workflow_id)
-                raise TimeoutError(f"the fan-in record {until} did not come back from {stream} in {_READ_TIMEOUT} s")
+                raise PublishTimeoutError(
+                    f"the fan-in record {until} did not come back from {stream} in {_READ_TIMEOUT} s", job_id=until
+                )
             try:
                 self.connection.drain_events(timeout=min(left, 1.0))
             except TimeoutError:

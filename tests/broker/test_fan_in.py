@@ -258,3 +258,20 @@ def _outcome(state: str, entry: object):
     if state == "failed":
         return Outcome("failed", error=entry["error"])  # type: ignore[index]
     return Outcome("completed", entry)
+
+
+def test_stream_deleted_under_a_reader(fan_in: FanIn, names: Names, amqp_url: str):
+    wf = new_job_id()
+    fan_in.open(wf, 3)
+    assert fan_in.report(wf, 0, 3, "completed", 0) == Pending(wf, 1, 3)  # its reader stays open
+    with kombu.Connection(amqp_url) as connection:
+        connection.connect()
+        other = FanIn(connection.connection, names=names)
+        other.cleanup(wf)  # a cancelled workflow, cleaned up elsewhere
+        other.close()
+    with pytest.raises(NotFoundError):
+        fan_in.report(wf, 1, 3, "completed", 1)
+    assert not _exists(amqp_url, names.fan_in_stream(wf))
+    fan_in.open(wf, 3)  # the same object can use it again
+    assert fan_in.report(wf, 1, 3, "completed", 1) == Pending(wf, 1, 3)
+    fan_in.cleanup(wf)
