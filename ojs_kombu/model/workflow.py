@@ -926,6 +926,9 @@ class WorkflowContext:
         continuation: the root definition (:func:`workflow_to_dict`) on a chain's steps: what to
             enqueue when this step ends, with no datastore (DESIGN §21).  Not on a group's jobs:
             their fan-in record holds it once, instead of once per job.
+        scopes: the results so far of every chain enclosing this job, by the chain's path
+            (dotted, ``""`` for the root): what a chain continues with once a nested group or
+            chain ended (:mod:`ojs_kombu.policy.workflow`).
     """
 
     id: str
@@ -934,6 +937,7 @@ class WorkflowContext:
     results_from: str | None = None
     fan_in: FanInRef | None = None
     continuation: dict[str, Any] | None = None
+    scopes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_meta(self) -> dict[str, Any]:
         """The JSON object for ``meta.workflow``.
@@ -948,6 +952,8 @@ class WorkflowContext:
             data["fan_in"] = {"id": self.fan_in.id, "index": self.fan_in.index, "count": self.fan_in.count}
         if self.continuation is not None:
             data["continuation"] = self.continuation
+        if self.scopes:
+            data["scopes"] = self.scopes
         return data
 
     @classmethod
@@ -988,7 +994,10 @@ class WorkflowContext:
         continuation = data.get("continuation")
         if continuation is not None and not isinstance(continuation, dict):
             raise ValidationError(f"{where}.continuation must be an object", field=f"{where}.continuation")
-        return cls(workflow_id, tuple(path), parent_results, results_from, ref, continuation)
+        scopes = data.get("scopes", {})
+        if not isinstance(scopes, dict) or not all(isinstance(value, dict) for value in scopes.values()):
+            raise ValidationError(f"{where}.scopes must be an object of objects", field=f"{where}.scopes")
+        return cls(workflow_id, tuple(path), parent_results, results_from, ref, continuation, scopes)
 
 
 def _path_part(part: Any) -> bool:
