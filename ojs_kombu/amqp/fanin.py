@@ -62,7 +62,8 @@ STREAM_SEGMENT_BYTES: Final = 1_000_000
 """``x-stream-max-segment-size-bytes``: small segments, so ``x-max-age`` can drop them."""
 
 MAX_READERS: Final = 32
-"""Stream consumers a :class:`FanIn` keeps open (one per workflow it reported to recently)."""
+"""Workflows a :class:`FanIn` keeps a stream consumer open and its records for (the most recently
+reported to); an older one is read again from the start on its next report."""
 
 _READ_TIMEOUT: Final = 30.0  # seconds a reader waits for its own record to come back
 _PREFETCH: Final = 500
@@ -384,8 +385,7 @@ class FanIn:
                 continue
         log.seen_ids.discard(until)
         while len(self._readers) > MAX_READERS:
-            oldest = next(iter(self._readers))
-            self._close_reader(oldest)
+            self._forget(next(iter(self._readers)))  # its records too: a later report reads from offset 0
         return log
 
     def _open_reader(self, workflow_id: str, log: _Log) -> None:

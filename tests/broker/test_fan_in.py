@@ -17,7 +17,7 @@ import pytest
 from support import get_messages, message_count, raw_channel, wait_until
 
 from ojs_kombu import Names
-from ojs_kombu.amqp.fanin import STREAM_MAX_AGE, FanIn, Pending, Ready
+from ojs_kombu.amqp.fanin import MAX_READERS, STREAM_MAX_AGE, FanIn, Pending, Ready
 from ojs_kombu.errors import NotFoundError, ResultTooLargeError, ValidationError
 from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.model.job import Job
@@ -275,3 +275,17 @@ def test_stream_deleted_under_a_reader(fan_in: FanIn, names: Names, amqp_url: st
     fan_in.open(wf, 3)  # the same object can use it again
     assert fan_in.report(wf, 1, 3, "completed", 1) == Pending(wf, 1, 3)
     fan_in.cleanup(wf)
+
+
+def test_readers_are_bounded_and_an_evicted_workflow_is_read_again(fan_in: FanIn):
+    ids = [new_job_id() for _ in range(MAX_READERS + 2)]
+    try:
+        for wf in ids:
+            fan_in.open(wf, 2)
+            assert fan_in.report(wf, 0, 2, "completed", wf) == Pending(wf, 1, 2)
+        assert len(fan_in._logs) == MAX_READERS  # the oldest were closed and forgotten
+        ready = fan_in.report(ids[0], 1, 2, "completed", "last")  # read again from offset 0
+        assert isinstance(ready, Ready) and ready.results == {"0": ids[0], "1": "last"}
+    finally:
+        for wf in ids:
+            fan_in.cleanup(wf)
