@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path as FsPath
 
+import jsonschema
 import pytest
 
 import ojs_kombu
@@ -36,8 +36,9 @@ from ojs_kombu.model.workflow import (
     workflow_from_dict,
     workflow_to_dict,
 )
+from tools.schema import registry
 
-SCHEMAS = FsPath(__file__).resolve().parents[3] / "shared" / "ojs-json-schema" / "schemas" / "v1"
+WORKFLOW_SCHEMA_ID = "https://openjobspec.org/schemas/v1/workflow.json"
 
 
 def job(kind: str, *args: object) -> Job:
@@ -181,15 +182,7 @@ def test_spec_examples_read_and_round_trip():
 
 
 def test_to_dict_validates_against_the_workflow_schema():
-    jsonschema = pytest.importorskip("jsonschema")
-    referencing = pytest.importorskip("referencing")
-    schemas = {json.loads(p.read_text())["$id"]: json.loads(p.read_text()) for p in SCHEMAS.glob("*.schema.json")}
-    registry = referencing.Registry().with_resources(
-        (uri, referencing.Resource.from_contents(schema)) for uri, schema in schemas.items()
-    )
-    validator = jsonschema.Draft202012Validator(
-        schemas["https://openjobspec.org/schemas/v1/workflow.json"], registry=registry
-    )
+    validator = jsonschema.Draft202012Validator({"$ref": WORKFLOW_SCHEMA_ID}, registry=registry())
     a = job("a.run", 1)
     for wf in (chain(a, group([a, chain(a, a)])), batch([a], on_complete=a, on_failure=a)):
         errors = list(validator.iter_errors(workflow_to_dict(wf)))
