@@ -34,6 +34,7 @@ from ojs_kombu.errors import (
     DecodeError,
     Discard,
     DuplicateJobError,
+    InvalidWorkflowError,
     ManagementError,
     MetricsServerError,
     NotFoundError,
@@ -42,18 +43,21 @@ from ojs_kombu.errors import (
     PublishNackedError,
     PublishTimeoutError,
     QueueArgumentRefusedError,
+    ResultTooLargeError,
     TlsVerificationError,
     TopologyConflictError,
     TopologyError,
     UnroutableError,
     ValidationError,
     WorkerError,
+    WorkflowStateError,
 )
 from ojs_kombu.lazy import lazy_exports
 from ojs_kombu.model.info import JobInfo, JobState
 from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
+from ojs_kombu.model.workflow import Batch, Chain, Group, batch, chain, group
 from ojs_kombu.observability.server import MetricsServer, serve_metrics
 from ojs_kombu.runtime.cron import CronRegistry, CronScheduler, RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
@@ -82,6 +86,12 @@ __all__ = [
     "CronRegistry",
     "CronScheduler",
     "RegisteredCron",
+    "Batch",
+    "Chain",
+    "Group",
+    "batch",
+    "chain",
+    "group",
     "AccessRefusedError",
     "ActiveJob",
     "ArgumentDifference",
@@ -97,6 +107,9 @@ __all__ = [
     "DecodeError",
     "Discard",
     "DuplicateJobError",
+    "InvalidWorkflowError",
+    "ResultTooLargeError",
+    "WorkflowStateError",
     "EnqueueResult",
     "EventsOptions",
     "Header",

@@ -6,7 +6,7 @@ Pure Python and pydantic: nothing here imports kombu or py-amqp.  Modules, botto
 ``naming`` (job type and queue name rules, AMQP entity names), ``body`` (an envelope's
 JSON text), ``fields`` and ``base`` (the models' field types and machinery),
 ``policies`` (retry and unique policies), ``job`` (the envelope), ``cron`` (cron job
-definitions and expressions).
+definitions and expressions), ``workflow`` (chain, group, batch: definitions, states, results).
 """
 
 from ojs_kombu.model.body import MAX_ENVELOPE_BYTES
@@ -28,8 +28,17 @@ from ojs_kombu.model.naming import (
 )
 from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy, UniquePolicy
 from ojs_kombu.model.timefmt import format_duration, format_timestamp, parse_duration, parse_timestamp, utcnow
+from ojs_kombu.model.workflow import Batch, Chain, Group, WorkflowContext, batch, chain, evaluate, group
 
 __all__ = [
+    "Batch",
+    "Chain",
+    "Group",
+    "WorkflowContext",
+    "batch",
+    "chain",
+    "evaluate",
+    "group",
     "JOB_ID_PATTERN",
     "JOB_TYPE_PATTERN",
     "MAX_ENVELOPE_BYTES",

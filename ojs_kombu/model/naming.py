@@ -275,6 +275,18 @@ class Names:
         """The queue holding the id of the job that holds the lock of ``key``: ``ojs.lock.{key}.holder``."""
         return self._name(f"ojs.lock.{key}.holder")
 
+    def fan_in_stream(self, workflow_id: str) -> str:
+        """The stream counting a group's or batch's outcomes (DESIGN §21): ``ojs.workflow.{workflow_id}``.
+
+        Outside the ``ojs.queue.`` namespace, so no job queue name can collide with it.
+        """
+        return self._name(f"ojs.workflow.{workflow_id}")
+
+    @staticmethod
+    def fan_in_lock_key(workflow_id: str) -> str:
+        """The unique-lock key guarding a fan-in's callbacks: ``fanin.{workflow_id}`` (lock queue ``ojs.lock.fanin.{id}``)."""
+        return f"fanin.{workflow_id}"
+
     @property
     def cron_leader_queue(self) -> str:
         """The cron schedulers' leader lease (``ojs.queue.cron.leader``, DESIGN §20); ``cron.leader`` is reserved."""
