@@ -38,6 +38,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import beat
+from celery.exceptions import ImproperlyConfigured
 from celery.schedules import crontab, maybe_schedule, schedule, solar
 
 from ojs_kombu.errors import NotFoundError, ValidationError
@@ -45,6 +46,7 @@ from ojs_kombu.model.cron import CRON_NAME_RE, MAX_CRON_NAME_LENGTH, CronJob, jo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, job_type_for, ojs_queue_for
 from ojs_kombu.runtime.cron import CronRegistry, CronScheduler
+from ojs_kombu.transport import Transport
 
 from .presence import beacon_url
 from .protocol import TaskIndex
@@ -214,6 +216,7 @@ def crons_for(app: Any, entries: Mapping[str, Any]) -> list[CronJob]:
         ValidationError: an entry cannot be a cron job, or two entries get the same cron name.
     """
     owner = owner_of(app)
+    app.finalize(auto=True)  # the app's tasks registered: their max_retries are the ticks' retry policy
     crons: dict[str, CronJob] = {}
     for entry_name, entry in entries.items():
         if isinstance(entry, beat.ScheduleEntry):
@@ -286,8 +289,18 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]  # Celery is untyped
         return Names(options.get("prefix") or "")
 
     def _url(self) -> str:
+        """The AMQP URL of the app's broker.
+
+        Raises:
+            ImproperlyConfigured: the broker is not ``ojs://``: a worker would not run the ticks' OJS jobs.
+        """
         connection = self.app.connection_for_write()
         try:
+            if not isinstance(connection.transport, Transport):
+                raise ImproperlyConfigured(
+                    f"ojs_celery.beat.Scheduler needs the ojs:// transport (broker_backend='ojs' or an ojs:// "
+                    f"broker_url), got {connection.transport_cls!r}"
+                )
             return beacon_url(connection)
         finally:
             connection.release()
@@ -297,6 +310,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]  # Celery is untyped
 
         Raises:
             ValidationError: an entry cannot be a cron job.
+            ImproperlyConfigured: the broker is not ``ojs://``.
         """
         self.data: dict[str, Any] = {}
         self.install_default_entries(self.data)
