@@ -232,4 +232,6 @@ def test_a_broker_that_is_not_ojs_is_refused():
     stock = Celery("stock", broker="amqp://guest:guest@localhost//")
     with pytest.raises(ImproperlyConfigured, match="ojs://"):
         Scheduler(stock)
-    assert Scheduler(stock, lazy=True).info.endswith("(the leader of the beat processes fires)")  # the banner's
+    lazy = Scheduler(stock, lazy=True, max_interval=7)  # what celery beat makes for its banner
+    assert lazy.info.endswith("(the leader of the beat processes fires)")
+    assert lazy.tick() == 7.0  # --max-interval: how often beat's loop checks on the cron scheduler
