@@ -20,6 +20,7 @@ wherever it is (queued, delayed, waiting for a retry, or running: see
 """
 
 from .broker import OjsBroker, OjsMessageProxy
+from .cron import cron, cron_job
 from .encoder import (
     OjsEncoder,
     job_id_for,
@@ -36,6 +37,8 @@ __all__ = [
     "OjsMessageProxy",
     "OjsRunning",
     "RunningMessage",
+    "cron",
+    "cron_job",
     "current_cancelled",
     "job_id_for",
     "job_to_message",

@@ -41,6 +41,7 @@ from cronsim import CronSim, CronSimError
 
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.ids import uuid7
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.jsonvalue import ensure_json_native
 from ojs_kombu.model.naming import validate_job_type, validate_queue_name
 from ojs_kombu.model.policies import RetryPolicy
@@ -472,6 +473,35 @@ def tick_job_id(name: str, scheduled_time: datetime) -> str:
     return uuid7(unix_ms, digest >> 62, digest)
 
 
+def job_options(job: Job) -> dict[str, Any]:
+    """The cron ``options`` whose ticks are copies of ``job``: its queue, ``meta``, retry policy, timeout and tags.
+
+    How a framework adapter turns one of its task messages into a cron template: it builds the
+    job it would publish (``type`` and ``args`` go to the definition's own fields), and each
+    tick is that job with a derived id and ``meta.cron_name`` / ``meta.cron_triggered_at``
+    added.  Envelope fields a cron's ``options`` do not carry (``priority``, ``scheduled_at``,
+    ``expires_at``) are left out: the caller decides whether to refuse them.
+
+    Parameters:
+        job: the job each tick should be.
+
+    Returns:
+        The ``options`` object (``queue`` always; ``meta``, ``retry``, ``timeout``, ``tags`` when set).
+    """
+    options: dict[str, Any] = {"queue": job.queue}
+    meta = {k: v for k, v in (job.meta or {}).items() if k != "tags"}
+    if meta:
+        options["meta"] = meta
+    if job.retry is not None:
+        options["retry"] = job.retry.model_dump(mode="json", exclude_none=True)
+    if job.timeout is not None:
+        options["timeout"] = job.timeout
+    tags = (job.meta or {}).get("tags")
+    if tags:
+        options["tags"] = list(tags)
+    return options
+
+
 __all__ = [
     "CRON_NAME_PATTERN",
     "DEFAULT_TIMEZONE",
@@ -482,6 +512,7 @@ __all__ = [
     "CronExpression",
     "CronJob",
     "OverlapPolicy",
+    "job_options",
     "nearest_weekday",
     "parse_timezone",
     "tick_job_id",
