@@ -21,6 +21,7 @@ Importing the package registers the ``ojs://`` and ``ojss://`` kombu transports.
 
 from typing import TYPE_CHECKING
 
+from ojs_kombu.amqp.permits import Permit, Permits
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.client import Client, EnqueueResult, JobOptions
 from ojs_kombu.errors import (
@@ -37,6 +38,7 @@ from ojs_kombu.errors import (
     MetricsServerError,
     NotFoundError,
     OjsError,
+    PermitLostError,
     PublishError,
     PublishNackedError,
     PublishTimeoutError,
@@ -53,6 +55,7 @@ from ojs_kombu.model.info import JobInfo, JobState
 from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
+from ojs_kombu.model.ratelimit import RateLimitPolicy, RateWindow
 from ojs_kombu.observability.server import MetricsServer, serve_metrics
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
 from ojs_kombu.runtime.worker import Worker, current_job
@@ -111,6 +114,11 @@ __all__ = [
     "PublishTimeoutError",
     "QueueArgumentRefusedError",
     "QueueOptions",
+    "Permit",
+    "PermitLostError",
+    "Permits",
+    "RateLimitPolicy",
+    "RateWindow",
     "RetryPolicy",
     "Topology",
     "TlsVerificationError",

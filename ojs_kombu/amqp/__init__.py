@@ -9,6 +9,7 @@ place where py-amqp / kombu exceptions become :mod:`ojs_kombu.errors`
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
 from ojs_kombu.amqp.errors import is_permanent, map_exception, map_exceptions, raise_if_permanent
 from ojs_kombu.amqp.management import ManagementClient
+from ojs_kombu.amqp.permits import Permit, Permits
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import OnConflict, Topology
 from ojs_kombu.amqp.version import parse_version, rabbitmq_version
@@ -18,6 +19,8 @@ __all__ = [
     "ConfirmedPublisher",
     "ManagementClient",
     "OnConflict",
+    "Permit",
+    "Permits",
     "PublishTicket",
     "Topology",
     "connect_once",

@@ -1,7 +1,9 @@
-"""Decisions without I/O: retry outcomes and the delay ladder, back-off, the scheduling cascade, cron fire times."""
+"""Decisions without I/O: retry outcomes and the delay ladder, back-off, the scheduling cascade, cron fire times,
+rate limit windows."""
 
 from ojs_kombu.policy.backoff import reconnect_delay, retry_delay
 from ojs_kombu.policy.cron import Due, due, evaluation_delay, next_fire
+from ojs_kombu.policy.ratelimit import WindowSchedule
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, ladder_ms_until, record_failure
 from ojs_kombu.policy.schedule import Cascade, delay_ms_until
 
@@ -11,6 +13,7 @@ __all__ = [
     "Due",
     "Failure",
     "Outcome",
+    "WindowSchedule",
     "decide",
     "delay_ms_until",
     "due",

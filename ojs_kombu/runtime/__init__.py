@@ -3,7 +3,17 @@
 from ojs_kombu.runtime.consumer import Consumer, Delivery
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
 from ojs_kombu.runtime.leader import LeaderLease
+from ojs_kombu.runtime.refill import WindowRefiller
 from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.runtime.worker import Worker, current_job
 
-__all__ = ["Consumer", "DeadLetterEntry", "Delivery", "LeaderLease", "Settler", "Worker", "current_job"]
+__all__ = [
+    "Consumer",
+    "DeadLetterEntry",
+    "Delivery",
+    "LeaderLease",
+    "Settler",
+    "Worker",
+    "WindowRefiller",
+    "current_job",
+]
