@@ -135,5 +135,39 @@ class WindowTokens:
             return -1
         return slot if type(slot) is int else -1
 
+    def acquire(self, key: str, schedule: WindowSchedule, timeout: float | None = None) -> int | None:
+        """Take a start token of ``key``'s window, waiting for the next slots up to ``timeout`` seconds.
 
-__all__ = ["WindowTokens", "window_queue_arguments"]
+        When the slot's tokens are spent it sleeps until the next slot starts, then polls every
+        :data:`REFILL_POLL` seconds for :data:`REFILL_WAIT` seconds (the refill is on its way).
+
+        Parameters:
+            key: the rate limit key.
+            schedule: the window.
+            timeout: seconds to wait at most (``None``: forever; ``0``: one try).
+
+        Returns:
+            The slot of the token taken, or None when none came in time.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            slot = self.take(key, schedule)
+            if slot is not None:
+                return slot
+            now = time.time()
+            into_slot = now - schedule.start(schedule.slot(now))
+            pause = REFILL_POLL if into_slot < REFILL_WAIT else schedule.until_next(now) + REFILL_POLL / 2
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                pause = min(pause, left)
+            time.sleep(pause)
+
+
+REFILL_POLL = 0.01
+"""Seconds between two takes while a slot's refill is expected (see :meth:`WindowTokens.acquire`)."""
+REFILL_WAIT = 0.25
+"""Seconds into a slot during which an empty queue is polled, not slept through: the refill may be late."""
+
+__all__ = ["REFILL_POLL", "REFILL_WAIT", "WindowTokens", "window_queue_arguments"]
