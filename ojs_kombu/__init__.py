@@ -21,7 +21,7 @@ Importing the package registers the ``ojs://`` and ``ojss://`` kombu transports.
 
 from typing import TYPE_CHECKING
 
-from ojs_kombu.amqp.permits import Permit, Permits
+from ojs_kombu.amqp.permits import Permit, Permits, PermitState
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.client import Client, EnqueueResult, JobOptions
 from ojs_kombu.errors import (
@@ -116,6 +116,7 @@ __all__ = [
     "QueueOptions",
     "Permit",
     "PermitLostError",
+    "PermitState",
     "Permits",
     "RateLimitPolicy",
     "RateWindow",

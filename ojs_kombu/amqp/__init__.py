@@ -9,7 +9,7 @@ place where py-amqp / kombu exceptions become :mod:`ojs_kombu.errors`
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
 from ojs_kombu.amqp.errors import is_permanent, map_exception, map_exceptions, raise_if_permanent
 from ojs_kombu.amqp.management import ManagementClient
-from ojs_kombu.amqp.permits import Permit, Permits
+from ojs_kombu.amqp.permits import Permit, Permits, PermitState
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import OnConflict, Topology
 from ojs_kombu.amqp.version import parse_version, rabbitmq_version
@@ -20,6 +20,7 @@ __all__ = [
     "ManagementClient",
     "OnConflict",
     "Permit",
+    "PermitState",
     "Permits",
     "PublishTicket",
     "Topology",

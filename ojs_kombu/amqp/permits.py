@@ -47,6 +47,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -132,6 +133,18 @@ def _token_index(body: Any, key: str) -> int | None:
     return index if type(index) is int and index >= 0 else None
 
 
+@dataclass(frozen=True)
+class PermitState:
+    """A key's permits as the broker counts them (:meth:`Permits.inspect`)."""
+
+    key: str
+    limit: int
+    available: int
+    active: int
+    holding: int
+    waiting: int
+
+
 class Permit:
     """One concurrency permit of a key, held until :meth:`release` (or the end of a ``with`` block).
 
@@ -147,6 +160,7 @@ class Permit:
         self.index = index
         self.waited = waited
         self._tag = tag
+        self._generation = owner._generation
         self._hold = hold
         self._delivery_count = delivery_count
         self.released = False
@@ -160,6 +174,12 @@ class Permit:
         if not self.released:
             self.released = True
             self._owner._release(self)
+
+    @property
+    def held(self) -> bool:
+        """Whether the permit is still held: not released, and its connection not lost (the keeper thread
+        notices a lost connection within a second; a job may check it before an irreversible step)."""
+        return not self.released and self._owner._holds(self)
 
     def __enter__(self) -> Permit:
         return self
@@ -223,7 +243,9 @@ class Permits:
         self._publisher: Channel | None = None  # confirmed publishes (minting, renewals)
         self._limits: dict[str, int] = {}
         self._held: dict[str, set[int]] = {}
+        self._generation = 0  # of the connection: a permit of an earlier one is not held any more
         self._declared: set[str] = set()
+        self._waiting: dict[str, int] = {}
         self._closed = False
         self._keeper: threading.Thread | None = None
         self._stop = threading.Event()
@@ -286,6 +308,7 @@ class Permits:
         self._spare.clear()
         self._declared.clear()
         self._held.clear()
+        self._generation += 1
 
     def close(self) -> None:
         """Close the connection: every permit still held goes back to the broker (idempotent)."""
@@ -434,14 +457,14 @@ class Permits:
         first served across processes).
 
         Parameters:
-            key: the key (or its policy), :meth:`ensure`\\ d by this instance before.
+            key: the key (or its policy), passed to :meth:`ensure` by this instance before.
             timeout: seconds to wait at most.
 
         Returns:
             The permit, or None when none came free in time.
 
         Raises:
-            ValidationError: the key was not :meth:`ensure`\\ d here.
+            ValidationError: the key was not passed to :meth:`ensure` here.
             PermitLostError: the Permits is closed.
             BrokerConnectionError, BrokerRefusedError: as the broker answers.
         """
@@ -453,6 +476,13 @@ class Permits:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         queue = self.names.limit_permit_queue(key)
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            return self._acquire(key, limit, queue, started, deadline)
+        finally:
+            self._waiting[key] -= 1
+
+    def _acquire(self, key: str, limit: int, queue: str, started: float, deadline: float | None) -> Permit | None:
         while True:
             with self._io, map_exceptions(url=self.url):
                 self._open()
@@ -541,9 +571,9 @@ class Permits:
     def _release(self, permit: Permit) -> None:
         with self._io:
             tokens = self._tokens
-            held = self._held.get(permit.key)
-            if tokens is None or held is None or permit.index not in held:
+            if tokens is None or not self._owns(permit):
                 raise PermitLostError(f"{permit!r}: the connection was lost; the broker took the permit back")
+            held = self._held[permit.key]
             with map_exceptions(url=self.url):
                 # Unsubscribe first: a token returned before it would meet a held index.
                 self._unhold(permit._hold)
@@ -564,6 +594,53 @@ class Permits:
         tokens.basic_ack(permit._tag)
         self.renewed += 1
 
+    def _holds(self, permit: Permit) -> bool:
+        with self._io:
+            return self._owns(permit)
+
+    def _owns(self, permit: Permit) -> bool:
+        """Whether ``permit`` was taken on the current connection and is held (under ``_io``)."""
+        return (
+            self._tokens is not None
+            and permit._generation == self._generation
+            and permit.index in self._held.get(permit.key, ())
+        )
+
+    def inspect(self, key: str) -> PermitState:
+        """The key's permits as the broker counts them now (spec §10.1 inspection; the metrics' source).
+
+        Parameters:
+            key: a key passed to :meth:`ensure` by this instance.
+
+        Returns:
+            ``limit`` (this instance's), ``available`` (tokens ready in the queue), ``active``
+            (``limit - available``, at least 0: held in every process), ``holding`` (held by this
+            instance) and ``waiting`` (this instance's :meth:`acquire` calls waiting now).  Waiters of
+            every process are not counted by the broker: a quorum queue's consumer count also
+            includes cancelled consumers that still hold a token, so each process reports its own.
+
+        Raises:
+            ValidationError: the key was not passed to :meth:`ensure` here.
+        """
+        limit = self._limits.get(key)
+        if limit is None:
+            raise ValidationError(f"call ensure({key!r}, limit) before inspecting its permits", field="key")
+        with self._io, map_exceptions(url=self.url):
+            ok = self._control_channel().queue_declare(self.names.limit_permit_queue(key), passive=True)
+        available = int(ok.message_count)
+        return PermitState(key, limit, available, max(0, limit - available), self.holding(key), self.waiting(key))
+
+    def waiting(self, key: str) -> int:
+        """How many :meth:`acquire` calls of this instance wait for a permit of ``key`` now.
+
+        Parameters:
+            key: the key.
+
+        Returns:
+            The count.
+        """
+        return self._waiting.get(key, 0)
+
     def holding(self, key: str) -> int:
         """How many permits of ``key`` this instance holds now.
 
@@ -583,6 +660,7 @@ __all__ = [
     "PERMIT_DELIVERY_LIMIT",
     "RENEW_AFTER_RETURNS",
     "Permit",
+    "PermitState",
     "Permits",
     "permit_queue_arguments",
 ]

@@ -7,6 +7,7 @@ at once mints exactly N tokens, duplicates are removed, resizing, renewal of a w
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -152,6 +153,7 @@ def test_a_sigkilled_holder_gives_its_permit_back(amqp_url: str, names: Names) -
             child.kill()
             child.wait()
         assert permit is not None and permit.index == 0
+        assert permits.duplicates_removed == 0  # the dead holder's token was not taken for a copy
         print(f"\nSIGKILLed holder: its permit taken by another connection {took * 1000:.1f} ms later")
         permit.release()
 
@@ -214,3 +216,89 @@ def test_misuse_is_a_typed_error(amqp_url: str, names: Names) -> None:
         assert permit is not None
     with pytest.raises(PermitLostError):
         permit.release()  # the Permits was closed: the broker took the permit back
+
+
+HOLDER_PROCESS = """
+import json, sys, threading, time
+from ojs_kombu.amqp.permits import Permits
+from ojs_kombu.model.naming import Names
+
+url, prefix = sys.argv[1], sys.argv[2]
+intervals, lock = [], threading.Lock()
+
+def run():
+    with Permits(url, names=Names(prefix)) as permits:
+        permits.ensure("k", 3)
+        for _ in range(15):
+            with permits.acquire("k", timeout=60) as permit:
+                start = time.monotonic()
+                time.sleep(0.003)
+                end = time.monotonic()
+            with lock:
+                intervals.append((start, end))
+
+threads = [threading.Thread(target=run) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(intervals))
+"""
+
+
+def test_two_processes_of_eight_threads_never_run_more_than_three(amqp_url: str, names: Names) -> None:
+    """Issue 31: two worker processes with concurrency 8 each, a key of concurrency 3 (CLOCK_MONOTONIC is system-wide)."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOLDER_PROCESS, amqp_url, names.prefix],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
+        for _ in range(2)
+    ]
+    intervals: list[tuple[float, float]] = []
+    for child in children:
+        out, _ = child.communicate(timeout=180)
+        assert child.returncode == 0
+        intervals += [tuple(pair) for pair in json.loads(out)]  # type: ignore[misc]
+    assert len(intervals) == 2 * 8 * 15
+    assert _max_overlap(intervals) == 3
+
+
+def test_a_held_permit_outlives_many_heartbeats_while_its_thread_is_busy(amqp_url: str, names: Names) -> None:
+    with Permits(amqp_url, names=names, heartbeat=1) as holder, Permits(amqp_url, names=names) as other:
+        holder.ensure("k", 1)
+        other.ensure("k", 1)
+        permit = holder.acquire("k", timeout=2)
+        assert permit is not None
+        time.sleep(4.5)  # the job: four heartbeat intervals in which this thread never touches the connection
+        assert permit.held
+        assert other.acquire("k", timeout=0.5) is None  # the broker did not take it back
+        permit.release()
+        assert not permit.held
+        taken = other.acquire("k", timeout=2)
+        assert taken is not None
+        taken.release()
+
+
+def test_inspect_counts_available_active_and_waiting(amqp_url: str, names: Names) -> None:
+    with Permits(amqp_url, names=names) as permits, Permits(amqp_url, names=names) as waiter:
+        permits.ensure("k", 2)
+        waiter.ensure("k", 2)
+        _await_ready(permits, "k", 2)
+        state = permits.inspect("k")
+        assert (state.limit, state.available, state.active, state.holding, state.waiting) == (2, 2, 0, 0, 0)
+        held = [permits.acquire("k", timeout=2) for _ in range(2)]
+        got: list[object] = []
+        waiting = threading.Thread(target=lambda: got.append(waiter.acquire("k", timeout=10)))
+        waiting.start()
+        wait_until(lambda: waiter.inspect("k").waiting == 1, timeout=5, message="one waiter")
+        state = permits.inspect("k")
+        assert (state.available, state.active, state.holding, state.waiting) == (0, 2, 2, 0)
+        for permit in held:
+            assert permit is not None
+            permit.release()
+        waiting.join(15)
+        assert got and got[0] is not None
+        wait_until(lambda: waiter.inspect("k").available == 1, timeout=5, message="the other token back")
+        state = waiter.inspect("k")
+        assert (state.active, state.holding, state.waiting) == (1, 1, 0)
