@@ -221,7 +221,6 @@ class Job(OjsModel):
         timeout: int | None = None,
         tags: list[str] | tuple[str, ...] | None = None,
         id: str | _uuid.UUID | None = None,
-        rate_limit: RateLimitPolicy | Mapping[str, Any] | None = None,
     ) -> Job:
         """Build a new job envelope, ready to publish.
 
@@ -231,9 +230,7 @@ class Job(OjsModel):
         ``scheduled_at``/``expires_at`` take an aware datetime, an RFC 3339 string or
         a ``timedelta`` from now; they are emitted in UTC with milliseconds
         (``scheduled_at`` rounded up, so a job never becomes due early).  The id is
-        a new UUIDv7 unless ``id`` (a lowercase UUIDv7) is given.  ``rate_limit`` is a
-        :class:`~ojs_kombu.model.ratelimit.RateLimitPolicy` or a dict of its fields, carried
-        as the envelope's ``rate_limit`` object (``ojs-rate-limiting.md`` §6).  ``created_at`` =
+        a new UUIDv7 unless ``id`` (a lowercase UUIDv7) is given.  ``created_at`` =
         ``enqueued_at`` = now, ``attempt`` = 0.
 
         Raises :class:`ValidationError` with ``field`` naming the bad argument.
@@ -323,10 +320,6 @@ class Job(OjsModel):
                 field = "retry"
                 state["retry"] = _retry_argument(retry)
                 given.add("retry")
-            if rate_limit is not None:
-                field = "rate_limit"
-                state["rate_limit"] = _rate_limit_argument(rate_limit)
-                given.add("rate_limit")
             job = construct_trusted(cls, state, given, {})
             if size > _SIZE_BUDGET:
                 _check_size(job)
@@ -704,18 +697,6 @@ def _retry_argument(retry: Any) -> RetryPolicy:
         policy: RetryPolicy = RetryPolicy.__pydantic_validator__.validate_python(dict(retry))
     except _PydanticValidationError as exc:
         raise _convert(exc, "retry") from None
-    return policy
-
-
-def _rate_limit_argument(rate_limit: Any) -> RateLimitPolicy:
-    if isinstance(rate_limit, RateLimitPolicy):
-        return rate_limit
-    if not isinstance(rate_limit, Mapping):
-        raise _Problem(f"must be a RateLimitPolicy or a dict, got {type(rate_limit).__name__}")
-    try:
-        policy: RateLimitPolicy = RateLimitPolicy.__pydantic_validator__.validate_python(dict(rate_limit))
-    except _PydanticValidationError as exc:
-        raise _convert(exc, "rate_limit") from None
     return policy
 
 

@@ -1,7 +1,8 @@
 """The job's rate limit policy (``ojs-rate-limiting.md`` §6): :class:`RateLimitPolicy` and :class:`RateWindow`.
 
-Carried in the envelope as the ``rate_limit`` object (spec §6.1), set per job
-(``Job.create(..., rate_limit=policy)``)::
+Carried in the envelope as the ``rate_limit`` object (spec §6.1), set per job (``job.rate_limit =
+policy``, validated on assignment; ``Job.create(..., rate_limit=...)`` and ``Client.enqueue`` come
+with the Client's wiring)::
 
     {"key": "stripe-api", "concurrency": 5,
      "rate": {"limit": 100, "period": "PT1M"},
