@@ -82,6 +82,10 @@ DEFAULT_PERMITS_HEARTBEAT = 10.0
 
 _LOCK_RETRY = 0.02
 
+SEED_SETTLE = 0.05
+"""Seconds :meth:`Permits.ensure` waits before it mints a token that looked missing, and looks again: a
+token released at that moment (its holder's consumer cancelled, the token not yet back) reappears."""
+
 
 def permit_queue_arguments() -> dict[str, Any]:
     """The arguments of a permit queue (see the module).
@@ -412,21 +416,22 @@ class Permits:
         tokens = self._tokens
         assert tokens is not None
         ready: dict[int, int] = {}
-        while (message := tokens.basic_get(queue, no_ack=False)) is not None:
-            tag = message.delivery_info["delivery_tag"]
-            index = _token_index(message.body, key)
-            if index is None or index >= limit or index in ready:
-                tokens.basic_ack(tag)
-                self.duplicates_removed += index is not None and index < limit
-                continue
-            ready[index] = tag
         held = self._held.setdefault(key, set())
+        self._take_ready(key, queue, limit, ready)
+        missing = [i for i in range(limit) if i not in ready and i not in held and self._free(key, i)]
+        if missing:
+            # A token between its holder's cancel and its return looks missing: look again a moment later.
+            self._io.release()
+            try:
+                time.sleep(SEED_SETTLE)
+            finally:
+                self._io.acquire()
+            self._take_ready(key, queue, limit, ready)
         minted = 0
-        for index in range(limit):
+        for index in missing:
             if index in ready or index in held:
                 continue
-            holder = self.names.limit_holder_queue(key, index)
-            probe = self._try_hold(holder)
+            probe = self._try_hold(self.names.limit_holder_queue(key, index))
             if probe is None:
                 continue  # held by another process
             try:
@@ -439,6 +444,27 @@ class Permits:
         if minted:
             logger.info("permits: minted %d token(s) of %s (limit %d)", minted, key, limit)
         return minted
+
+    def _take_ready(self, key: str, queue: str, limit: int, ready: dict[int, int]) -> None:
+        """Take every ready token into ``ready`` (index -> delivery tag), removing copies and indexes ≥ ``limit``."""
+        tokens = self._tokens
+        assert tokens is not None
+        while (message := tokens.basic_get(queue, no_ack=False)) is not None:
+            tag = message.delivery_info["delivery_tag"]
+            index = _token_index(message.body, key)
+            if index is None or index >= limit or index in ready:
+                tokens.basic_ack(tag)
+                self.duplicates_removed += index is not None and index < limit
+                continue
+            ready[index] = tag
+
+    def _free(self, key: str, index: int) -> bool:
+        """Whether no process holds ``index`` of ``key`` now (a probe of its index queue)."""
+        probe = self._try_hold(self.names.limit_holder_queue(key, index))
+        if probe is None:
+            return False
+        self._unhold(probe)
+        return True
 
     def _mint(self, queue: str, key: str, index: int) -> None:
         self._publish_channel().basic_publish_confirm(
@@ -659,6 +685,7 @@ __all__ = [
     "PERMIT_CONSUMER_TIMEOUT_MS",
     "PERMIT_DELIVERY_LIMIT",
     "RENEW_AFTER_RETURNS",
+    "SEED_SETTLE",
     "Permit",
     "PermitState",
     "Permits",
