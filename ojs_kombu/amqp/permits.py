@@ -47,6 +47,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -56,10 +58,10 @@ from amqp import Channel, spec
 from amqp import Message as WireMessage
 from amqp.exceptions import AccessRefused, ChannelError, MessageNacked, PreconditionFailed
 
-from ojs_kombu.amqp.connection import connect_once, make_connection, resolve_url
+from ojs_kombu.amqp.connection import connect_once, make_connection, resolve_url, safe_url
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.topology import parse_precondition_failed
-from ojs_kombu.errors import PermitLostError, ValidationError
+from ojs_kombu.errors import BrokerConnectionError, OjsError, PermitLostError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.ratelimit import RateLimitPolicy
 
@@ -300,6 +302,25 @@ class Permits:
                     logger.warning("permits: connection lost (%s); held permits went back to the broker", exc)
                     self._drop_connection()
 
+    @contextmanager
+    def _guarded(self) -> Iterator[None]:
+        """Take the connection's turn; on an AMQP or socket failure, drop the connection and raise it typed.
+
+        A failed connection or channel may have returned tokens this instance counts as held: the whole
+        connection is dropped (the broker returns every token and removes every index consumer), so the
+        permits it held read as lost (:attr:`Permit.held`), and the next call reconnects.
+        """
+        with self._io:
+            try:
+                with map_exceptions(url=self.url):
+                    yield
+            except OjsError:
+                raise
+            except Exception as exc:
+                logger.warning("permits: %s; dropping the connection (its permits go back)", exc)
+                self._drop_connection()
+                raise BrokerConnectionError(f"permits on {safe_url(self.url)}: {type(exc).__name__}: {exc}") from exc
+
     def _drop_connection(self) -> None:
         try:
             self._kombu.collect()
@@ -396,7 +417,7 @@ class Permits:
             raise ValidationError(f"a concurrency limit must be an integer >= 0, got {limit!r}", field="concurrency")
         lock = self.names.limit_seed_lock(key)
         deadline = time.monotonic() + timeout
-        with self._io, map_exceptions(url=self.url):
+        with self._guarded():
             queue = self._declare(key)
             while (seeding := self._try_hold(lock)) is None:
                 if time.monotonic() > deadline:
@@ -510,7 +531,7 @@ class Permits:
 
     def _acquire(self, key: str, limit: int, queue: str, started: float, deadline: float | None) -> Permit | None:
         while True:
-            with self._io, map_exceptions(url=self.url):
+            with self._guarded():
                 self._open()
                 tokens = self._tokens
                 assert tokens is not None
@@ -525,7 +546,7 @@ class Permits:
                 return None
             message = self._wait(queue, remaining)
             if message is not None:
-                with self._io, map_exceptions(url=self.url):
+                with self._guarded():
                     permit = self._claim(key, limit, message, started, deadline)
                     if permit is not None:
                         return permit
@@ -533,7 +554,7 @@ class Permits:
     def _wait(self, queue: str, remaining: float | None) -> WireMessage | None:
         """Subscribe until one token is delivered or ``remaining`` seconds passed; then cancel."""
         received: list[WireMessage] = []
-        with self._io, map_exceptions(url=self.url):
+        with self._guarded():
             tokens = self._tokens
             assert tokens is not None
             tag = tokens.basic_consume(queue, callback=received.append, no_ack=False)
@@ -544,17 +565,17 @@ class Permits:
                 if left <= 0:
                     break
                 # Short turns: other threads' acquires and releases share the connection.
-                with self._io, map_exceptions(url=self.url):
+                with self._guarded():
                     try:
                         self._connection.drain_events(timeout=left)
                     except TimeoutError:
                         pass
         finally:
-            with self._io, map_exceptions(url=self.url):
+            with self._guarded():
                 if self._connection is not None and tokens.is_open:
                     tokens.basic_cancel(tag)  # deliveries that race the cancel land in `received`
         for extra in received[1:]:
-            with self._io, map_exceptions(url=self.url):
+            with self._guarded():
                 _requeue(tokens, extra.delivery_info["delivery_tag"])
         return received[0] if received else None
 
@@ -600,7 +621,7 @@ class Permits:
             if tokens is None or not self._owns(permit):
                 raise PermitLostError(f"{permit!r}: the connection was lost; the broker took the permit back")
             held = self._held[permit.key]
-            with map_exceptions(url=self.url):
+            with self._guarded():
                 # Unsubscribe first: a token returned before it would meet a held index.
                 self._unhold(permit._hold)
                 held.discard(permit.index)
@@ -651,7 +672,7 @@ class Permits:
         limit = self._limits.get(key)
         if limit is None:
             raise ValidationError(f"call ensure({key!r}, limit) before inspecting its permits", field="key")
-        with self._io, map_exceptions(url=self.url):
+        with self._guarded():
             ok = self._control_channel().queue_declare(self.names.limit_permit_queue(key), passive=True)
         available = int(ok.message_count)
         return PermitState(key, limit, available, max(0, limit - available), self.holding(key), self.waiting(key))

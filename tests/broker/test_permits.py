@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.errors import PermitLostError, ValidationError
 from ojs_kombu.model.naming import Names
@@ -220,6 +221,7 @@ def test_misuse_is_a_typed_error(amqp_url: str, names: Names) -> None:
 
 HOLDER_PROCESS = """
 import json, sys, threading, time
+from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.model.naming import Names
 
@@ -347,3 +349,32 @@ def test_seeding_while_permits_are_taken_and_returned_never_exceeds_the_limit(am
         print(
             f"\nensure x{ensures} racing 3 cyclers: {minted} token(s) minted in the race, {len(intervals)} jobs, at most 2 at once"
         )
+
+
+def test_a_lost_connection_loses_its_permits_and_the_next_call_reconnects(
+    amqp_url: str, names: Names, management: ManagementClient
+) -> None:
+    name = f"{names.prefix}-lost"
+    with Permits(amqp_url, names=names, connection_name=name) as permits, Permits(amqp_url, names=names) as other:
+        permits.ensure("k", 1)
+        other.ensure("k", 1)
+        permit = permits.acquire("k", timeout=2)
+        assert permit is not None and permit.held
+
+        def connection_named() -> str | None:
+            for connection in management.connections():
+                if (connection.get("client_properties") or {}).get("connection_name") == name:
+                    return str(connection["name"])
+            return None
+
+        assert management.close_connection(wait_until(connection_named, timeout=15, message="the connection listed"))
+        taken = other.acquire("k", timeout=5)  # the broker returned the permit
+        assert taken is not None
+        wait_until(lambda: not permit.held, timeout=5, message="the holder noticing")
+        with pytest.raises(PermitLostError):
+            permit.release()
+        assert permits.acquire("k", timeout=0.3) is None  # reconnected; the permit is the other's now
+        taken.release()
+        again = permits.acquire("k", timeout=2)
+        assert again is not None and again.held
+        again.release()
