@@ -537,24 +537,28 @@ class Permits:
                 assert tokens is not None
                 message = tokens.basic_get(queue, no_ack=False)
                 if message is not None:
-                    permit = self._claim(key, limit, message, started, deadline)
+                    permit = self._claim(key, limit, message, tokens, started)
                     if permit is not None:
                         return permit
                     continue
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
-            message = self._wait(queue, remaining)
+            message, tokens = self._wait(queue, remaining)
             if message is not None:
                 with self._guarded():
-                    permit = self._claim(key, limit, message, started, deadline)
+                    permit = self._claim(key, limit, message, tokens, started)
                     if permit is not None:
                         return permit
 
-    def _wait(self, queue: str, remaining: float | None) -> WireMessage | None:
-        """Subscribe until one token is delivered or ``remaining`` seconds passed; then cancel."""
+    def _wait(self, queue: str, remaining: float | None) -> tuple[WireMessage | None, Channel]:
+        """Subscribe until one token is delivered or ``remaining`` seconds passed; then cancel.
+
+        Returns the token (or None) and the channel it was delivered on.
+        """
         received: list[WireMessage] = []
         with self._guarded():
+            self._open()
             tokens = self._tokens
             assert tokens is not None
             tag = tokens.basic_consume(queue, callback=received.append, no_ack=False)
@@ -566,25 +570,29 @@ class Permits:
                     break
                 # Short turns: other threads' acquires and releases share the connection.
                 with self._guarded():
+                    if not self._same_connection(tokens):
+                        break  # the connection was dropped meanwhile (its tokens went back)
                     try:
                         self._connection.drain_events(timeout=left)
                     except TimeoutError:
                         pass
         finally:
             with self._guarded():
-                if self._connection is not None and tokens.is_open:
+                if self._same_connection(tokens):
                     tokens.basic_cancel(tag)  # deliveries that race the cancel land in `received`
         for extra in received[1:]:
             with self._guarded():
-                _requeue(tokens, extra.delivery_info["delivery_tag"])
-        return received[0] if received else None
+                if self._same_connection(tokens):
+                    _requeue(tokens, extra.delivery_info["delivery_tag"])
+        return (received[0] if received else None), tokens
 
-    def _claim(
-        self, key: str, limit: int, message: WireMessage, started: float, deadline: float | None
-    ) -> Permit | None:
-        """Make a received token a permit: own its index's holder queue, or remove it as a copy."""
-        tokens = self._tokens
-        assert tokens is not None
+    def _claim(self, key: str, limit: int, message: WireMessage, tokens: Channel, started: float) -> Permit | None:
+        """Make a token received on ``tokens`` a permit: own its index queue, or remove the token as a copy.
+
+        Returns None when the token was removed, or went back with a connection lost meanwhile.
+        """
+        if not self._same_connection(tokens):
+            return None
         tag = message.delivery_info["delivery_tag"]
         index = _token_index(message.body, key)
         held = self._held.setdefault(key, set())
@@ -606,7 +614,7 @@ class Permits:
             finally:
                 self._io.acquire()
             if not self._same_connection(tokens):
-                raise PermitLostError("the connection was lost while acquiring a permit")
+                return None  # the connection was lost meanwhile: the token went back with it
         held.add(index)
         headers = message.properties.get("application_headers") or {}
         count = headers.get("x-delivery-count", 0)
