@@ -76,6 +76,9 @@ PERMIT_CONSUMER_TIMEOUT_MS = 2**31 - 1
 RENEW_AFTER_RETURNS = 1_000_000
 """A token whose ``x-delivery-count`` reached this is renewed (republished, then acked) instead of returned."""
 
+MAX_PERMITS = 10_000
+"""The largest concurrency limit :meth:`Permits.ensure` takes: each permit is a token and an index queue."""
+
 DEFAULT_DEDUPE_GRACE = 2.0
 """Seconds a receiver waits for an index's holder queue to be released before it removes its token as a copy."""
 
@@ -413,8 +416,10 @@ class Permits:
             key = key.key
         else:
             key = RateLimitPolicy(key=key).key
-        if limit is None or type(limit) is not int or limit < 0:
-            raise ValidationError(f"a concurrency limit must be an integer >= 0, got {limit!r}", field="concurrency")
+        if limit is None or type(limit) is not int or not 0 <= limit <= MAX_PERMITS:
+            raise ValidationError(
+                f"a concurrency limit must be an integer from 0 to {MAX_PERMITS}, got {limit!r}", field="concurrency"
+            )
         lock = self.names.limit_seed_lock(key)
         deadline = time.monotonic() + timeout
         with self._guarded():
@@ -711,6 +716,7 @@ class Permits:
 __all__ = [
     "DEFAULT_DEDUPE_GRACE",
     "DEFAULT_PERMITS_HEARTBEAT",
+    "MAX_PERMITS",
     "PERMIT_CONSUMER_TIMEOUT_MS",
     "PERMIT_DELIVERY_LIMIT",
     "RENEW_AFTER_RETURNS",

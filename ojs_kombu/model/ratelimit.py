@@ -30,8 +30,9 @@ from ojs_kombu.model.timefmt import _duration
 RATE_LIMIT_KEY_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._:-]*$"
 """The pattern every ``rate_limit.key`` matches (spec §6.2, a MUST)."""
 
-MAX_RATE_LIMIT_KEY_LENGTH = 200
-"""Longest key, in characters: the key is part of AMQP queue names, which RabbitMQ caps at 255 bytes."""
+MAX_RATE_LIMIT_KEY_LENGTH = 160
+"""Longest key, in characters: the key is part of AMQP queue names (``{prefix}.ojs.limit.{key}.held.{index}``),
+which RabbitMQ caps at 255 bytes; 160 leaves room for a deployment prefix of 60."""
 
 _KEY_RE = re.compile(RATE_LIMIT_KEY_PATTERN)
 

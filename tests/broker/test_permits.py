@@ -18,7 +18,7 @@ import time
 import pytest
 
 from ojs_kombu.amqp.management import ManagementClient
-from ojs_kombu.amqp.permits import Permits
+from ojs_kombu.amqp.permits import MAX_PERMITS, Permits
 from ojs_kombu.errors import PermitLostError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.ratelimit import RateLimitPolicy
@@ -210,6 +210,12 @@ def test_misuse_is_a_typed_error(amqp_url: str, names: Names) -> None:
             permits.ensure("k", -1)
         assert info.value.field == "concurrency"
         with pytest.raises(ValidationError) as info:
+            permits.ensure("k", MAX_PERMITS + 1)
+        assert info.value.field == "concurrency"
+        with pytest.raises(ValidationError) as info:
+            permits.ensure(RateLimitPolicy(key="k", rate={"limit": 1, "period": "PT1S"}))  # no concurrency
+        assert info.value.field == "concurrency"
+        with pytest.raises(ValidationError) as info:
             permits.ensure("bad key", 1)
         assert info.value.field == "key"
         permits.ensure("k", 1)
@@ -222,7 +228,7 @@ def test_misuse_is_a_typed_error(amqp_url: str, names: Names) -> None:
 HOLDER_PROCESS = """
 import json, sys, threading, time
 from ojs_kombu.amqp.management import ManagementClient
-from ojs_kombu.amqp.permits import Permits
+from ojs_kombu.amqp.permits import MAX_PERMITS, Permits
 from ojs_kombu.model.naming import Names
 
 url, prefix = sys.argv[1], sys.argv[2]

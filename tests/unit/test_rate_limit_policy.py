@@ -97,7 +97,7 @@ def test_a_job_carries_the_policy_as_the_rate_limit_object() -> None:
         ({"key": ""}, "key"),
         ({"key": "-starts-with-a-dash"}, "key"),
         ({"key": "has space"}, "key"),
-        ({"key": "k" * 201}, "key"),
+        ({"key": "k" * 161}, "key"),
         ({"key": 7}, "key"),
         ({"key": "k", "concurrency": -1}, "concurrency"),
         ({"key": "k", "concurrency": 1.5}, "concurrency"),
@@ -149,3 +149,16 @@ def test_slots_are_fixed_windows_aligned_to_the_epoch() -> None:
     assert (schedule.start(2), schedule.end(2)) == (120.0, 180.0)
     assert schedule.until_next(150.0) == 30.0
     assert schedule.until_next(120.0) == 60.0  # at a boundary: the whole next window
+
+
+def test_the_entities_of_a_key_are_named_under_the_deployment_prefix() -> None:
+    from ojs_kombu.amqp.permits import MAX_PERMITS
+    from ojs_kombu.model.naming import Names
+
+    names = Names("acme")
+    assert names.limit_permit_queue("tenant:acme:api") == "acme.ojs.limit.tenant:acme:api.permits"
+    assert names.limit_holder_queue("k", 3) == "acme.ojs.limit.k.held.3"
+    assert names.limit_seed_lock("k") == "acme.ojs.limit.k.seeding"
+    assert Names().limit_window_queue("k", "throttle") == "ojs.limit.k.throttle"
+    longest = Names("p" * 60).limit_holder_queue("k" * 160, MAX_PERMITS - 1)
+    assert len(longest.encode()) <= 255  # RabbitMQ's limit on a queue name
