@@ -10,8 +10,10 @@ and publishes ``capacity`` tokens, each with a per-message TTL that ends with th
 token taken in slot ``k`` was published for slot ``k``: at most ``capacity`` starts per slot, and
 a slot's unused tokens never carry over (the fixed window of ``ojs-rate-limiting.md`` §5.2).  A
 refill that runs late shortens the slot (fewer starts, never more); a refill lost with its leader
-skips the slot.  The queue's ``x-max-length`` (= capacity, ``reject-publish``) bounds what two
-overlapping refillers could publish (on quorum queues not exactly: see :mod:`ojs_kombu.amqp.lease`).
+skips the slot.  Two refillers that overlap (a leader paused past its lease) purge before they
+publish, so a slot gets at most twice its tokens.  The queue has no ``x-max-length``: a changed
+rate is a new capacity, not a queue to declare again (and on quorum queues the bound is not exact,
+see :mod:`ojs_kombu.amqp.lease`).
 Tokens are published without confirms: a token lost is a start less in its slot, never one more.
 
 Tokens expire by the broker's clock; slots are computed from the refiller's and the takers'
@@ -33,20 +35,13 @@ from ojs_kombu.model.naming import Names
 from ojs_kombu.policy.ratelimit import WindowSchedule
 
 
-def window_queue_arguments(schedule: WindowSchedule) -> dict[str, Any]:
-    """The arguments of a window's token queue.
-
-    Parameters:
-        schedule: the window.
+def window_queue_arguments() -> dict[str, Any]:
+    """The arguments of a window's token queue (the same for every capacity: see the module).
 
     Returns:
         A new dict.
     """
-    return {
-        "x-queue-type": "quorum",
-        "x-max-length": schedule.capacity,
-        "x-overflow": "reject-publish",
-    }
+    return {"x-queue-type": "quorum"}
 
 
 class WindowTokens:
@@ -73,13 +68,13 @@ class WindowTokens:
             The queue's name.
 
         Raises:
-            TopologyConflictError: the queue exists with other arguments (another capacity).
+            TopologyConflictError: the queue exists with other arguments (declared by something else).
         """
         queue = self.names.limit_window_queue(key, schedule.kind)
         if queue not in self._declared:
             try:
                 self.channel.queue_declare(
-                    queue, durable=True, auto_delete=False, exclusive=False, arguments=window_queue_arguments(schedule)
+                    queue, durable=True, auto_delete=False, exclusive=False, arguments=window_queue_arguments()
                 )
             except PreconditionFailed as exc:
                 raise parse_precondition_failed(queue, str(exc.reply_text or exc)) from exc

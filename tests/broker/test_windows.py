@@ -105,3 +105,23 @@ def test_only_the_leader_refills(amqp_url: str, names: Names) -> None:
             before = {slot for _, _, slot, _ in active.refills}
             after = {slot for _, _, slot, _ in idle.refills}
             assert not before & after  # no slot refilled twice
+
+
+def test_a_changed_rate_needs_no_new_queue(amqp_url: str, names: Names) -> None:
+    connection = make_connection(amqp_url, heartbeat=0, ssl=None, transport_options=None, connection_name="t")
+    connect_once(connection)
+    try:
+        tokens = WindowTokens(connection.connection.channel(), names)
+        slow, fast = WindowSchedule("rate", 2, 60.0), WindowSchedule("rate", 5, 60.0)
+        now = time.time()
+        channel = tokens.channel
+        queue = names.limit_window_queue("k", "rate")
+        assert tokens.refill("k", slow, slow.slot(now), now=now) == 2
+        # Unconfirmed publishes may still be on their way when a purge runs: a slot apart in real use.
+        wait_until(lambda: channel.queue_declare(queue, passive=True).message_count == 2, timeout=5)
+        assert tokens.refill("k", fast, fast.slot(now), now=now) == 5  # purged, then refilled at the new rate
+        wait_until(lambda: channel.queue_declare(queue, passive=True).message_count == 5, timeout=5)
+        taken = [tokens.take("k", fast) for _ in range(6)]
+        assert taken[:5] == [fast.slot(now)] * 5 and taken[5] is None
+    finally:
+        connection.release()
