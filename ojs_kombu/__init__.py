@@ -21,6 +21,7 @@ Importing the package registers the ``ojs://`` and ``ojss://`` kombu transports.
 
 from typing import TYPE_CHECKING
 
+from ojs_kombu.amqp.permits import Permit, Permits, PermitState
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.client import Client, EnqueueResult, JobOptions
 from ojs_kombu.errors import (
@@ -39,6 +40,7 @@ from ojs_kombu.errors import (
     MetricsServerError,
     NotFoundError,
     OjsError,
+    PermitLostError,
     PublishError,
     PublishNackedError,
     PublishTimeoutError,
@@ -57,6 +59,7 @@ from ojs_kombu.model.info import JobInfo, JobState
 from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
+from ojs_kombu.model.ratelimit import RateLimitPolicy, RateWindow
 from ojs_kombu.model.workflow import Batch, Chain, Group, batch, chain, group
 from ojs_kombu.observability.server import MetricsServer, serve_metrics
 from ojs_kombu.runtime.cron import CronRegistry, CronScheduler, RegisteredCron
@@ -130,6 +133,12 @@ __all__ = [
     "PublishTimeoutError",
     "QueueArgumentRefusedError",
     "QueueOptions",
+    "Permit",
+    "PermitLostError",
+    "PermitState",
+    "Permits",
+    "RateLimitPolicy",
+    "RateWindow",
     "RetryPolicy",
     "Topology",
     "TlsVerificationError",

@@ -248,6 +248,11 @@ class ClientClosedError(OjsError):
     waiting when it closed (an enqueue that had not started publishing is not published)."""
 
 
+class PermitLostError(OjsError):
+    """A concurrency permit could not be given back because its connection was lost: the broker
+    took it back already (:class:`ojs_kombu.amqp.permits.Permits`), or the Permits was closed."""
+
+
 class WorkerError(OjsError):
     """The worker stopped on its own: its consumer ended without being asked to.
 
@@ -338,6 +343,7 @@ __all__ = [
     "MetricsServerError",
     "NotFoundError",
     "OjsError",
+    "PermitLostError",
     "PublishError",
     "PublishNackedError",
     "PublishTimeoutError",

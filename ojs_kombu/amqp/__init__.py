@@ -13,6 +13,7 @@ from ojs_kombu.amqp.fanin import FanIn, Pending, Ready
 from ojs_kombu.amqp.locks import Acquired, Held, UniqueLocks
 from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.outbox import Outbox, outbox
+from ojs_kombu.amqp.permits import Permit, Permits, PermitState
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import OnConflict, Topology
 from ojs_kombu.amqp.version import parse_version, rabbitmq_version
@@ -27,6 +28,9 @@ __all__ = [
     "OnConflict",
     "Outbox",
     "Pending",
+    "Permit",
+    "PermitState",
+    "Permits",
     "PublishTicket",
     "Ready",
     "Topology",

@@ -251,6 +251,22 @@ class Names:
         """Routing key of a retry queue on the retry exchange: ``{queue}.{delay_ms}``."""
         return f"{queue}.{int(delay_ms)}"
 
+    def limit_permit_queue(self, key: str) -> str:
+        """The permit tokens of a concurrency limit key: ``ojs.limit.{key}.permits`` (DESIGN §21)."""
+        return self._name(f"ojs.limit.{key}.permits")
+
+    def limit_holder_queue(self, key: str, index: int) -> str:
+        """The exclusive queue that marks permit ``index`` of ``key`` as held: ``ojs.limit.{key}.held.{index}``."""
+        return self._name(f"ojs.limit.{key}.held.{int(index)}")
+
+    def limit_seed_lock(self, key: str) -> str:
+        """The exclusive queue held while permits of ``key`` are counted and minted: ``ojs.limit.{key}.seeding``."""
+        return self._name(f"ojs.limit.{key}.seeding")
+
+    def limit_window_queue(self, key: str, kind: str) -> str:
+        """The start tokens of a window rate (``kind`` ``"rate"`` or ``"throttle"``): ``ojs.limit.{key}.{kind}``."""
+        return self._name(f"ojs.limit.{key}.{kind}")
+
     def control_queue(self, queue: str) -> str:
         """``ojs.queue.control.{queue}``."""
         return self._name(f"ojs.queue.control.{queue}")

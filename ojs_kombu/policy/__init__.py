@@ -1,8 +1,9 @@
 """Decisions without I/O: retry outcomes and the delay ladder, back-off, the scheduling cascade, cron fire times,
-unique keys, what follows a workflow job's end."""
+unique keys, what follows a workflow job's end, rate limit windows."""
 
 from ojs_kombu.policy.backoff import reconnect_delay, retry_delay
 from ojs_kombu.policy.cron import Due, due, evaluation_delay, next_fire
+from ojs_kombu.policy.ratelimit import WindowSchedule
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, ladder_ms_until, record_failure
 from ojs_kombu.policy.schedule import Cascade, delay_ms_until
 from ojs_kombu.policy.unique import (
@@ -48,6 +49,7 @@ __all__ = [
     "Failure",
     "Outcome",
     "canonical_json",
+    "WindowSchedule",
     "decide",
     "delay_ms_until",
     "due",

@@ -4,6 +4,7 @@ from ojs_kombu.runtime.consumer import Consumer, Delivery
 from ojs_kombu.runtime.cron import CronRegistry, CronScheduler, RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
 from ojs_kombu.runtime.leader import LeaderLease
+from ojs_kombu.runtime.refill import WindowRefiller
 from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.runtime.worker import Worker, current_job
 
@@ -17,5 +18,6 @@ __all__ = [
     "LeaderLease",
     "Settler",
     "Worker",
+    "WindowRefiller",
     "current_job",
 ]
