@@ -204,7 +204,9 @@ def test_a_lifecycle_event_is_what_a_reader_of_the_stream_decodes():
     decoded = decode_event(message.body, message.properties)
     assert isinstance(decoded, JobEventRecord)
     assert abs(decoded.at - emitted.at) < timedelta(milliseconds=1)  # RFC 3339 with milliseconds
-    assert decoded.enqueued_at is not None and abs(decoded.enqueued_at - emitted.enqueued_at) < timedelta(milliseconds=1)
+    assert decoded.enqueued_at is not None and abs(decoded.enqueued_at - emitted.enqueued_at) < timedelta(
+        milliseconds=1
+    )
     assert decoded.scheduled_at is None
     same = decoded._replace(at=emitted.at, enqueued_at=emitted.enqueued_at)
     assert same == JobEventRecord("started", job.id, "a.b", "q", 2, "w1", emitted.at, None, emitted.enqueued_at)
