@@ -4,12 +4,16 @@ The broker keeps the history (the events stream ``ojs.stream.events``, retention
 :class:`~ojs_kombu.wire.events.EventsOptions`), so nothing is lost when the dashboard restarts and
 no database is needed: at start, :meth:`EventHistory.refresh` reads the stream's window (at most
 :attr:`EventHistory.window`, a week by default; the stream keeps an hour unless configured longer),
-then each refresh reads only what came since the last event seen (less an :attr:`~EventHistory.overlap`
-for events a worker published late, counted once by their identity).  What is kept:
+then each refresh reads only what came since the previous read began (less an
+:attr:`~EventHistory.overlap`: for a clock apart and an event a worker published late; an event read
+twice is counted once, by its identity).  A stream is read from a time by where the broker wrote it,
+and ``Client.events`` keeps the events stamped at or after that time: an event published more than the
+overlap after it happened is not counted (a worker's events leave within a second).  What is kept:
 
 * per queue and event (``succeeded``, ``failed``, ``retried``, ``dead-lettered``), the count per minute
   over the window: the per minute chart of the last hour and the per hour one of the week;
-* the queue wait (``started`` less the job's ``enqueued_at``, or ``scheduled_at`` when later) and the
+* the queue wait (a first attempt's ``started`` less the job's ``enqueued_at``, or ``scheduled_at`` when
+  later: as :class:`~ojs_kombu.observability.job_metrics.JobMetrics` measures it) and the
   run time (``succeeded`` / ``failed`` less the same attempt's ``started``) of the last hour: their
   percentiles; the handler seconds finished per minute (the workers' utilisation);
 * the events of the last :attr:`~EventHistory.jobs` jobs seen: each job's timeline.
@@ -106,7 +110,7 @@ class EventHistory:
     Parameters:
         read: returns the job events at or after an aware datetime, oldest first (``Client.events``).
         window: how far back the first read goes (and how long counts are kept).
-        overlap: how far before the last event seen each later read starts.
+        overlap: how far before the previous read's start each later read starts.
         jobs: jobs whose events are kept for their timeline (the least recently seen are forgotten).
         clock: the present (tests).
     """
@@ -116,7 +120,7 @@ class EventHistory:
         read: Callable[[datetime], list[JobEventRecord]],
         *,
         window: timedelta = timedelta(days=7),
-        overlap: timedelta = timedelta(seconds=30),
+        overlap: timedelta = timedelta(seconds=5),
         jobs: int = 20_000,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -135,6 +139,7 @@ class EventHistory:
         self._runs: deque[tuple[datetime, str, float]] = deque()
         self._stories: OrderedDict[str, list[JobEventRecord]] = OrderedDict()
         self._last: datetime | None = None
+        self._read_at: datetime | None = None
         #: Whether the first read (the window) is done.
         self.loaded = False
         #: Seconds the first read took, and the events it read.
@@ -146,7 +151,7 @@ class EventHistory:
     # -- reading ---------------------------------------------------------------------------------
 
     def refresh(self) -> int:
-        """Read the events since the last one seen (the whole window the first time) and add them.
+        """Read the events since the previous read (the whole window the first time) and add them.
 
         Returns:
             The events added (those read again within the overlap are not counted twice).
@@ -155,8 +160,9 @@ class EventHistory:
             OjsError: the read failed (``error`` says so too; the next refresh tries again).
         """
         with self._reading:
-            first = self._last is None
-            since = self._clock() - self.window if self._last is None else self._last - self.overlap
+            first = self._read_at is None
+            now = self._clock()
+            since = now - self.window if self._read_at is None else self._read_at - self.overlap
             began = time.monotonic()
             try:
                 events = self._read(since)
@@ -165,8 +171,9 @@ class EventHistory:
                 raise
             self.error = ""
             with self._lock:
-                added = sum(self._add(event) for event in events)
-                self._prune()
+                added = sum(self._add(event, now) for event in events)
+                self._prune(now)
+            self._read_at = now
             if first:
                 self.load_seconds, self.load_events, self.loaded = time.monotonic() - began, added, True
             return added
@@ -177,16 +184,17 @@ class EventHistory:
         Returns:
             The events added.
         """
+        now = self._clock()
         with self._lock:
-            added = sum(self._add(event) for event in events)
-            self._prune()
+            added = sum(self._add(event, now) for event in events)
+            self._prune(now)
         return added
 
-    def _add(self, event: JobEventRecord) -> bool:
+    def _add(self, event: JobEventRecord, now: datetime) -> bool:
         key = (event.event, event.job_id, event.attempt, event.worker_id, event.at)
         if key in self._seen:
             return False
-        self._seen[key] = event.at
+        self._seen[key] = now
         if self._last is None or event.at > self._last:
             self._last = event.at
         minute = _minute(event.at)
@@ -197,7 +205,7 @@ class EventHistory:
             while len(self._started) > self.jobs:
                 self._started.popitem(last=False)
             due = max((t for t in (event.enqueued_at, event.scheduled_at) if t is not None), default=None)
-            if due is not None:
+            if due is not None and event.attempt == 1:  # a retry's wait includes the earlier runs
                 self._waits.append((event.at, event.queue, max(0.0, (event.at - due).total_seconds())))
         elif event.event in ("succeeded", "failed"):
             started = self._started.pop((event.job_id, event.attempt), None)
@@ -213,8 +221,7 @@ class EventHistory:
             self._stories.popitem(last=False)
         return True
 
-    def _prune(self) -> None:
-        now = self._clock()
+    def _prune(self, now: datetime) -> None:
         oldest = _minute(now - self.window)
         for counts in self._counts.values():
             for minute in [m for m in counts if m < oldest]:
@@ -226,9 +233,9 @@ class EventHistory:
         for samples in (self._waits, self._runs):
             while samples and samples[0][0] < hour_ago:
                 samples.popleft()
-        if self._last is not None:
-            horizon = self._last - 2 * self.overlap
-            self._seen = {k: at for k, at in self._seen.items() if at >= horizon}
+        horizon = now - 2 * self.overlap  # a later read goes back one overlap from its previous read
+        if self._seen and next(iter(self._seen.values())) < horizon:
+            self._seen = {k: seen for k, seen in self._seen.items() if seen >= horizon}
 
     # -- what the pages read ---------------------------------------------------------------------
 
