@@ -82,6 +82,9 @@ def test_the_chart_counts_what_ran_and_a_restarted_dashboard_still_does(browser,
     browser.get(again.base + "/queues/dash")
     wait_until(lambda: totals(browser) == EXPECTED, timeout=30, message="the queue's chart")
     docs_shot(browser, "queue")
+    browser.get(again.base + "/workers")
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#workers tr[data-worker]"), message="the worker listed")
+    docs_shot(browser, "workers")
 
 
 def kinds(browser) -> list[tuple[str, str | None]]:
@@ -128,3 +131,6 @@ def test_a_framework_id_finds_its_job(browser, serve, worker, client, names, tmp
         lambda: ("dead-lettered", "1") in kinds(browser), timeout=30, message="the story found by the Dramatiq id"
     )
     assert job.id in browser.find_element(By.ID, "resolved").text
+    browser.get(f"{served.base}/queues/dash/dead")
+    assert browser.find_elements(By.CSS_SELECTOR, f'#letters tr[data-id="{job.id}"]')
+    docs_shot(browser, "dead-letters")
