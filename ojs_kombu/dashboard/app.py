@@ -95,7 +95,7 @@ class Dashboard:
         self.refresh = refresh
         self.history = DepthHistory()
         self.replays = Replays()
-        self.events = EventHistory(lambda since: client.events(since, timeout=EVENTS_READ_TIMEOUT))
+        self.events = EventHistory(lambda since, limit: client.events(since, limit=limit, timeout=EVENTS_READ_TIMEOUT))
         self._sample_every = sample_every
         self._stop = threading.Event()
         password = urlsplit(client.url.split(";")[0].strip()).password

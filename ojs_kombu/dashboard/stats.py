@@ -45,6 +45,9 @@ LABELS: dict[str, str] = {
     "dead-lettered": "dead-lettered",
 }
 
+#: How far before the last event of a full page the next page of a read starts.
+PAGE_OVERLAP = timedelta(seconds=1)
+
 _Key = tuple[str, str, int, str, datetime]  # event, job id, attempt, worker id, at
 
 
@@ -108,32 +111,37 @@ class EventHistory:
     """Job events from the events stream, aggregated (see the module docstring); thread-safe.
 
     Parameters:
-        read: returns the job events at or after an aware datetime, oldest first (``Client.events``).
+        read: ``read(since, limit)`` returns at most ``limit`` job events at or after the aware datetime
+            ``since``, oldest first (``Client.events``).
         window: how far back the first read goes (and how long counts are kept).
         overlap: how far before the previous read's start each later read starts.
         jobs: jobs whose events are kept for their timeline (the least recently seen are forgotten).
+        page: events per read (a read returning as many is followed by one from its last event's time,
+            less :data:`PAGE_OVERLAP`): what bounds the memory of reading a long window.
         clock: the present (tests).
     """
 
     def __init__(
         self,
-        read: Callable[[datetime], list[JobEventRecord]],
+        read: Callable[[datetime, int], list[JobEventRecord]],
         *,
         window: timedelta = timedelta(days=7),
         overlap: timedelta = timedelta(seconds=5),
         jobs: int = 20_000,
+        page: int = 50_000,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.window = window
         self.overlap = overlap
         self.jobs = jobs
+        self.page = page
         self._read = read
         self._clock = clock
         self._lock = threading.Lock()
         self._reading = threading.Lock()
         self._counts: dict[tuple[str, str], Counter[int]] = {}
         self._busy: dict[str, defaultdict[int, float]] = {}
-        self._seen: dict[_Key, datetime] = {}
+        self._seen: set[_Key] = set()
         self._started: OrderedDict[tuple[str, int], JobEventRecord] = OrderedDict()
         self._waits: deque[tuple[datetime, str, float]] = deque()
         self._runs: deque[tuple[datetime, str, float]] = deque()
@@ -163,16 +171,26 @@ class EventHistory:
             first = self._read_at is None
             now = self._clock()
             since = now - self.window if self._read_at is None else self._read_at - self.overlap
-            began = time.monotonic()
-            try:
-                events = self._read(since)
-            except Exception as exc:
-                self.error = f"{type(exc).__name__}: {exc}"
-                raise
+            began, added, limit = time.monotonic(), 0, self.page
+            while True:
+                try:
+                    events = self._read(since, limit)
+                except Exception as exc:
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    raise
+                full = len(events) >= limit
+                with self._lock:
+                    added += sum(self._add(event) for event in events)
+                    if full:  # the next page: from this one's last event, less a second (stamps a little out of order)
+                        start = max(since, events[-1].at - PAGE_OVERLAP)
+                        limit = limit * 2 if start <= since else self.page  # no progress: a larger page
+                        since = start
+                    # what a later read may return again: at or after its start (Client.events keeps those)
+                    self._forget(min(since, now - self.overlap) if full else now - self.overlap)
+                    self._prune(now)
+                if not full:
+                    break
             self.error = ""
-            with self._lock:
-                added = sum(self._add(event, now) for event in events)
-                self._prune(now)
             self._read_at = now
             if first:
                 self.load_seconds, self.load_events, self.loaded = time.monotonic() - began, added, True
@@ -186,15 +204,15 @@ class EventHistory:
         """
         now = self._clock()
         with self._lock:
-            added = sum(self._add(event, now) for event in events)
+            added = sum(self._add(event) for event in events)
             self._prune(now)
         return added
 
-    def _add(self, event: JobEventRecord, now: datetime) -> bool:
+    def _add(self, event: JobEventRecord) -> bool:
         key = (event.event, event.job_id, event.attempt, event.worker_id, event.at)
         if key in self._seen:
             return False
-        self._seen[key] = now
+        self._seen.add(key)
         if self._last is None or event.at > self._last:
             self._last = event.at
         minute = _minute(event.at)
@@ -233,9 +251,10 @@ class EventHistory:
         for samples in (self._waits, self._runs):
             while samples and samples[0][0] < hour_ago:
                 samples.popleft()
-        horizon = now - 2 * self.overlap  # a later read goes back one overlap from its previous read
-        if self._seen and next(iter(self._seen.values())) < horizon:
-            self._seen = {k: seen for k, seen in self._seen.items() if seen >= horizon}
+
+    def _forget(self, floor: datetime) -> None:
+        """Forget the identities of the events before ``floor``: no later read returns them."""
+        self._seen = {key for key in self._seen if key[4] >= floor}
 
     # -- what the pages read ---------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ EXPECTED = {"succeeded": str(N), "failed": str(2 * K), "retried": str(K), "deadl
 def test_the_chart_counts_what_ran_and_a_restarted_dashboard_still_does(browser, serve, worker, client, names):
     served = serve(refresh=1)
     browser.get(served.base + "/")
+    browser.find_element(By.CSS_SELECTOR, "#chart details summary").click()  # the numbers, kept open by updates
     for i in range(N):
         client.enqueue("ok", [i], queue="dash")
     for i in range(K):
@@ -61,6 +62,7 @@ def test_the_chart_counts_what_ran_and_a_restarted_dashboard_still_does(browser,
     wait_until(lambda: dead_count(client, names) == K, timeout=30, message="the flaky jobs dead-lettered")
     # the open page updates itself: no navigation
     wait_until(lambda: totals(browser) == EXPECTED, timeout=30, message=f"the chart shows {EXPECTED}")
+    assert browser.execute_script("return [document.querySelector('#chart details').open, document.activeElement.tagName]") == [True, "SUMMARY"]  # fmt: skip
     bars = browser.find_elements(By.CSS_SELECTOR, "#chart svg g.bar")
     assert len(bars) == 60  # one per minute of the last hour
     failed = sum(int(b.get_attribute("data-failed")) for b in bars)

@@ -23,9 +23,9 @@ class Stream:
         self.events: list[JobEventRecord] = []
         self.reads: list[datetime] = []
 
-    def __call__(self, since: datetime) -> list[JobEventRecord]:
+    def __call__(self, since: datetime, limit: int) -> list[JobEventRecord]:
         self.reads.append(since)
-        return [e for e in self.events if e.at >= since]
+        return [e for e in self.events if e.at >= since][:limit]
 
 
 def test_a_refresh_reads_since_the_last_event_less_the_overlap_and_counts_each_event_once():
@@ -41,6 +41,23 @@ def test_a_refresh_reads_since_the_last_event_less_the_overlap_and_counts_each_e
     series = history.series()
     assert (series.total("succeeded"), series.total("failed"), len(series.starts)) == (1, 1, 60)
     assert series.counts["succeeded"][-1] == 1 and series.starts[-1] == datetime(2026, 11, 27, 12, 30, tzinfo=UTC)
+
+
+def test_a_long_window_is_read_in_pages_each_from_the_last_event_of_the_one_before():
+    stream = Stream()
+    stream.events = [ev("succeeded", NOW - timedelta(seconds=100 - i // 2), job=f"j{i}") for i in range(10)]
+    history = EventHistory(stream, page=4, clock=lambda: NOW)
+    assert history.refresh() == 10 and history.series().total("succeeded") == 10
+    pages = stream.reads[1:]  # each from the page before's last event less a second, never going back
+    assert pages == sorted(pages) and pages[0] == stream.events[3].at - timedelta(seconds=1) and len(pages) == 4
+    assert history.refresh() == 0
+
+
+def test_a_page_of_one_instant_is_read_again_with_more():
+    stream = Stream()
+    stream.events = [ev("succeeded", NOW - timedelta(seconds=10), job=f"j{i}") for i in range(9)]
+    history = EventHistory(stream, page=2, clock=lambda: NOW)
+    assert history.refresh() == 9  # 2, then 4 from the same instant, then 8, then 16: all read, none twice
 
 
 def test_the_series_bucket_by_minute_and_by_hour_per_queue():
@@ -120,3 +137,16 @@ def test_info_adds_what_no_event_says():
     steps = timeline([], info=info)
     assert [(s.kind, s.worker, s.source) for s in steps] == [("started", "w2", "info")]
     assert timeline([ev("started", NOW)], info=info)[0].source == "event"  # the event says it already
+
+
+def test_stamps_out_of_stream_order_are_counted_once_across_pages_and_refreshes():
+    stream = Stream()
+    order = [0, 2, 1, 3, 5, 4, 6, 8, 7, 9, 11, 10]  # events a little (< 1 s) out of order
+    stream.events = [ev("succeeded", NOW - timedelta(seconds=(24 - s) / 2), job=f"j{s}") for s in order]
+    clock = [NOW]
+    history = EventHistory(stream, page=3, overlap=timedelta(seconds=2), clock=lambda: clock[0])
+    assert history.refresh() == 12
+    clock[0] = NOW + timedelta(seconds=1)
+    stream.events.append(ev("succeeded", NOW + timedelta(milliseconds=500), job="late"))
+    assert history.refresh() == 1  # the last 2 s read again, counted once
+    assert history.series().total("succeeded") == 13
