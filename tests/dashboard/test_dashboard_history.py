@@ -5,14 +5,17 @@ the history), and a job's page tells its story in order, through retries, its de
 from __future__ import annotations
 
 import threading
+import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from dashboard_pages import docs_shot, visit
 from selenium.webdriver.common.by import By
 from support import wait_until
+from test_dashboard import shown
 from test_dashboard_live import dead_count
 
-from ojs_kombu import Worker
+from ojs_kombu import Worker, current_job
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,8 +32,14 @@ def worker(amqp_url, prefix):
         if not w.healed.is_set():
             raise RuntimeError("flaky-failure")
 
+    def block():
+        job = current_job()
+        while not job.cancelled.is_set():
+            time.sleep(0.05)
+
     w.handler("ok", lambda *args: None)
     w.handler("flaky", flaky)
+    w.handler("block", block)
     w.start()
     assert w.wait_until_ready()
     yield w
@@ -73,6 +82,13 @@ def test_the_chart_counts_what_ran_and_a_restarted_dashboard_still_does(browser,
     runs = browser.execute_script("return document.querySelector('#timings tr[data-queue=dash] .runs').textContent")
     assert runs == str(N + 2 * K)  # every attempt timed, from its started to its end
     docs_shot(browser, "overview")
+    browser.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+    )
+    try:
+        docs_shot(browser, "overview-dark")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
 
     served.stop()
     again = serve(refresh=1)  # a new dashboard: nothing in memory, the history read back from the stream
@@ -86,6 +102,7 @@ def test_the_chart_counts_what_ran_and_a_restarted_dashboard_still_does(browser,
     docs_shot(browser, "queue")
     browser.get(again.base + "/workers")
     wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#workers tr[data-worker]"), message="the worker listed")
+    assert browser.find_element(By.CSS_SELECTOR, "#workers td.busy").text == "0 of 2"  # its handler threads in use
     docs_shot(browser, "workers")
 
 
@@ -136,3 +153,32 @@ def test_a_framework_id_finds_its_job(browser, serve, worker, client, names, tmp
     browser.get(f"{served.base}/queues/dash/dead")
     assert browser.find_elements(By.CSS_SELECTOR, f'#letters tr[data-id="{job.id}"]')
     docs_shot(browser, "dead-letters")
+
+
+def test_the_overview_says_when_scheduled_jobs_come_due(browser, serve, client):
+    client.enqueue("later", [], queue="dash", scheduled_at=datetime.now(UTC) + timedelta(minutes=30))
+    served = serve(refresh=1)
+    browser.get(served.base + "/")
+    due = shown(browser, "#coming-due", "within 1 h: 1")
+    assert "within 1 min: 0" in due.text and "after 1 day: 0" in due.text
+    assert browser.find_element(By.ID, "scheduled").text == "1"
+
+
+def test_a_cancelled_job_s_story_and_the_dark_scheme(browser, serve, worker, client):
+    job = client.enqueue("block", [], queue="dash")
+    served = serve(refresh=1)
+    browser.get(f"{served.base}/jobs?id={job.id}&queue=dash")
+    wait_until(lambda: ("started", "1") in kinds(browser), timeout=30, message="the job started")
+    client.cancel(job.id, queue="dash")
+    wait_until(lambda: kinds(browser)[-2:] == [("started", "1"), ("cancelled", "1")], timeout=30,
+               message="the story ends cancelled")  # fmt: skip
+    light = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
+    browser.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+    )
+    try:
+        browser.get(served.base + "/")
+        assert browser.execute_script("return getComputedStyle(document.body).backgroundColor") == "rgb(20, 23, 28)"
+        assert light == "rgb(255, 255, 255)"
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})

@@ -150,3 +150,13 @@ def test_stamps_out_of_stream_order_are_counted_once_across_pages_and_refreshes(
     stream.events.append(ev("succeeded", NOW + timedelta(milliseconds=500), job="late"))
     assert history.refresh() == 1  # the last 2 s read again, counted once
     assert history.series().total("succeeded") == 13
+
+
+def test_scheduled_jobs_come_due_by_their_cascade_level():
+    from ojs_kombu.dashboard.overview import Snapshot
+
+    levels: list[int | None] = [0] * 35
+    levels[3], levels[15], levels[16], levels[21], levels[26], levels[30] = 1, 2, 3, 4, 5, 6
+    shot = Snapshot([], 21, True, levels=levels)  # level k: less than 2**(k+1) ms left
+    assert shot.coming_due() == [("1 min", 1), ("1 h", 2 + 3), ("1 day", 4), ("later", 5 + 6)]  # 2**22 ms > 1 h
+    assert Snapshot([], None, False, levels=[None, None]).coming_due() == []
