@@ -203,9 +203,9 @@ class JobEvent(_JobEventFields):
         error: for ``failed``: ``{"code", "type", "message"}`` of the failure.
         enqueued_at, scheduled_at: on a ``started`` event a worker emits, the job's ``enqueued_at`` /
             ``scheduled_at`` (aware datetimes), when it has them: what queue wait and scheduling
-            lateness are measured from (:class:`~ojs_kombu.observability.job_metrics.JobMetrics`);
-            None on the other events (parsing them costs a µs per event nobody reads), and on every
-            event read from the stream (its body does not carry them).
+            lateness are measured from (:class:`~ojs_kombu.observability.job_metrics.JobMetrics`,
+            the dashboard's queue wait); None on the other events (parsing them costs a µs per
+            event nobody reads).  The body carries them when set.
 
     A named tuple rather than a frozen dataclass: a worker builds two per job in the thread
     that settles it, and a tuple is built in one step (a frozen dataclass writes its ten
@@ -232,7 +232,8 @@ class JobEvent(_JobEventFields):
         return job_event
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON body of this event on the events stream (``error`` only when set)."""
+        """The JSON body of this event on the events stream (``error``, ``enqueued_at`` and
+        ``scheduled_at`` only when set)."""
         body: dict[str, Any] = {
             "event": self.event,
             "job_id": self.job_id,
@@ -244,6 +245,10 @@ class JobEvent(_JobEventFields):
         }
         if self.error is not None:
             body["error"] = self.error
+        if self.enqueued_at is not None:
+            body["enqueued_at"] = format_timestamp(self.enqueued_at)
+        if self.scheduled_at is not None:
+            body["scheduled_at"] = format_timestamp(self.scheduled_at)
         return body
 
 
@@ -252,7 +257,8 @@ _new_tuple = tuple.__new__
 
 class JobEventRecord(JobEvent):
     """A job event read from the events stream (:meth:`ojs_kombu.Client.events`, :func:`decode_event`):
-    a :class:`JobEvent` whose ``enqueued_at`` / ``scheduled_at`` are None (the body does not carry them)."""
+    a :class:`JobEvent` whose ``enqueued_at`` / ``scheduled_at`` are the body's (None when it has none,
+    as an older worker's ``started`` or any other event, or when one is not an RFC 3339 time)."""
 
     __slots__ = ()
 
@@ -437,6 +443,7 @@ def decode_job_event(data: dict[str, Any]) -> JobEventRecord:
     """
     what = "a job event"
     error = data.get("error")
+    enqueued_at, scheduled_at = _optional_time(data.get("enqueued_at")), _optional_time(data.get("scheduled_at"))
     return JobEventRecord(
         event=_field(data, "event", str, what),
         job_id=_field(data, "job_id", str, what),
@@ -446,7 +453,19 @@ def decode_job_event(data: dict[str, Any]) -> JobEventRecord:
         worker_id=_field(data, "worker_id", str, what),
         at=_time(data, "at", what),
         error=error if isinstance(error, dict) else None,
+        enqueued_at=enqueued_at,
+        scheduled_at=scheduled_at,
     )
+
+
+def _optional_time(value: Any) -> datetime | None:
+    """An optional time of an event body: None when absent or unreadable (it never fails a decode)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_timestamp(value)
+    except ValidationError:
+        return None
 
 
 def decode_event(body: bytes, properties: dict[str, Any]) -> WorkerPresence | JobEventRecord | None:
