@@ -60,12 +60,10 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for
 from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, ladder_ms
-from ojs_kombu.runtime.activity import worker_lifecycle
-from ojs_kombu.runtime.consumer import Consumer as AmqpConsumer
-from ojs_kombu.runtime.consumer import Delivery
-from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
-from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
-from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.runtime.assembly import Assembly
+from ojs_kombu.runtime.control import CancelRunning
+from ojs_kombu.runtime.delivery import Delivery
+from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
 from ojs_kombu.wire.entities import QueueOptions
 
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
@@ -199,16 +197,6 @@ class OjsBroker(dramatiq.Broker):
     ):
         self._running: OjsRunning | None = None
         super().__init__(middleware=middleware)
-        self.cancellations = Cancellations(cancel_running)
-        self.paused = PausedQueues()
-        self.lifecycle, self.activity = worker_lifecycle()
-        self.presence_interval = check_presence_interval(presence_interval)
-        self._presence = OjsPresence(self._beacon_for)
-        if events:
-            self.lifecycle.subscribe(self._presence.offer)
-        self.add_middleware(self._presence)
-        self._running = OjsRunning(self.cancellations, self.lifecycle, self.activity)
-        self.add_middleware(self._running)
         if max_priority is not None and not 0 < max_priority <= 255:
             raise ValueError("max_priority must be a value between 0 and 255")
         if dead_letter_mode not in ("nack", "republish"):
@@ -240,6 +228,30 @@ class OjsBroker(dramatiq.Broker):
         self.names = self.client.names
         self.topology = self.client.topology
         self.cascade = self.client.cascade
+        #: The parts of this broker's consumers (as an ``ojs_kombu.Worker``'s): control readers,
+        #: settlers, presence, and what they share.
+        self.assembly = Assembly(
+            self.client.url,
+            self.names,
+            self.topology,
+            self.cascade,
+            dead_letter_mode=dead_letter_mode,
+            cancel_running=cancel_running,
+            heartbeat=self.heartbeat,
+            ssl=self.ssl,
+            transport_options=self.transport_options,
+            presence_interval=presence_interval,
+        )
+        self.cancellations = self.assembly.cancellations
+        self.paused = self.assembly.paused
+        self.lifecycle, self.activity = self.assembly.lifecycle, self.assembly.activity
+        self.presence_interval = self.assembly.presence_interval
+        self._presence = OjsPresence(self._beacon_for)
+        if events:
+            self.lifecycle.subscribe(self._presence.offer)
+        self.add_middleware(self._presence)
+        self._running = OjsRunning(self.cancellations, self.lifecycle, self.activity)
+        self.add_middleware(self._running)
         #: The Dramatiq queue names declared so far (canonical names only: there are no delay queues).
         self.queues: set[str] = set()
         self._ojs_queues: dict[str, str] = {}
@@ -556,19 +568,10 @@ class OjsBroker(dramatiq.Broker):
     def _beacon_for(self, worker: Any) -> Beacon:
         """The presence beacon of a booted Dramatiq worker (:class:`~ojs_dramatiq.presence.OjsPresence`)."""
         queues = worker.consumer_whitelist or self.get_declared_queues()
-        return Beacon(
-            self.client.url,
-            self.names,
-            self.topology,
-            worker_id=self.lifecycle.worker_id,
-            queues=sorted({self.ojs_queue(q) for q in queues}),
-            concurrency=worker.worker_threads,
-            active=self.activity.active_jobs,
-            interval=self.presence_interval,
-            heartbeat=self.heartbeat,
-            ssl=self.ssl,
-            transport_options=self.transport_options,
-            connection_name=f"ojs_dramatiq worker {self.lifecycle.worker_id} events",
+        return self.assembly.beacon(
+            sorted({self.ojs_queue(q) for q in queues}),
+            worker.worker_threads,
+            connection_name=f"ojs_dramatiq worker {self.assembly.worker_id} events",
         )
 
     def in_flight(self, queue_name: str) -> int:
@@ -687,36 +690,10 @@ class _OjsConsumer(Consumer):
         self._lock = threading.Lock()
         self._unsettled = 0
         self._error: BaseException | None = None
-        topology, cascade = broker.topology, broker.cascade
-        self.consumer = AmqpConsumer(
-            broker.client.url,
-            {broker.names.job_queue(ojs_queue): ojs_queue},
-            prefetch,
-            self._on_delivery,
-            topology=topology,
-            declare=lambda conn: topology.ensure_consumable(conn, ojs_queue, cascade),
-            control=ControlReader(
-                broker.names,
-                topology,
-                [ojs_queue],
-                broker.cancellations,
-                paused=broker.paused,
-                info=broker.activity.lookup,
-            ),
-            heartbeat=broker.heartbeat,
-            connection_name=f"ojs_dramatiq consumer {queue_name}",
-            ssl=broker.ssl,
-            transport_options=broker.transport_options,
+        parts = broker.assembly.consuming(
+            [ojs_queue], prefetch, self._on_delivery, connection_name=f"ojs_dramatiq consumer {queue_name}"
         )
-        self.settler = Settler(
-            self.consumer,
-            broker.names,
-            topology,
-            cascade,
-            dead_letter_mode=broker.dead_letter_mode,
-            cancelled=broker.cancellations.is_cancelled,
-            lifecycle=broker.lifecycle,
-        )
+        self.consumer, self.settler = parts.consumer, parts.settler
         self._thread = threading.Thread(target=self._run, name=f"ojs-dramatiq-{queue_name}", daemon=True)
         self._thread.start()
 
@@ -781,7 +758,8 @@ class _OjsConsumer(Consumer):
     def settle_cancelled(
         self, delivery: Delivery, job: Job, state: Literal["pending", "running"], proxy: OjsMessageProxy | None = None
     ) -> None:
-        """A cancelled message: ``Basic.Ack`` (never retried, never dead-lettered), counted, logged, an event.
+        """A cancelled message, settled by the Settler: acked (never retried, never dead-lettered),
+        counted, logged, ``cancelled``.
 
         Parameters:
           delivery: its delivery.
@@ -790,18 +768,29 @@ class _OjsConsumer(Consumer):
           proxy: the message, once a worker thread has it (settled once only).
         """
         if self._settled(proxy):
-            record_cancelled(job, state, job.attempt + 1)
-            self.consumer.ack(delivery)
-            self.broker.lifecycle.emit("cancelled", job, job.attempt + 1)
+            self.settler.cancel(delivery, job, job.attempt + 1, state)
 
     def ack(self, message: MessageProxy) -> None:
-        """``Basic.Ack`` (from any thread), unless the message was already retried."""
+        """Settle a message Dramatiq acks (from any thread), unless it was settled already (retried,
+        cancelled): its actor returned (``succeeded``), raised and was not retried (``throws``, no
+        ``Retries``: a failed attempt, discarded), or a middleware skipped it (acked, no event)."""
         if not isinstance(message, OjsMessageProxy):
             logger.warning("ignoring an ack of %r: it was not consumed from an OjsBroker", message)
             return
         origin = message.origin
-        if origin._settled(message):
-            origin.consumer.ack(message.ojs_delivery)
+        if not origin._settled(message):
+            return
+        settler, delivery, job = origin.settler, message.ojs_delivery, message.ojs_job
+        exception = message._exception
+        if exception is not None:
+            failure = Failure.from_exception(exception)
+            settler.fail_attempt(
+                delivery, job, message.execution, failure, Decision(Outcome.DISCARD, reason="not retried by Dramatiq")
+            )
+        elif message.ran:
+            settler.succeed(delivery, job, message.execution, message.result)
+        else:
+            settler.skip(delivery, job, "skipped by a Dramatiq middleware")
 
     def nack(self, message: MessageProxy) -> None:
         """Into ``ojs.queue.dlx.{q}`` (from any thread), as the broker's ``dead_letter_mode`` says."""
@@ -818,14 +807,17 @@ class _OjsConsumer(Consumer):
             else Failure("handler_error", "MessageFailed", "the message failed")
         )
         job = updated_job(message.ojs_job, message._message)
-        origin.settler.fail(
+        origin.settler.fail_attempt(
             message.ojs_delivery, job, job.attempt + 1, failure, Decision(Outcome.DEAD_LETTER, reason="failed")
         )
 
     def retry(self, message: OjsMessageProxy, job: Job, failure: Failure, delay_ms: int) -> None:
-        """Publish ``job`` to its retry queue (attempt+1, error headers), then ack the delivery."""
+        """A failed attempt the ``Retries`` middleware retries: ``job`` to its retry queue (attempt+1,
+        error headers), then the delivery acked (the Settler's ``failed`` and ``retried``)."""
         if self._settled(message):
-            self.settler.retry(message.ojs_delivery, job, job.attempt + 1, failure, delay_ms)
+            self.settler.fail_attempt(
+                message.ojs_delivery, job, job.attempt + 1, failure, Decision(Outcome.RETRY, delay_ms=delay_ms)
+            )
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         """Hand unstarted messages back unchanged (confirmed republish, then ack): no attempt is spent."""
