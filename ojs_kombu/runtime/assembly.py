@@ -19,6 +19,7 @@ from typing import Any
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
 from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.activity import worker_lifecycle
@@ -53,7 +54,7 @@ class Assembly:
         presence_interval: seconds between two presences of a :meth:`beacon`.
 
     Raises:
-        ValidationError: ``presence_interval`` is invalid.
+        ValidationError: ``dead_letter_mode``, ``cancel_running`` or ``presence_interval`` is invalid.
     """
 
     def __init__(
@@ -70,6 +71,8 @@ class Assembly:
         transport_options: dict[str, Any] | None = None,
         presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
     ) -> None:
+        if dead_letter_mode not in ("nack", "republish"):
+            raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
         self.url = url
         self.names = names
         self.topology = topology

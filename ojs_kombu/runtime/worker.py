@@ -222,8 +222,6 @@ class Worker:
         metrics_host: str = DEFAULT_METRICS_HOST,
         inline: bool = True,
     ):
-        if dead_letter_mode not in ("nack", "republish"):
-            raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
         self.queues = _queues(queues)
         self.concurrency = _concurrency(concurrency)
         self.url = resolve_url(url)
