@@ -126,6 +126,7 @@ from ojs_kombu.runtime.dispatch import Dispatch
 from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler, failure_error
+from ojs_kombu.runtime.unique import UniqueRelease
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions, QueueType
 from ojs_kombu.wire.events import EventsOptions
@@ -336,6 +337,9 @@ class Worker:
         self._run_active = False
         self._error: WorkerError | None = None
         self._handler_exit: BaseException | None = None
+        #: Frees the unique lock of a job that ends (its own connection, without heartbeats: it
+        #: sits idle between releases; opened by the first job with a ``unique`` policy).
+        self.unique_release = UniqueRelease(self.url, self.names, ssl=ssl, transport_options=transport_options)
         self._build_consumer()
 
     def _init_activity(self) -> None:
@@ -377,6 +381,7 @@ class Worker:
             dead_letter_mode=self.dead_letter_mode,
             cancelled=self.cancellations.is_cancelled,
             lifecycle=self.lifecycle,
+            unique=self.unique_release,
         )
 
     def _consumer_name(self) -> str:
@@ -584,6 +589,7 @@ class Worker:
         if self._runner is not None:  # coroutines still running past the grace period: left to the broker
             self._runner.stop()
         self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
+        self.unique_release.close()
         if self._beacon is not None:
             self._beacon.stop()  # after the last settle: its job events, then the offline presence
         if self.metrics_server is not None:
@@ -834,6 +840,7 @@ class Worker:
             else:
                 self.consumer.ack(delivery)
                 self.lifecycle.emit("succeeded", job, attempt)
+                self.settler.ended(job, "completed")
             return
         if self.cancellations.is_cancelled(job.id):
             self._cancelled(delivery, job, attempt)
@@ -865,6 +872,7 @@ class Worker:
         record_cancelled(job, "running", attempt)
         self.consumer.ack(delivery)
         self.lifecycle.emit("cancelled", job, attempt)
+        self.settler.ended(job, "cancelled")
 
     def _offer_event(self, event: JobEvent) -> None:
         """The lifecycle subscriber of ``events=True``: hand the event to the beacon's thread."""
