@@ -1,19 +1,11 @@
 """The unique-jobs step of publishing: a job with a ``unique`` policy takes its lock before it is published.
 
-Before a job carrying a :class:`~ojs_kombu.model.UniquePolicy` is published, the lock of its
-uniqueness key (:func:`~ojs_kombu.policy.unique.job_unique_key`) is acquired with the job's id
-as holder (:class:`~ojs_kombu.amqp.locks.UniqueLocks`, one per pooled connection), for what is
-left of the policy's ``period`` counted from the job's ``created_at`` (spec §7).  When another
-job holds it, ``on_conflict`` decides (spec §5):
-
-* ``reject`` (default): :class:`~ojs_kombu.errors.DuplicateJobError` with the holder's id;
-* ``ignore``: nothing is published; the outcome is the job passed, with the holder's id
-  (:attr:`~ojs_kombu.client.EnqueueResult.existing_id` set);
-* ``replace``: the holder is cancelled through the control plane
-  (:meth:`~ojs_kombu.client.control.Control.cancel`, on the new job's queue), its lock freed,
-  and the lock taken for the new job;
-* ``replace_except_schedule``: as ``replace``, and the new job keeps the holder's
-  ``scheduled_at`` (written with the holder's id in the lock's record) when that lies ahead.
+Before a job carrying a :class:`~ojs_kombu.model.UniquePolicy` is published, its lock is taken
+and ``on_conflict`` applied by :func:`ojs_kombu.runtime.unique.claim` (one
+:class:`~ojs_kombu.amqp.locks.UniqueLocks` per pooled connection; ``replace`` cancels the holder
+through :meth:`~ojs_kombu.client.control.Control.cancel`, on the new job's queue).  A duplicate
+under ``ignore`` publishes nothing: its outcome is the job passed, with the holder's id
+(:attr:`~ojs_kombu.client.EnqueueResult.existing_id` set).
 
 A job whose publish then fails has its lock released, unless the failure leaves its fate
 unknown (:class:`~ojs_kombu.errors.PublishTimeoutError`, :class:`~ojs_kombu.errors.BrokerConnectionError`):
@@ -25,44 +17,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Final
+from typing import Any
 
 from kombu.connection import Connection
 
-from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, Acquired, Held, UniqueLocks
+from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, UniqueLocks
 from ojs_kombu.client.control import Control
 from ojs_kombu.client.results import EnqueueResult
 from ojs_kombu.client.session import Service, Session
-from ojs_kombu.errors import BrokerConnectionError, DuplicateJobError, OjsError, PublishTimeoutError
+from ojs_kombu.errors import BrokerConnectionError, OjsError, PublishTimeoutError
 from ojs_kombu.model.job import Job
-from ojs_kombu.model.timefmt import utcnow
-from ojs_kombu.policy.unique import effective_on_conflict, job_unique_key, period_end
+from ojs_kombu.runtime.unique import Claim, claim
 
 logger = logging.getLogger(__name__)
 
 _LOCKS = "_ojs_unique_locks"  # the attribute of a pooled kombu connection holding its UniqueLocks
-_REPLACE_ATTEMPTS: Final = 3  # replace: another job may take the freed lock first; then try again
 _UNKNOWN_FATE = (PublishTimeoutError, BrokerConnectionError)
-
-
-def remaining_period(job: Job) -> timedelta | None:
-    """What is left of ``job``'s unique ``period``, counted from its ``created_at`` (spec §7.2).
-
-    Parameters:
-        job: a job with a ``unique`` policy.
-
-    Returns:
-        The time left (at least 1 ms), or None when the policy has no period.
-
-    Raises:
-        ValidationError: the period is too long to add to ``created_at``.
-    """
-    assert job.unique is not None
-    now = utcnow()
-    end = period_end(job.unique, job.created_datetime or now)
-    if end is None:
-        return None
-    return max(end - now, timedelta(milliseconds=1))
 
 
 class Uniqueness(Service):
@@ -106,10 +76,11 @@ class Uniqueness(Service):
             except OjsError as exc:
                 outcomes[index] = EnqueueResult(job, exc)
                 continue
-            if isinstance(outcome, EnqueueResult):
-                outcomes[index] = outcome
+            if outcome.existing_id is not None:  # ignored: nothing is published
+                job = job.model_copy(update={"id": outcome.existing_id})
+                outcomes[index] = EnqueueResult(job, None, existing_id=outcome.existing_id)
                 continue
-            claimed[index] = outcome
+            claimed[index] = (outcome.key, outcome.job)
             sending.append(index)
         single = len(jobs) == 1
         if single and outcomes[0] is not None:
@@ -127,49 +98,11 @@ class Uniqueness(Service):
                 self.release(claimed[index][0], claimed[index][1].id)
         return [outcome for outcome in outcomes if outcome is not None]
 
-    def _claim(self, job: Job) -> tuple[str, Job] | EnqueueResult:
-        """Take ``job``'s lock: ``(key, job to publish)``, or the outcome of a duplicate.
+    def _claim(self, job: Job) -> Claim:
+        return claim(job, self._with_locks, lambda existing: self.control.cancel(existing, job.queue))
 
-        Raises:
-            DuplicateJobError: held by another job (``reject``, or a holder whose id could not be read).
-            ValidationError: a bad policy for this job (``args_keys`` naming a missing key ...).
-        """
-        assert job.unique is not None
-        key = job_unique_key(job)
-        on_conflict = effective_on_conflict(job.unique)
-        period = remaining_period(job)
-        for _ in range(_REPLACE_ATTEMPTS):
-            outcome = self._acquire(key, job, period)
-            if isinstance(outcome, Acquired) or outcome.existing_id == job.id:
-                return key, job  # (our own token: an acquire retried after its connection broke)
-            existing = outcome.existing_id
-            if on_conflict == "ignore" and existing is not None:
-                return EnqueueResult(job.model_copy(update={"id": existing}), None, existing_id=existing)
-            if on_conflict not in ("replace", "replace_except_schedule") or existing is None:
-                raise self._duplicate(job, outcome)
-            self.control.cancel(existing, job.queue)
-            self._release_replaced(key, existing)
-            if on_conflict == "replace_except_schedule":
-                job = _keep_schedule(job, outcome)
-            logger.info("job %s replaces job %s (unique, %s)", job.id, existing, on_conflict)
-        raise self._duplicate(job, Held(key, self.session.run(lambda conn: self.locks(conn).holder(key))))
-
-    def _acquire(self, key: str, job: Job, period: timedelta | None) -> Acquired | Held:
-        return self.session.run(
-            lambda conn: self.locks(conn).acquire(key, job.id, period, scheduled_at=job.scheduled_at)
-        )
-
-    def _release_replaced(self, key: str, existing: str) -> None:
-        self.session.run(lambda conn: self.locks(conn).release(key, existing))
-
-    @staticmethod
-    def _duplicate(job: Job, held: Held) -> DuplicateJobError:
-        holder = held.existing_id or "(unknown: its record expired or was released)"
-        return DuplicateJobError(
-            f"job {job.id} ({job.type}) is a duplicate of job {holder} (unique)",
-            existing_id=held.existing_id,
-            key=held.key,
-        )
+    def _with_locks(self, operation: Callable[[UniqueLocks], Any]) -> Any:
+        return self.session.run(lambda conn: operation(self.locks(conn)))
 
     def release(self, key: str, holder_id: str) -> None:
         """Free the lock of ``key`` held by ``holder_id`` (a job whose publish failed); a failure is logged.
@@ -192,13 +125,4 @@ class Uniqueness(Service):
         return locks
 
 
-def _keep_schedule(job: Job, held: Held) -> Job:
-    """``job`` with the replaced job's ``scheduled_at`` when that lies ahead (spec §5.3)."""
-    if held.existing_scheduled_at is None:
-        return job
-    kept = job.model_copy(update={"scheduled_at": held.existing_scheduled_at})
-    scheduled = kept.scheduled_datetime
-    return kept if scheduled is not None and scheduled > utcnow() else job
-
-
-__all__ = ["Uniqueness", "remaining_period"]
+__all__ = ["Uniqueness"]

@@ -91,7 +91,9 @@ def test_ignore_returns_the_existing_id_and_publishes_nothing(client, names):
     first = client.enqueue("u.ign", [1], unique=UNIQUE)
     again = client.enqueue("u.ign", [1], unique=UNIQUE.model_copy(update={"on_conflict": "ignore"}))
     assert again.id == first.id
-    [result] = client.enqueue_many([Job.create("u.ign", [1], unique={"keys": ["type", "args"], "on_conflict": "ignore"})])
+    [result] = client.enqueue_many(
+        [Job.create("u.ign", [1], unique={"keys": ["type", "args"], "on_conflict": "ignore"})]
+    )
     assert result.ok and result.deduplicated and result.existing_id == first.id and result.job.id == first.id
     assert message_count(client.url, names.job_queue("default")) == 1
 
