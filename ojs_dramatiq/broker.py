@@ -66,6 +66,7 @@ from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.runtime.unique import UniqueRelease
 from ojs_kombu.wire.entities import QueueOptions
 
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
@@ -199,6 +200,7 @@ class OjsBroker(dramatiq.Broker):
     ):
         self._running: OjsRunning | None = None
         super().__init__(middleware=middleware)
+        self.actor_options.add("ojs_unique")  # @dramatiq.actor(ojs_unique={...}): the jobs' unique policy
         self.cancellations = Cancellations(cancel_running)
         self.paused = PausedQueues()
         self.lifecycle, self.activity = worker_lifecycle()
@@ -238,6 +240,10 @@ class OjsBroker(dramatiq.Broker):
             **client_options,
         )
         self.names = self.client.names
+        #: Frees the unique lock (``ojs_unique``) of a job that ends, on a connection of its own.
+        self.unique_release = UniqueRelease(
+            self.client.url, self.names, ssl=self.ssl, transport_options=self.transport_options
+        )
         self.topology = self.client.topology
         self.cascade = self.client.cascade
         #: The Dramatiq queue names declared so far (canonical names only: there are no delay queues).
@@ -396,6 +402,7 @@ class OjsBroker(dramatiq.Broker):
             retry=self._retry_policy(message, actor_options),
             delay_ms=delay_ms,
             timeout_ms=message.options.get("time_limit", actor_options.get("time_limit")),
+            unique=message.options.get("ojs_unique", actor_options.get("ojs_unique")),
         )
 
     def _retry_policy(self, message: Message[Any], actor_options: dict[str, Any]) -> RetryPolicy:
@@ -578,6 +585,7 @@ class OjsBroker(dramatiq.Broker):
     def close(self) -> None:
         """Close the publishing connections and the inspection connection."""
         self.client.close()
+        self.unique_release.close()
         with self._admin_lock:
             self._drop_admin()
 
@@ -716,6 +724,7 @@ class _OjsConsumer(Consumer):
             dead_letter_mode=broker.dead_letter_mode,
             cancelled=broker.cancellations.is_cancelled,
             lifecycle=broker.lifecycle,
+            unique=broker.unique_release,
         )
         self._thread = threading.Thread(target=self._run, name=f"ojs-dramatiq-{queue_name}", daemon=True)
         self._thread.start()
@@ -802,6 +811,7 @@ class _OjsConsumer(Consumer):
         origin = message.origin
         if origin._settled(message):
             origin.consumer.ack(message.ojs_delivery)
+            origin.settler.ended(message.ojs_job, "completed")
 
     def nack(self, message: MessageProxy) -> None:
         """Into ``ojs.queue.dlx.{q}`` (from any thread), as the broker's ``dead_letter_mode`` says."""
