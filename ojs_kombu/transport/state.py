@@ -9,12 +9,15 @@ from typing import Any
 
 import amqp
 
+from ojs_kombu.amqp.locks import UniqueLocks
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination
 from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.errors import BrokerConnectionError, PublishTimeoutError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import QUEUE_NAME_RE, ojs_queue_for
 from ojs_kombu.policy.retry import ladder_ms_until
 from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.runtime.unique import claim
 from ojs_kombu.transport.control import ConnectionControl
 from ojs_kombu.transport.queues import QueueMap
 from ojs_kombu.transport.settings import QUEUE_ARGUMENT_OPTIONS, Settings, TaskCodec
@@ -53,6 +56,7 @@ class ConnectionState:
         self._ensured: set[Hashable] = set()
         self._control: ConnectionControl | None = None
         self._paused_version = 0
+        self._unique_locks: UniqueLocks | None = None
         self._codec: TaskCodec | None = None
         #: The channels consuming job queues (each has ``apply_pauses``).
         self.job_channels: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -171,7 +175,11 @@ class ConnectionState:
             queue: the OJS queue it is for.
             confirm_timeout: seconds to wait for the confirm (None: the settings' ``confirm_timeout``).
 
+        A job with a ``unique`` policy (``apply_async(..., ojs_unique={...})``) takes its lock
+        first (:func:`ojs_kombu.runtime.unique.claim`); a duplicate under ``ignore`` is not published.
+
         Raises:
+            DuplicateJobError: a unique job's key is held by another job (``on_conflict="reject"``).
             ValidationError: the codec could not make a valid job of it.
             PublishError: the broker returned or nacked it, or did not confirm it in time.
         """
@@ -181,6 +189,20 @@ class ConnectionState:
         codec = self.codec
         assert codec is not None  # only task messages come here: the codec recognised them
         job, message = codec.to_job(body, properties, headers, queue)
+        key = None
+        if job.unique is not None and job.attempt == 0:  # a retry's job holds its lock already
+            claimed = claim(job, self._with_locks, lambda existing: self.publish_cancel(existing, queue))
+            if claimed.existing_id is not None:
+                return  # a duplicate under on_conflict="ignore": nothing is published
+            key, job = claimed.key, claimed.job
+        try:
+            self._publish_job(job, message, queue, confirm_timeout)
+        except Exception as exc:
+            if key is not None and not isinstance(exc, (PublishTimeoutError, BrokerConnectionError)):
+                self._with_locks(lambda locks: locks.release(key, job.id))  # it was not published
+            raise
+
+    def _publish_job(self, job: Job, message: OutgoingMessage, queue: str, confirm_timeout: float | None) -> None:
         publisher = self.publisher  # a new channel is set up before any delay is measured
         if job.attempt == 0 and job.scheduled_at is None:  # most tasks: no clock to read
             self.ensure_queue(queue)
@@ -192,6 +214,12 @@ class ConnectionState:
             ticket = publisher.publish_when_ready(destination, queue=queue, prepare=prepare, job_id=job.id)
         publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
         ticket.raise_for_error()
+
+    def _with_locks(self, operation: Callable[[UniqueLocks], Any]) -> Any:
+        """Run ``operation`` on this connection's unique locks (made on first use)."""
+        if self._unique_locks is None:
+            self._unique_locks = UniqueLocks(self.connection, names=self.names)
+        return operation(self._unique_locks)
 
     def publish_cancel(self, job_id: str, queue: str, confirm_timeout: float | None = None) -> None:
         """CANCEL job ``job_id`` of OJS queue ``queue``: a confirmed publish to its control stream.
