@@ -58,7 +58,7 @@ from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
-from ojs_kombu.runtime.unique import UniqueRelease
+from ojs_kombu.runtime.unique import Releaser
 from ojs_kombu.wire.codec import OutgoingMessage, decode, encode
 from ojs_kombu.wire.control import final_failure_message
 from ojs_kombu.wire.headers import error_headers
@@ -200,7 +200,7 @@ class Settler:
         discard_expired: bool = True,
         cancelled: Callable[[str], bool] | None = None,
         lifecycle: Lifecycle | None = None,
-        unique: UniqueRelease | None = None,
+        unique: Releaser | None = None,
     ):
         self.consumer = consumer
         self.names = names

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from kombu.connection import Connection
 
@@ -144,6 +144,32 @@ def _keep_schedule(job: Job, held: Held) -> Job:
     return kept if scheduled is not None and scheduled > utcnow() else job
 
 
+def lock_to_release(job: Job, state: JobState) -> str | None:
+    """The uniqueness key whose lock ``job`` frees on ending in ``state``, or None (no policy, or ``state`` is one of its ``states``).
+
+    Parameters:
+        job: the job that ended.
+        state: its end state (``completed``, ``discarded``, ``cancelled``).
+
+    Returns:
+        The key, or None.
+    """
+    policy = job.unique
+    if policy is None or state in effective_states(policy):
+        return None
+    try:
+        return job_unique_key(job)
+    except ValidationError:
+        return None  # its publish could not have taken a lock either
+
+
+class Releaser(Protocol):
+    """What frees a job's unique lock when it ends (the :class:`~ojs_kombu.runtime.settle.Settler`'s ``unique``)."""
+
+    def release(self, job: Job, state: JobState) -> object:
+        """Free ``job``'s lock now that it ended in ``state`` (unless ``state`` is one of its policy's ``states``)."""
+
+
 class UniqueRelease:
     """Frees the unique locks of jobs that end, on a connection of its own (opened on first use); thread-safe.
 
@@ -191,13 +217,9 @@ class UniqueRelease:
         Returns:
             True when this freed the job's lock.
         """
-        policy = job.unique
-        if policy is None or state in effective_states(policy):
+        key = lock_to_release(job, state)
+        if key is None:
             return False
-        try:
-            key = job_unique_key(job)
-        except ValidationError:
-            return False  # its publish could not have taken a lock either
         with self._lock:
             for attempt in (1, 2):  # a connection that broke since the last release: once more, afresh
                 try:
@@ -240,4 +262,13 @@ class UniqueRelease:
                     pass
 
 
-__all__ = ["Claim", "UniqueRelease", "WithLocks", "claim", "duplicate", "remaining_period"]
+__all__ = [
+    "Claim",
+    "Releaser",
+    "UniqueRelease",
+    "lock_to_release",
+    "WithLocks",
+    "claim",
+    "duplicate",
+    "remaining_period",
+]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections import deque
 from collections.abc import Callable, Hashable
+from functools import partial
 from typing import Any
 
 import amqp
@@ -13,11 +15,12 @@ from ojs_kombu.amqp.locks import UniqueLocks
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import BrokerConnectionError, PublishTimeoutError
+from ojs_kombu.model.fields import JobState
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import QUEUE_NAME_RE, ojs_queue_for
 from ojs_kombu.policy.retry import ladder_ms_until
 from ojs_kombu.policy.schedule import Cascade
-from ojs_kombu.runtime.unique import claim
+from ojs_kombu.runtime.unique import claim, lock_to_release
 from ojs_kombu.transport.control import ConnectionControl
 from ojs_kombu.transport.queues import QueueMap
 from ojs_kombu.transport.settings import QUEUE_ARGUMENT_OPTIONS, Settings, TaskCodec
@@ -57,6 +60,7 @@ class ConnectionState:
         self._control: ConnectionControl | None = None
         self._paused_version = 0
         self._unique_locks: UniqueLocks | None = None
+        self._releases: deque[tuple[str, str]] = deque()  # (key, holder id) of jobs that ended
         self._codec: TaskCodec | None = None
         #: The channels consuming job queues (each has ``apply_pauses``).
         self.job_channels: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -86,8 +90,33 @@ class ConnectionState:
             self._publisher = ConfirmedPublisher(self.connection)
         return self._publisher
 
+    def release(self, job: Job, state: JobState) -> None:
+        """Free ``job``'s unique lock now that it ended in ``state`` (from any thread): done by :meth:`maintain`.
+
+        Parameters:
+            job: the job (as delivered).
+            state: its end state (``completed``, ``discarded``, ``cancelled``).
+        """
+        key = lock_to_release(job, state)
+        if key is not None:
+            self._releases.append((key, job.id))
+
+    def _release_pending(self) -> None:
+        while self._releases:
+            key, holder_id = self._releases.popleft()
+            try:
+                self._with_locks(partial(UniqueLocks.release, key=key, holder_id=holder_id))
+            except Exception as exc:  # noqa: BLE001  (the lock then ends with its period)
+                self._unique_locks = None
+                logger.warning(
+                    "could not release the unique lock of job %s: %r; it ends with its period", holder_id, exc
+                )
+
     def maintain(self) -> None:
-        """Called from the connection's loop: re-read cancelled control streams, apply pauses and resumes."""
+        """Called from the connection's loop: free the unique locks of jobs that ended, re-read cancelled
+        control streams, apply pauses and resumes."""
+        if self._releases:
+            self._release_pending()
         control = self._control
         if control is None:
             return

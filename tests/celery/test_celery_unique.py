@@ -4,6 +4,8 @@ a duplicate raises ``ojs_kombu.DuplicateJobError`` in the caller and nothing mor
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 from support import get_messages, message_count
@@ -39,3 +41,40 @@ def test_the_task_option_applies_to_every_call(celery_app):
     with pytest.raises(DuplicateJobError) as info:
         singleton.delay(2)
     assert info.value.existing_id == first.id
+
+
+def applied_eventually(task, args, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return task.apply_async(args, ojs_unique=UNIQUE)
+        except DuplicateJobError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_a_worker_frees_the_lock_when_the_task_ends(celery_app, worker_factory):
+    gate = threading.Event()
+
+    @celery_app.task
+    def held(n):
+        gate.wait(10)
+        return n
+
+    @celery_app.task(max_retries=0)
+    def broken(n):
+        raise RuntimeError("for good")
+
+    first = held.apply_async((1,), ojs_unique=UNIQUE)
+    failing = broken.apply_async((1,), ojs_unique=UNIQUE)
+    with worker_factory(celery_app):
+        with pytest.raises(DuplicateJobError):  # running: still held
+            held.apply_async((1,), ojs_unique=UNIQUE)
+        gate.set()
+        assert first.get(timeout=20) == 1
+        again = applied_eventually(held, (1,))  # completed: freed
+        assert again.get(timeout=20) == 1
+        with pytest.raises(RuntimeError):
+            failing.get(timeout=20)
+        applied_eventually(broken, (1,))  # dead-lettered: freed
