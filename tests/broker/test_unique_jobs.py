@@ -4,6 +4,7 @@ SIGKILLed worker."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -241,3 +242,19 @@ def test_a_sigkilled_worker_leaves_the_lock_held_until_the_redelivered_job_compl
         client.enqueue("u.kill", [1], unique=UNIQUE)
     release.set()
     accepted_eventually(client, "u.kill", [1])
+
+
+def test_the_async_client_forwards_the_policy(amqp_url, prefix):
+    from ojs_kombu import AsyncClient
+
+    async def scenario() -> tuple[Job, DuplicateJobError]:
+        async with AsyncClient(amqp_url, prefix=prefix) as client:
+            first = await client.enqueue("u.aio", [1], unique=UNIQUE)
+            try:
+                await client.enqueue("u.aio", [1], unique=UNIQUE)
+            except DuplicateJobError as exc:
+                return first, exc
+            raise AssertionError("the duplicate was accepted")
+
+    first, exc = asyncio.run(scenario())
+    assert exc.existing_id == first.id
