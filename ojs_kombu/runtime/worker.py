@@ -747,6 +747,7 @@ class Worker:
         handler = self._handlers.get(job.type)
         if handler is None:
             self.settler.reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
+            self.settler.ended(job, "discarded")
             return False
         if job.type in self._async_types:
             self._coroutines().submit(partial(self._run_coroutine, delivery, job, attempt, handler))

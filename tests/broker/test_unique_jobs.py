@@ -258,3 +258,11 @@ def test_the_async_client_forwards_the_policy(amqp_url, prefix):
 
     first, exc = asyncio.run(scenario())
     assert exc.existing_id == first.id
+
+
+def test_a_job_without_a_handler_is_dead_lettered_and_frees_its_lock(client, worker_factory):
+    worker = worker_factory()
+    worker.handler("u.other", lambda _: None)
+    worker.start()
+    first = client.enqueue("u.nohandler", [1], unique=UNIQUE)
+    assert accepted_eventually(client, "u.nohandler", [1]).id != first.id
