@@ -28,6 +28,7 @@ from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReade
 from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import DeadLetterMode, Settler
+from ojs_kombu.runtime.unique import UniqueRelease
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ class Assembly:
         self.lifecycle, self.activity = worker_lifecycle()
         #: The id the worker's presence and job events carry.
         self.worker_id: str = self.lifecycle.worker_id
+        #: Frees the unique lock of a job that ends (its own connection, opened by the first job with a
+        #: ``unique`` policy); :meth:`close` closes it.
+        self.unique_release = UniqueRelease(url, names, ssl=ssl, transport_options=transport_options)
 
     def consuming(
         self,
@@ -146,8 +150,13 @@ class Assembly:
             dead_letter_mode=self.dead_letter_mode,
             cancelled=self.cancellations.is_cancelled,
             lifecycle=self.lifecycle,
+            unique=self.unique_release,
         )
         return Consuming(consumer, settler)
+
+    def close(self) -> None:
+        """Close what the parts share (the unique-lock releaser's connection); after the consumers stopped."""
+        self.unique_release.close()
 
     def beacon(
         self,

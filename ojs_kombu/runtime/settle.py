@@ -55,6 +55,7 @@ from typing import Any, Literal, Protocol
 from ojs_kombu.amqp.publisher import Destination
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, ValidationError
+from ojs_kombu.model.fields import JobState
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
@@ -64,6 +65,7 @@ from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
+from ojs_kombu.runtime.unique import Releaser
 from ojs_kombu.wire.codec import OutgoingMessage, decode, encode
 from ojs_kombu.wire.control import final_failure_message
 from ojs_kombu.wire.headers import error_headers
@@ -190,6 +192,7 @@ class Settler:
             :meth:`triage` acks such a job without running it, whatever else
             holds (redelivered, scheduled ...).  ``None``: no cancels known.
         lifecycle: where the events of what it settles go (see the module docstring); ``None``: nowhere.
+        unique: frees the unique lock of a job that ends (:meth:`ended`); ``None``: locks end with their period.
     """
 
     def __init__(
@@ -204,6 +207,7 @@ class Settler:
         discard_expired: bool = True,
         cancelled: Callable[[str], bool] | None = None,
         lifecycle: Lifecycle | None = None,
+        unique: Releaser | None = None,
     ):
         self.consumer = consumer
         self.names = names
@@ -214,6 +218,12 @@ class Settler:
         self.discard_expired = discard_expired
         self.cancelled = cancelled
         self.lifecycle = lifecycle
+        self.unique = unique
+
+    def ended(self, job: Job, state: JobState) -> None:
+        """``job`` ended in ``state`` (completed, discarded, cancelled): free its unique lock, if it has one."""
+        if self.unique is not None and job.unique is not None:
+            self.unique.release(job, state)
 
     def _emit(self, event: JobEventName, job: Job, attempt: int, failure: Failure | None = None) -> None:
         if self.lifecycle is not None:
@@ -256,6 +266,7 @@ class Settler:
             )
             self.consumer.ack(delivery)
             self._emit("expired", job, attempt)
+            self.ended(job, "discarded")
             return None
         scheduled = job.scheduled_datetime
         if scheduled is not None and scheduled > now:
@@ -279,6 +290,8 @@ class Settler:
         lifecycle = self.lifecycle  # the hot path: no _emit
         if lifecycle is not None:
             lifecycle.emit("succeeded", job, attempt)
+        if job.unique is not None:
+            self.ended(job, "completed")
 
     def cancel(self, delivery: Delivery, job: Job, attempt: int, state: Literal["pending", "running"]) -> None:
         """A cancelled job (``Client.cancel``): acked, never retried nor dead-lettered, counted, ``cancelled``.
@@ -292,6 +305,7 @@ class Settler:
         record_cancelled(job, state, attempt)
         self.consumer.ack(delivery)
         self._emit("cancelled", job, attempt)
+        self.ended(job, "cancelled")
 
     def skip(self, delivery: Delivery, job: Job, reason: str) -> None:
         """A job the framework chose not to run (a Dramatiq middleware skipped it): acked, no event."""
@@ -315,9 +329,11 @@ class Settler:
         if decision.outcome is Outcome.DISCARD:
             logger.info("job %s discarded: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
             self.consumer.ack(delivery)
+            self.ended(job, "discarded")
             return
         self.dead_letter(delivery, job, attempt, failure, decision.reason)
         self._emit("dead-lettered", job, attempt, failure)
+        self.ended(job, "discarded")
 
     def dead_letter(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, reason: str = "") -> None:
         """Into ``ojs.queue.dlx.{q}``, with ``failure`` (attempt ``attempt``) as the letter's final failure.
