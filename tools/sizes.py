@@ -146,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     offences = [offence for path in modules(root) for offence in check_module(path, root)]
     for offence in offences:
         print(offence)
+    sys.stdout.flush()
     print(f"{len(offences)} over the size limits" if offences else "sizes: ok", file=sys.stderr)
     return 1 if offences else 0
 
