@@ -21,7 +21,7 @@ Pure: no I/O.  The broker side (fan-in counting, exactly-once callbacks) is
   when a callback fails.
 * **Results** (§7.5): a job's result carried by a workflow is at most :data:`MAX_RESULT_BYTES`;
   the results carried inline in one envelope at most :data:`MAX_INLINE_RESULTS_BYTES`.
-* **Wire form**: :class:`WorkflowContext`, under ``meta.workflow`` of each job of a workfl
+* **Wire form**: :class:`WorkflowContext`, under ``meta.workflow`` of each job of a workflow.
 
 Modules, bottom up: ``definitions`` (the frozen objects, paths, depth), ``build`` (the checked
 builders and the spec's JSON form), ``state`` (the state machine), ``results`` (result sizes) and
