@@ -5,10 +5,11 @@ Both are found by their queues' names (:class:`~ojs_kombu.model.naming.Names`), 
 * **Limits** (``docs/limits.md``): a key's permit tokens are the quorum queue ``ojs.limit.{key}.permits``
   and permit ``i`` is held while its index queue ``ojs.limit.{key}.held.{i}`` has its (exclusive)
   consumer.  So *total* is the number of index queues (the largest limit seeded), *in use* the index
-  queues with a consumer, *available* the tokens ready (a passive declare, exact).  *Waiting*: on
-  RabbitMQ 4.3 a quorum queue counts as consumers both the waiters subscribed for a token and every
-  holder of an unacknowledged token (a ``Basic.Get`` included), so waiting is the permit queue's
-  consumers less the permits in use (measured; at least 0).
+  queues with a consumer, *available* the tokens ready (a passive declare, exact).  *Waiting*: a quorum
+  queue counts as consumers both the waiters subscribed for a token and every holder of an
+  unacknowledged token (a ``Basic.Get`` included; measured on RabbitMQ 4.3 and 3.10), so waiting is the
+  permit queue's consumers less the permits in use (at least 0).  Across processes: what
+  :meth:`~ojs_kombu.amqp.permits.Permits.inspect` cannot count (its ``waiting`` is its own process's).
 * **Unique locks** (``docs/unique-jobs.md``): the lock of ``key`` is the queue ``ojs.lock.{key}``,
   held while it has its token; its holder's job id is the message of ``ojs.lock.{key}.holder``,
   read here through the management API's *get* with ``ack_requeue_true`` (what

@@ -16,7 +16,7 @@ from dashboard_pages import docs_shot, visit
 from selenium.webdriver.common.by import By
 from support import wait_until
 from test_dashboard import shown
-from test_dashboard_live import ISO_AGE, read
+from test_dashboard_live import ISO_AGE, PYTHON_VALUES, read
 
 from ojs_kombu import CronScheduler, Permits
 from ojs_kombu.amqp.locks import Acquired, UniqueLocks
@@ -68,6 +68,7 @@ def test_the_crons_page_shows_runs_and_the_leader_and_disables_after_a_confirmat
     assert cell(browser, "nightly-report", ".timezone") == "Europe/Paris"
     assert cell(browser, "nightly-report", ".expression") == "0 3 * * *"
     assert "keeps the lights on" in text
+    assert not PYTHON_VALUES.search(text), PYTHON_VALUES.search(text)
     docs_shot(browser, "crons")
 
     # the runs count moves while the page is open
@@ -148,6 +149,9 @@ def test_limits_show_permits_in_use_and_waiting_and_follow_a_release(browser, se
         visit(browser, served, "/limits", tmp_path, "limits")
         expected = {"in-use": "3", "total": "3", "available": "0", "waiting": "1", "held": "#0, #1, #2"}
         wait_until(lambda: limit(browser, "partner-api") == expected, timeout=20, message=f"the key shows {expected}")
+        text = browser.find_element(By.TAG_NAME, "main").text
+        assert not PYTHON_VALUES.search(text), PYTHON_VALUES.search(text)
+        docs_shot(browser, "limits")
 
         held[0].release()  # the waiter takes it: still 3 in use, none waiting
         thread.join(10)
