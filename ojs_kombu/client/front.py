@@ -43,7 +43,6 @@ from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.cron import CronRegistry, RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress
 from ojs_kombu.wire.control import ControlOptions
-from ojs_kombu.wire.cron import CronLeader
 from ojs_kombu.wire.entities import QueueOptions, QueueType
 from ojs_kombu.wire.events import EventsOptions, JobEventRecord, WorkerPresence
 
@@ -500,11 +499,6 @@ class Client:
     def remove_cron(self, name: str) -> None:
         """Remove the periodic job ``name``; raises :class:`~ojs_kombu.errors.NotFoundError` when none has it."""
         self._cron.remove(name)
-
-    def cron_leader(self) -> CronLeader | None:
-        """The cron scheduler elected last, as it recorded itself (:meth:`~ojs_kombu.runtime.cron.CronRegistry.leader`;
-        it may have died since), or None when none was ever elected."""
-        return self._cron.leader()
 
     def declare_queue(self, name: str, *, scheduling: bool = False, **queue_options: Any) -> str:
         """Eagerly declare job queue ``name`` with its DLQ; returns the AMQP queue name.

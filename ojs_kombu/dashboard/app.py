@@ -25,6 +25,7 @@ from starlette.templating import Jinja2Templates
 from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.urls import redact
 from ojs_kombu.client import Client
+from ojs_kombu.dashboard.cronwatch import CronWatch
 from ojs_kombu.dashboard.history import DepthHistory
 from ojs_kombu.dashboard.holds import LOCKS_SHOWN, holds
 from ojs_kombu.dashboard.overview import Snapshot, snapshot
@@ -62,6 +63,8 @@ _TEMPLATES.env.globals.update(chart=_chart, charted=CHARTED, labels=LABELS)
 CANCELLABLE_STATES = frozenset({"active", "retryable"})
 #: What the Crons page does to a cron job.
 CRON_ACTIONS = ("enable", "disable")
+#: Seconds an enable / disable waits for the cron stream followed to show it.
+CRON_READ_BACK = 5.0
 
 #: Default seconds between the live updates of an open page.
 DEFAULT_REFRESH = 5.0
@@ -102,6 +105,8 @@ class Dashboard:
         self.events = EventHistory(lambda since, limit: client.events(since, limit=limit, timeout=EVENTS_READ_TIMEOUT))
         self._sample_every = sample_every
         self._stop = threading.Event()
+        self._cron_lock = threading.Lock()
+        self._cron_watch: CronWatch | None = None
         password = urlsplit(client.url.split(";")[0].strip()).password
         self._secrets = [s for s in {password, unquote(password) if password else None} if s]
 
@@ -155,6 +160,8 @@ class Dashboard:
             self._stop.set()
             for thread in threads:
                 thread.join(timeout=5)
+            if self._cron_watch is not None:
+                self._cron_watch.stop()
 
     # -- rendering -------------------------------------------------------------------------
 
@@ -337,11 +344,21 @@ class Dashboard:
 
     def crons(self, request: Request) -> Response:
         """GET /crons: the registered cron jobs (next and last run, enabled) and the scheduler elected last."""
-        done = request.query_params.get("done", "")
-        return self.page(request, "crons.html", crons=self.client.crons(), leader=self.client.cron_leader(), done=done)
+        crons, leader = self.cron_watch().crons()
+        return self.page(
+            request, "crons.html", crons=crons, leader=leader, done=request.query_params.get("done", ""),
+            cron_error=self.redact(self._cron_watch.error) if self._cron_watch else "",
+        )  # fmt: skip
+
+    def cron_watch(self) -> CronWatch:
+        """The cron stream followed (:mod:`~ojs_kombu.dashboard.cronwatch`), started on first use."""
+        with self._cron_lock:
+            if self._cron_watch is None:
+                self._cron_watch = CronWatch(self.client.url, self.client.names).start()
+            return self._cron_watch
 
     def _cron(self, name: str) -> RegisteredCron:
-        found = [c for c in self.client.crons() if c.name == name]
+        found = [c for c in self.cron_watch().crons()[0] if c.name == name]
         if not found:
             raise NotFoundError(f"no cron job is named {name!r}", reply_code=404)
         return found[0]
@@ -370,6 +387,8 @@ class Dashboard:
             overlap_policy=cron.overlap_policy, enabled=action == "enable", description=cron.description,
             options={k: v for k, v in cron.options.items() if k != "queue"},
         )  # fmt: skip
+        wanted = action == "enable"  # the page the redirect shows must say it: wait for the stream to tell
+        self.cron_watch().wait_for(lambda e: name in e and e[name].cron.enabled is wanted, CRON_READ_BACK)
         return RedirectResponse(f"/crons?done={action}:{quote(name, safe='')}", status_code=303)
 
     def limits(self, request: Request) -> Response:

@@ -18,7 +18,7 @@ from support import wait_until
 from test_dashboard import shown
 from test_dashboard_live import ISO_AGE, PYTHON_VALUES, read
 
-from ojs_kombu import CronScheduler, Permits
+from ojs_kombu import CronRegistry, CronScheduler, Names, Permits
 from ojs_kombu.amqp.locks import Acquired, UniqueLocks
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,10 +34,12 @@ def crons(client, amqp_url, prefix):
         enabled=False,
     )  # fmt: skip
     scheduler = CronScheduler(amqp_url, prefix=prefix, scheduler_id=f"dash-{uuid.uuid4().hex[:6]}").start()
-    wait_until(lambda: (lead := client.cron_leader()) is not None and lead.scheduler_id == scheduler.scheduler_id,
+    registry = CronRegistry.connect(amqp_url, names=Names(prefix))
+    wait_until(lambda: (lead := registry.leader()) is not None and lead.scheduler_id == scheduler.scheduler_id,
                timeout=30, message="the scheduler elected")  # fmt: skip
     wait_until(lambda: [c.run_count for c in client.crons() if c.name == "heartbeat"][0] >= 1, timeout=30,
                message="heartbeat fired")  # fmt: skip
+    registry.close()
     yield scheduler
     scheduler.stop()
 
