@@ -14,12 +14,13 @@ import pytest
 import requests
 from dashboard_pages import docs_shot, visit
 from selenium.webdriver.common.by import By
-from support import wait_until
+from support import raw_channel, wait_until
 from test_dashboard import shown
 from test_dashboard_live import ISO_AGE, PYTHON_VALUES, read
 
 from ojs_kombu import CronRegistry, CronScheduler, Names, Permits
 from ojs_kombu.amqp.locks import Acquired, UniqueLocks
+from ojs_kombu.wire.cron import CRON_TYPE_MARKER
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,12 +45,30 @@ def crons(client, amqp_url, prefix):
     scheduler.stop()
 
 
+def markers(amqp_url: str, stream: str) -> int:
+    """The catch-up markers in the cron stream, counted by a plain consumer (which publishes none)."""
+    types: list[str] = []
+    with raw_channel(amqp_url) as channel:
+        channel.basic_qos(prefetch_count=1000)
+        for method, properties, _ in channel.consume(stream, arguments={"x-stream-offset": "first"},
+                                                     inactivity_timeout=1.0):  # fmt: skip
+            if method is None:
+                break
+            types.append(properties.type)
+            channel.basic_ack(method.delivery_tag)
+    return types.count(CRON_TYPE_MARKER)
+
+
+def updates(browser) -> int:
+    return int(browser.execute_script("return document.body.dataset.updates || '0'"))
+
+
 def cell(browser, name: str, css: str) -> str | None:
     return read(browser, f'#crons tr[data-cron="{name}"] {css}')
 
 
 def test_the_crons_page_shows_runs_and_the_leader_and_disables_after_a_confirmation(
-    browser, serve, client, crons, tmp_path
+    browser, serve, client, crons, amqp_url, names, tmp_path
 ):
     served = serve(refresh=0.5)
     text = visit(browser, served, "/crons", tmp_path, "crons")
@@ -73,10 +92,13 @@ def test_the_crons_page_shows_runs_and_the_leader_and_disables_after_a_confirmat
     assert not PYTHON_VALUES.search(text), PYTHON_VALUES.search(text)
     docs_shot(browser, "crons")
 
-    # the runs count moves while the page is open
+    # the runs count moves while the page is open, and the updates add nothing to the cron stream
     runs = int(cell(browser, "heartbeat", ".runs"))
-    wait_until(lambda: int(cell(browser, "heartbeat", ".runs") or 0) > runs, timeout=20,
-               message="the run count updated without a reload")  # fmt: skip
+    before, seen = markers(amqp_url, names.cron_stream), updates(browser)
+    assert before >= 1  # the dashboard's own, when it started following
+    wait_until(lambda: int(cell(browser, "heartbeat", ".runs") or 0) > runs and updates(browser) >= seen + 4,
+               timeout=20, message="the run count updated without a reload")  # fmt: skip
+    assert markers(amqp_url, names.cron_stream) == before
 
     # disable from the page: a confirmation, then the row flips
     browser.find_element(By.CSS_SELECTOR, '#crons tr[data-cron="heartbeat"] button.disable').click()
