@@ -42,7 +42,8 @@ def dashboard(
     url: str | None,
     prefix: str,
 ) -> None:
-    """Serve the web dashboard: queues, dead letters (replay, purge), workers (pause, resume), jobs."""
+    """Serve the web dashboard: queues, dead letters (replay, purge), workers (pause, resume), jobs,
+    crons (enable, disable), limits and unique locks."""
     try:
         from ojs_kombu.dashboard.app import create_app
         from ojs_kombu.dashboard.server import DashboardServer

@@ -2,7 +2,8 @@
 
 Pages: the overview (jobs per minute / hour, wait and run times, queues, depth sparklines, rates,
 totals), a queue, its dead letters (filter, select, replay or purge after a confirmation), the workers
-(pause / resume a queue) and a job's story (timeline, INFO, cancel).
+(pause / resume a queue), a job's story (timeline, INFO, cancel), the crons (runs, leader, enable /
+disable) and the limits and unique locks held (:mod:`ojs_kombu.dashboard.holds`).
 :mod:`ojs_kombu.dashboard.app` builds the Starlette application;
 :mod:`ojs_kombu.dashboard.security` holds its token, CSRF and read-only checks;
 :mod:`ojs_kombu.dashboard.overview` the queue rows it shares with ``ojs-amqp status``;

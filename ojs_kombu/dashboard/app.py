@@ -25,7 +25,9 @@ from starlette.templating import Jinja2Templates
 from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.urls import redact
 from ojs_kombu.client import Client
+from ojs_kombu.dashboard.cronwatch import CronWatch
 from ojs_kombu.dashboard.history import DepthHistory
+from ojs_kombu.dashboard.holds import LOCKS_SHOWN, holds
 from ojs_kombu.dashboard.overview import Snapshot, snapshot
 from ojs_kombu.dashboard.render import describe_error, error_runs, queue_state, show, when
 from ojs_kombu.dashboard.replays import Replays, predates
@@ -36,6 +38,7 @@ from ojs_kombu.dashboard.svg import bars, sparkline
 from ojs_kombu.errors import NotFoundError, OjsError, ValidationError
 from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.timefmt import utcnow
+from ojs_kombu.runtime.cron import RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, DeadLetterFilter
 from ojs_kombu.wire.events import JobEventRecord
 
@@ -58,6 +61,10 @@ _TEMPLATES.env.globals.update(chart=_chart, charted=CHARTED, labels=LABELS)
 #: INFO states in which a cancel still does something: running, or waiting for its next attempt
 #: (a job no worker knows may be waiting or scheduled: cancellable too).
 CANCELLABLE_STATES = frozenset({"active", "retryable"})
+#: What the Crons page does to a cron job.
+CRON_ACTIONS = ("enable", "disable")
+#: Seconds an enable / disable waits for the cron stream followed to show it.
+CRON_READ_BACK = 5.0
 
 #: Default seconds between the live updates of an open page.
 DEFAULT_REFRESH = 5.0
@@ -98,6 +105,8 @@ class Dashboard:
         self.events = EventHistory(lambda since, limit: client.events(since, limit=limit, timeout=EVENTS_READ_TIMEOUT))
         self._sample_every = sample_every
         self._stop = threading.Event()
+        self._cron_lock = threading.Lock()
+        self._cron_watch: CronWatch | None = None
         password = urlsplit(client.url.split(";")[0].strip()).password
         self._secrets = [s for s in {password, unquote(password) if password else None} if s]
 
@@ -151,6 +160,8 @@ class Dashboard:
             self._stop.set()
             for thread in threads:
                 thread.join(timeout=5)
+            if self._cron_watch is not None:
+                self._cron_watch.stop()
 
     # -- rendering -------------------------------------------------------------------------
 
@@ -331,6 +342,60 @@ class Dashboard:
             story = self.events.story(real_id)
         return info, letter, story, queue
 
+    def crons(self, request: Request) -> Response:
+        """GET /crons: the registered cron jobs (next and last run, enabled) and the scheduler elected last."""
+        crons, leader = self.cron_watch().crons()
+        return self.page(
+            request, "crons.html", crons=crons, leader=leader, done=request.query_params.get("done", ""),
+            cron_error=self.redact(self._cron_watch.error) if self._cron_watch else "",
+        )  # fmt: skip
+
+    def cron_watch(self) -> CronWatch:
+        """The cron stream followed (:mod:`~ojs_kombu.dashboard.cronwatch`), started on first use."""
+        with self._cron_lock:
+            if self._cron_watch is None:
+                self._cron_watch = CronWatch(self.client.url, self.client.names).start()
+            return self._cron_watch
+
+    def _cron(self, name: str) -> RegisteredCron:
+        found = [c for c in self.cron_watch().crons()[0] if c.name == name]
+        if not found:
+            raise NotFoundError(f"no cron job is named {name!r}", reply_code=404)
+        return found[0]
+
+    async def confirm_cron(self, request: Request) -> Response:
+        """POST /crons/{name}/confirm: the confirmation step of an enable or disable."""
+        form = await posted_form(request)
+        action = form.get("action")
+        if action not in CRON_ACTIONS:
+            return Response("action must be enable or disable", status_code=400)
+        cron = self._cron(request.path_params["name"])
+        return self.page(request, "confirm_cron.html", cron=cron, action=action)
+
+    async def act_on_cron(self, request: Request) -> Response:
+        """POST /crons/{name}/{action}: enable or disable the confirmed cron job (registered again with
+        ``enabled`` changed: its runs so far are kept)."""
+        form = await posted_form(request)
+        name, action = request.path_params["name"], request.path_params["action"]
+        if action not in CRON_ACTIONS:
+            return Response("action must be enable or disable", status_code=404)
+        if form.get("confirmed") != "yes":
+            return Response("not confirmed", status_code=400)
+        cron = self._cron(name)
+        self.client.register_cron(
+            cron.name, cron.cron, cron.type, cron.args, queue=cron.queue, timezone=cron.timezone,
+            overlap_policy=cron.overlap_policy, enabled=action == "enable", description=cron.description,
+            options={k: v for k, v in cron.options.items() if k != "queue"},
+        )  # fmt: skip
+        wanted = action == "enable"  # the page the redirect shows must say it: wait for the stream to tell
+        self.cron_watch().wait_for(lambda e: name in e and e[name].cron.enabled is wanted, CRON_READ_BACK)
+        return RedirectResponse(f"/crons?done={action}:{quote(name, safe='')}", status_code=303)
+
+    def limits(self, request: Request) -> Response:
+        """GET /limits: the concurrency limits' permits and the unique locks held (:mod:`~ojs_kombu.dashboard.holds`)."""
+        found = holds(self.client, self.management)
+        return self.page(request, "limits.html", holds=found, note=self.redact(found.note), shown=LOCKS_SHOWN)
+
     async def cancel(self, request: Request) -> Response:
         """POST /jobs/cancel: cancel the job ``id`` of ``queue``."""
         form = await posted_form(request)
@@ -396,6 +461,10 @@ def create_app(
         Route("/workers", g(dash.workers)),
         Route("/jobs", g(dash.job)),
         Route("/jobs/cancel", ag(dash.cancel), methods=["POST"]),
+        Route("/crons", g(dash.crons)),
+        Route("/crons/{name}/confirm", ag(dash.confirm_cron), methods=["POST"]),
+        Route("/crons/{name}/{action:str}", ag(dash.act_on_cron), methods=["POST"]),
+        Route("/limits", g(dash.limits)),
         Mount("/static", StaticFiles(directory=str(_STATIC)), name="static"),
     ]
     app = Starlette(
