@@ -1,27 +1,34 @@
-"""Settling deliveries that are not simply acked: the outcomes of DESIGN §5, shared by every worker.
+"""Settling deliveries: every outcome of DESIGN §5, with its event and metric, shared by every worker.
 
 :class:`Settler` is what :class:`~ojs_kombu.runtime.worker.Worker` (and the Dramatiq
-adapter's consumer) do with a delivery besides ``Basic.Ack``:
+adapter's consumer) do with every delivery they take:
 
 * :meth:`Settler.triage` decodes a delivery and settles the ones that must not
   run: undecodable (to the DLQ with the reason in the headers), redelivered
   (a worker died running it: a failed attempt, ``worker_lost``), cancelled
   (acked, not run: state ``cancelled``), expired
-  (acked, not run) and early (back into the scheduling cascade);
-* :meth:`Settler.fail` carries out a :class:`~ojs_kombu.policy.retry.Decision`:
+  (acked, not run) and early (back into the scheduling cascade); it is the one
+  place a delivery is judged before it runs;
+* :meth:`Settler.succeed`: the handler returned: ack, ``succeeded``;
+* :meth:`Settler.cancel`: a cancelled job (dropped on delivery, or stopped while it
+  ran): ack, counted (``ojs_job_cancelled_total``), ``cancelled``;
+* :meth:`Settler.fail_attempt`: an attempt failed: ``failed``, then
+  :meth:`Settler.fail` carries out the :class:`~ojs_kombu.policy.retry.Decision`:
   retry (confirmed publish to the retry queue, then ack), dead letter
   (the final failure recorded in the control stream, confirmed, then
   ``Basic.Nack(requeue=False)``; or a republish with it, then ack),
   discard (ack);
+* :meth:`Settler.skip`: a job the framework chose not to run (a Dramatiq middleware
+  skipped it): ack, no event;
 * :meth:`Settler.hand_back` returns an unstarted job at shutdown without
   spending an attempt.
 
 With a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` the Settler emits the
-lifecycle events of what it settles: ``cancelled`` (dropped on delivery),
-``expired``, ``failed`` (a redelivery counted as a lost attempt), and, for every
-failure it carries out, ``retried`` or ``dead-lettered`` (a discard adds nothing:
-the caller's ``failed`` alone means discarded).  The caller emits ``started``,
-``succeeded``, ``failed`` of its handlers and ``cancelled`` of running jobs.
+lifecycle events of what it settles (the job metrics and the activity behind INFO
+subscribe to them): ``succeeded``, ``cancelled``, ``expired``, ``failed`` (a handler's
+failure, a redelivery counted as a lost attempt), and, for every failure it carries
+out, ``retried`` or ``dead-lettered`` (a discard adds nothing: ``failed`` alone means
+discarded).  The caller emits ``started`` only.
 
 The Settler never touches a channel itself: it settles through a
 :class:`Settlement` (``ack``, ``nack``, ``republish``).  The Worker and the
@@ -57,6 +64,7 @@ from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
+from ojs_kombu.runtime.workflow import WorkflowHook
 from ojs_kombu.wire.codec import OutgoingMessage, decode, encode
 from ojs_kombu.wire.control import final_failure_message
 from ojs_kombu.wire.headers import error_headers
@@ -183,6 +191,9 @@ class Settler:
             :meth:`triage` acks such a job without running it, whatever else
             holds (redelivered, scheduled ...).  ``None``: no cancels known.
         lifecycle: where the events of what it settles go (see the module docstring); ``None``: nowhere.
+        workflow: the completion hook of workflows, called before a job of a workflow is settled
+            for good (succeeded, dead-lettered, discarded, cancelled); ``None``: jobs' ``meta.workflow``
+            is ignored.  If it raises, the delivery goes to its DLQ (the caller's ``reject_unexpected``).
     """
 
     def __init__(
@@ -197,6 +208,7 @@ class Settler:
         discard_expired: bool = True,
         cancelled: Callable[[str], bool] | None = None,
         lifecycle: Lifecycle | None = None,
+        workflow: WorkflowHook | None = None,
     ):
         self.consumer = consumer
         self.names = names
@@ -207,6 +219,7 @@ class Settler:
         self.discard_expired = discard_expired
         self.cancelled = cancelled
         self.lifecycle = lifecycle
+        self.workflow = workflow
 
     def _emit(self, event: JobEventName, job: Job, attempt: int, failure: Failure | None = None) -> None:
         if self.lifecycle is not None:
@@ -224,9 +237,7 @@ class Settler:
             return None
         attempt = job.attempt + 1
         if self.cancelled is not None and self.cancelled(job.id):
-            record_cancelled(job, "pending", attempt)
-            self.consumer.ack(delivery)
-            self._emit("cancelled", job, attempt)
+            self.cancel(delivery, job, attempt, "pending")
             return None
         if delivery.redelivered:
             logger.warning(
@@ -236,8 +247,7 @@ class Settler:
                 extra=job_log_extra(job, attempt),
             )
             failure = worker_lost(attempt)
-            self._emit("failed", job, attempt, failure)
-            self.fail(delivery, job, attempt, failure, decide(job, attempt, error_type="worker_lost"))
+            self.fail_attempt(delivery, job, attempt, failure, decide(job, attempt, error_type="worker_lost"))
             return None
         if job.expires_at is None and job.scheduled_at is None:
             return job  # most jobs: no clock to read
@@ -261,14 +271,59 @@ class Settler:
                 return None
         return job
 
+    def succeed(self, delivery: Delivery, job: Job, attempt: int, result: Any = None) -> None:
+        """Attempt ``attempt`` of ``job`` succeeded (its handler returned ``result``): ack, ``succeeded``.
+
+        Parameters:
+            delivery: the job's delivery.
+            job: the job as delivered.
+            attempt: this execution, 1-based.
+            result: what the handler returned (``None`` when the framework does not tell):
+                the outcome's, for what follows a success (a workflow's next step).
+        """
+        if self.workflow is not None and job.meta:
+            self.workflow.on_terminal(job, "completed", result)
+        self.consumer.ack(delivery)
+        lifecycle = self.lifecycle  # the hot path: no _emit
+        if lifecycle is not None:
+            lifecycle.emit("succeeded", job, attempt)
+
+    def cancel(self, delivery: Delivery, job: Job, attempt: int, state: Literal["pending", "running"]) -> None:
+        """A cancelled job (``Client.cancel``): acked, never retried nor dead-lettered, counted, ``cancelled``.
+
+        Parameters:
+            delivery: the job's delivery.
+            job: the job.
+            attempt: the execution it was delivered for, 1-based.
+            state: ``"pending"`` (dropped on delivery, never run) or ``"running"`` (stopped while it ran).
+        """
+        record_cancelled(job, state, attempt)
+        if self.workflow is not None and job.meta:
+            self.workflow.on_terminal(job, "cancelled")
+        self.consumer.ack(delivery)
+        self._emit("cancelled", job, attempt)
+
+    def skip(self, delivery: Delivery, job: Job, reason: str) -> None:
+        """A job the framework chose not to run (a Dramatiq middleware skipped it): acked, no event."""
+        logger.debug("job %s skipped: %s", job.id, reason, extra=job_log_extra(job))
+        self.consumer.ack(delivery)
+
+    def fail_attempt(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, decision: Decision) -> None:
+        """Attempt ``attempt`` of ``job`` failed with ``failure``: ``failed``, then :meth:`fail`."""
+        self._emit("failed", job, attempt, failure)
+        self.fail(delivery, job, attempt, failure, decision)
+
     def fail(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, decision: Decision) -> None:
         """Carry out ``decision`` for attempt ``attempt`` of ``job`` that failed with ``failure``.
 
-        Emits ``retried`` or ``dead-lettered`` (nothing for a discard); the caller emits ``failed``.
+        Emits ``retried`` or ``dead-lettered`` (nothing for a discard); ``failed`` is
+        :meth:`fail_attempt`'s (the ``ojs://`` transport leaves it to the framework).
         """
         if decision.outcome is Outcome.RETRY:
             self.retry(delivery, job, attempt, failure, decision.delay_ms or 1)
             return
+        if self.workflow is not None and job.meta:  # failed for good (§9.1): the workflow goes on
+            self.workflow.on_terminal(job, "failed", error={**failure_error(failure), "attempt": attempt})
         if decision.outcome is Outcome.DISCARD:
             logger.info("job %s discarded: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
             self.consumer.ack(delivery)
@@ -363,6 +418,15 @@ class Settler:
             (delivery.outgoing(error_headers(code, message)), self.names.dead_letter_exchange, delivery.queue),
             delivery.queue,
         )
+
+    def reject_unexpected(self, delivery: Delivery) -> None:
+        """A bug of ours met ``delivery``: log it with the traceback being handled, ``Basic.Nack`` it
+        into its DLQ (nothing recorded: what records may be what failed).  Call it from an ``except``."""
+        logger.exception(
+            "unexpected error processing a delivery; sending it to the DLQ",
+            extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
+        )
+        self.consumer.nack(delivery)
 
     def hand_back(self, delivery: Delivery) -> None:
         """An unstarted job at shutdown: republish it unchanged to its queue, then ack (no attempt spent).

@@ -182,7 +182,7 @@ class WorkflowRunner:
             "path": list(context.path),
             "job_id": job.id,
             "state": step_state,
-            "attempt": job.attempt,
+            "attempt": (error or {}).get("attempt", job.attempt + 1),
             "at": _now(),
         }
         if step_state == "completed":
@@ -274,7 +274,7 @@ class WorkflowHook:
     again after a connection error (one more attempt per call: every action is idempotent).
 
     Parameters:
-        connect: makes a new, unconnected kombu connection to the broker.
+        connect: makes a new kombu connection to the broker (connected here if it is not yet).
         topology: the worker's topology (names, job queue declarations).
         app_id: ``app_id`` of the jobs it publishes.
     """
@@ -336,7 +336,8 @@ class WorkflowHook:
         runner = self._runner
         if runner is None:
             connection = self._connect()
-            connection.connect()
+            if not connection.connected:
+                connection.connect()
             self._connection = connection
             runner = self._runner = WorkflowRunner(connection.connection, self.topology, app_id=self.app_id)
         operation(runner)

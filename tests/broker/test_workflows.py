@@ -1,0 +1,149 @@
+"""Workflows end to end on a real broker with real Workers (ojs-workflows.md, issue 31 item 1)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from support import wait_until
+
+from ojs_kombu import Client, Job, RetryPolicy, batch, chain, current_job, group
+
+
+def test_chain_of_three_passes_results_step_to_step(client: Client, worker_factory):
+    worker = worker_factory(("wf",), concurrency=2)
+    seen: list[dict[str, Any]] = []
+
+    @worker.handler("step.run")
+    def step(index: int) -> dict[str, int]:
+        seen.append(current_job().parent_results)
+        return {"step": index, "total": sum(r["step"] for r in current_job().parent_results.values()) + index}
+
+    worker.start()
+    w = chain(*(Job.create("step.run", [i], queue="wf") for i in range(3)), name="three")
+    workflow_id = client.enqueue_workflow(w)
+    assert workflow_id == w.id
+    wait_until(lambda: client.workflow(workflow_id).state == "completed", timeout=20, message="the chain completed")
+    assert seen == [
+        {},
+        {"0": {"step": 0, "total": 0}},
+        {"0": {"step": 0, "total": 0}, "1": {"step": 1, "total": 1}},
+    ]
+    info = client.workflow(workflow_id)
+    assert [s.state for s in info.steps] == ["completed"] * 3
+    assert info.result == {"step": 2, "total": 3}
+    assert (info.job_count, info.completed_count, info.failed_count) == (3, 3, 0)
+    assert info.to_dict()["state"] == "completed"
+
+
+def test_group_then_batch_callback_sees_every_result(client: Client, worker_factory):
+    worker = worker_factory(("wf", "cb"), concurrency=8)
+    callbacks: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    @worker.handler("square")
+    def square(n: int) -> int:
+        return n * n
+
+    @worker.handler("report")
+    def report() -> int:
+        with lock:
+            callbacks.append(current_job().parent_results)
+        return len(current_job().parent_results)
+
+    worker.start()
+    w = chain(
+        group([Job.create("square", [i], queue="wf") for i in range(20)]),
+        batch(
+            [Job.create("square", [i], queue="wf") for i in range(20, 40)],
+            on_complete=Job.create("report", [], queue="cb"),
+        ),
+    )
+    client.enqueue_workflow(w)
+    wait_until(lambda: client.workflow(w.id).state == "completed", timeout=30, message="the workflow completed")
+    assert callbacks == [{str(i): (i + 20) ** 2 for i in range(20)}]
+    info = client.workflow(w.id)
+    assert info.step(0, 19).result == 361
+    assert info.completed_count == 40
+
+
+def test_a_failing_member_fires_on_failure_and_on_complete(client: Client, worker_factory):
+    worker = worker_factory(("wf",), concurrency=4)
+    fired: list[tuple[str, dict[str, Any]]] = []
+
+    @worker.handler("member")
+    def member(n: int) -> int:
+        if n == 3:
+            raise ValueError("member 3 fails")
+        return n
+
+    @worker.handler("callback")
+    def callback(name: str) -> None:
+        fired.append((name, current_job().parent_results))
+
+    worker.start()
+    w = batch(
+        [Job.create("member", [i], queue="wf", retry=RetryPolicy(max_attempts=1)) for i in range(5)],
+        on_complete=Job.create("callback", ["complete"], queue="wf"),
+        on_success=Job.create("callback", ["success"], queue="wf"),
+        on_failure=Job.create("callback", ["failure"], queue="wf"),
+    )
+    client.enqueue_workflow(w)
+    wait_until(lambda: client.workflow(w.id).state == "completed", timeout=20, message="the batch ended")
+    assert sorted(name for name, _ in fired) == ["complete", "failure"]
+    results = fired[0][1]
+    assert [results[str(i)] for i in (0, 1, 2, 4)] == [0, 1, 2, 4]
+    assert results["3"]["error"]["message"] == "member 3 fails"
+    info = client.workflow(w.id)
+    assert info.step(3).state == "failed"
+    assert info.step("on_success").state == "cancelled"
+    assert info.failed_count == 1
+    assert info.errors[0]["job_id"] == w.jobs[3].id
+
+
+def test_a_failed_chain_step_stops_the_chain(client: Client, worker_factory):
+    worker = worker_factory(("wf",), concurrency=2)
+    ran: list[int] = []
+
+    @worker.handler("step")
+    def step(n: int) -> int:
+        ran.append(n)
+        if n == 1:
+            raise RuntimeError("step 1 fails")
+        return n
+
+    worker.start()
+    w = chain(*(Job.create("step", [i], queue="wf", retry=RetryPolicy(max_attempts=1)) for i in range(3)))
+    client.enqueue_workflow(w)
+    wait_until(lambda: client.workflow(w.id).state == "failed", timeout=20, message="the chain failed")
+    assert ran == [0, 1]
+    assert [s.state for s in client.workflow(w.id).steps] == ["completed", "failed", "cancelled"]
+
+
+def test_members_keep_their_retry_policy_and_count_once(client: Client, worker_factory):
+    worker = worker_factory(("wf",), concurrency=4)
+    attempts: Counter[int] = Counter()
+    callbacks: list[dict[str, Any]] = []
+
+    @worker.handler("flaky")
+    def flaky(n: int) -> int:
+        attempts[n] += 1
+        if n % 2 == 0 and current_job().attempt == 1:
+            raise ConnectionError("first attempt fails")
+        return n
+
+    @worker.handler("done")
+    def done() -> None:
+        callbacks.append(current_job().parent_results)
+
+    worker.start()
+    retry = RetryPolicy(max_attempts=3, initial_interval="PT0.1S")
+    w = batch(
+        [Job.create("flaky", [i], queue="wf", retry=retry) for i in range(6)],
+        on_success=Job.create("done", [], queue="wf"),
+    )
+    client.enqueue_workflow(w)
+    wait_until(lambda: client.workflow(w.id).state == "completed", timeout=30, message="the batch completed")
+    assert callbacks == [{str(i): i for i in range(6)}]
+    assert attempts == Counter({0: 2, 2: 2, 4: 2, 1: 1, 3: 1, 5: 1})
