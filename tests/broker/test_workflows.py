@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from support import wait_until
@@ -147,3 +152,64 @@ def test_members_keep_their_retry_policy_and_count_once(client: Client, worker_f
     wait_until(lambda: client.workflow(w.id).state == "completed", timeout=30, message="the batch completed")
     assert callbacks == [{str(i): i for i in range(6)}]
     assert attempts == Counter({0: 2, 2: 2, 4: 2, 1: 1, 3: 1, 5: 1})
+
+
+WORKFLOW_WORKER = Path(__file__).resolve().parent.parent / "helpers" / "workflow_worker.py"
+
+
+def test_drill_sigkill_a_worker_mid_batch_callback_runs_once_with_every_result(
+    amqp_url: str, prefix: str, client: Client, names, management, tmp_path: Path
+):
+    """Issue 31's drill: 200 members on two worker processes, one SIGKILLed after ~50 completed."""
+    log = tmp_path / "events.log"
+    stderr = open(tmp_path / "workers.stderr", "ab")  # closed in finally
+    processes: list[subprocess.Popen] = []
+
+    def spawn() -> subprocess.Popen:
+        process = subprocess.Popen(
+            [sys.executable, str(WORKFLOW_WORKER), "--prefix", prefix, "--log", str(log), "--concurrency", "4"],
+            env={**os.environ, "OJS_AMQP_URL": amqp_url},
+            stdout=stderr,
+            stderr=stderr,
+        )
+        processes.append(process)
+        return process
+
+    def lines(kind: str) -> list[list[str]]:
+        if not log.exists():
+            return []
+        return [line.split(" ", 2) for line in log.read_text().splitlines() if line.startswith(kind + " ")]
+
+    try:
+        victim, survivor = spawn(), spawn()
+        w = batch(
+            [Job.create("member", [i], queue="wf") for i in range(200)],
+            on_complete=Job.create("callback", [], queue="cb"),
+        )
+        client.enqueue_workflow(w)
+        wait_until(lambda: len(lines("done")) >= 50, timeout=60, message="50 members done")
+        victim.kill()
+        victim.wait()
+        done_before_kill = len(lines("done"))
+        wait_until(lambda: client.workflow(w.id).state == "completed", timeout=120, message="the batch completed")
+        for queue in ("wf", "cb"):  # nothing left to run, nothing unacknowledged: no second callback can come
+            wait_until(
+                lambda q=queue: (management.queue(names.job_queue(q)) or {}).get("messages", 1) == 0,
+                timeout=30,
+                message=f"{queue} drained",
+            )
+        callbacks = lines("callback")
+        assert len(callbacks) == 1, callbacks
+        assert json.loads(callbacks[0][2]) == {str(i): {"n": i, "square": i * i} for i in range(200)}
+        assert {int(n) for _, n, _ in lines("done")} == set(range(200))
+        assert 50 <= done_before_kill < 200
+        print(f"drill: killed after {done_before_kill} members done; {len(lines('done'))} runs in all")
+        assert survivor.poll() is None
+        info = client.workflow(w.id)
+        assert info.completed_count == 200 and info.step("on_complete").state == "completed"
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        stderr.close()
