@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from support import wait_until
 
-from ojs_kombu import Client, Job, RetryPolicy, batch, chain, current_job, group
+from ojs_kombu import AsyncClient, Client, Job, RetryPolicy, WorkflowInfo, batch, chain, current_job, group
 
 
 def test_chain_of_three_passes_results_step_to_step(client: Client, worker_factory):
@@ -213,3 +215,21 @@ def test_drill_sigkill_a_worker_mid_batch_callback_runs_once_with_every_result(
                 process.kill()
                 process.wait()
         stderr.close()
+
+
+def test_async_client_enqueues_and_reads_a_workflow(amqp_url: str, prefix: str, worker_factory):
+    worker = worker_factory(("wf",), concurrency=2)
+    worker.handler("step.run", lambda n: n + 1)
+    worker.start()
+    w = chain(Job.create("step.run", [1], queue="wf"), Job.create("step.run", [2], queue="wf"))
+
+    async def run() -> WorkflowInfo:
+        async with AsyncClient(amqp_url, prefix=prefix) as aclient:
+            assert await aclient.enqueue_workflow(w) == w.id
+            deadline = time.monotonic() + 20
+            while (info := await aclient.workflow(w.id)).state != "completed" and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # awaiting the condition
+            return info
+
+    info = asyncio.run(run())
+    assert info.state == "completed" and info.result == 3
