@@ -136,7 +136,7 @@ class WorkflowLog:
                     records.append(record)
 
             channel.basic_qos(0, 500, False)
-            channel.basic_consume(stream, callback=on_message, arguments={"x-stream-offset": "first"})
+            tag = channel.basic_consume(stream, callback=on_message, arguments={"x-stream-offset": "first"})
             deadline = time.monotonic() + _READ_TIMEOUT
             while not done:
                 left = deadline - time.monotonic()
@@ -146,6 +146,9 @@ class WorkflowLog:
                     self.connection.drain_events(timeout=min(left, 1.0))
                 except TimeoutError:
                     continue
+            # Records appended meanwhile are still on their way: after Cancel-Ok none is, so the
+            # channel closes with no delivery left to ignore (py-amqp warns about each).
+            channel.basic_cancel(tag)
             return records
         finally:
             close_quietly(channel)
