@@ -6,14 +6,16 @@ as a worker's Settler would (before the ack); the hook publishes what follows.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import kombu
 import pytest
-from support import get_messages, message_count
+from support import get_messages, message_count, wait_until
 
 from ojs_kombu import Client, Job, Names, batch, chain, group
+from ojs_kombu.amqp.connection import make_connection
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import NotFoundError
 from ojs_kombu.model.workflow import WorkflowContext
@@ -139,3 +141,34 @@ def test_unknown_workflow_is_not_found(client: Client):
 def test_a_job_outside_workflows_costs_nothing(hook: WorkflowHook):
     hook.on_terminal(Job.create("plain", []), "completed", 1)
     assert hook._runner is None
+
+
+def test_the_hook_survives_its_connection_being_closed(amqp_url, client, names, management):
+    name = f"wf-hook-{uuid.uuid4().hex[:8]}"
+    hook = WorkflowHook(
+        lambda: make_connection(amqp_url, heartbeat=0, ssl=None, transport_options=None, connection_name=name),
+        Topology(names),
+    )
+    try:
+        w = chain(*(Job.create("step.run", [i], queue="wfq") for i in range(3)))
+        client.enqueue_workflow(w)
+        (job,) = take(amqp_url, names, "wfq", 1)
+        hook.on_terminal(job, "completed", 0)
+
+        def named() -> list[dict[str, Any]]:
+            return [
+                c for c in management.connections() if c.get("client_properties", {}).get("connection_name") == name
+            ]
+
+        wait_until(lambda: bool(named()), timeout=15, interval=0.2, message="the hook's connection listed")
+        first = hook._connection
+        # The broker sends Connection.Close; the hook's idle connection reads it on its next call.
+        assert management.close_connection(named()[0]["name"])
+        for index in (1, 2):  # the first call meets the closed connection, and is made again on a new one
+            (job,) = take(amqp_url, names, "wfq", 1)
+            assert parent_results(job)[str(index - 1)] == index - 1
+            hook.on_terminal(job, "completed", index)
+        assert hook._connection is not first  # replaced
+        assert client.workflow(w.id).state == "completed"
+    finally:
+        hook.close()
