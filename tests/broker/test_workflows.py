@@ -233,3 +233,17 @@ def test_async_client_enqueues_and_reads_a_workflow(amqp_url: str, prefix: str, 
 
     info = asyncio.run(run())
     assert info.state == "completed" and info.result == 3
+
+
+def test_a_cancelled_member_counts_as_failed(client: Client, worker_factory):
+    worker = worker_factory(("wf",), concurrency=2)
+    fired: list[dict[str, Any]] = []
+    worker.handler("member", lambda n: n)
+    worker.handler("alert", lambda: fired.append(current_job().parent_results))
+    w = batch([Job.create("member", [i], queue="wf") for i in range(2)], on_failure=Job.create("alert", [], queue="wf"))
+    client.enqueue_workflow(w)
+    client.cancel(w.jobs[1].id, queue="wf")  # before any worker runs it
+    worker.start()
+    wait_until(lambda: client.workflow(w.id).state == "completed", timeout=20, message="the batch ended")
+    assert fired == [{"0": 0, "1": {"error": {"code": "cancelled", "message": "the job was cancelled"}}}]
+    assert client.workflow(w.id).step(1).state == "failed"
