@@ -32,8 +32,8 @@ import kombu
 
 from ojs_kombu import Names
 from ojs_kombu.amqp.locks import Acquired, Held, UniqueLocks
+from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
-from ojs_kombu.testing.management import ManagementClient
 from ojs_kombu.wire.codec import OutgoingMessage
 
 

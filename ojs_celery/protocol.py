@@ -51,6 +51,10 @@ from ojs_kombu.wire.headers import DEATH_HEADERS, Header, error_headers, strip_d
 
 #: Celery header carrying the envelope fields Celery does not model, inside Celery only.
 ENVELOPE_HEADER = "ojs_envelope"
+
+#: The option of ``apply_async`` and of ``@app.task`` that gives the job its unique policy
+#: (a :class:`~ojs_kombu.UniquePolicy` or a dict of its fields: ``docs/unique-jobs.md``).
+UNIQUE_OPTION = "ojs_unique"
 JSON_CONTENT_TYPE = "application/json"
 
 #: The exception a running ``Task.retry(exc=…)`` was given (set by :class:`ojs_celery.Task`).
@@ -61,7 +65,7 @@ retrying_exception: contextvars.ContextVar[BaseException | None] = contextvars.C
 #: Celery headers with a field of their own in the envelope.
 _MAPPED = frozenset({"lang", "task", "id", "eta", "expires", "retries", "traceparent", "tracestate", ENVELOPE_HEADER})
 #: Envelope fields carried in ``ojs_envelope`` (the rest is rebuilt from Celery's own data).
-_CARRIED = ("id", "created_at", "retry", "timeout", "errors")
+_CARRIED = ("id", "created_at", "retry", "timeout", "errors", "unique")
 _EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
 #: Celery's protocol 2 headers a task message always has, at their defaults (root_id and timelimit are set per message).
 _CELERY_DEFAULTS: dict[str, Any] = dict.fromkeys(
@@ -94,6 +98,11 @@ class TaskIndex:
             self._by_type = {job_type_for(n): n for n in self._tasks() if not n.startswith("celery.")}
             name = self._by_type.get(job_type, job_type)
         return name
+
+    def unique(self, name: str) -> Any:
+        """The ``ojs_unique`` option of task ``name`` (``@app.task(ojs_unique={...})``), or None."""
+        task = self._tasks().get(name)
+        return getattr(task, UNIQUE_OPTION, None) if task is not None else None
 
     def max_attempts(self, name: str) -> int | None:
         """``max_retries + 1`` of task ``name`` (None when the task is unknown here)."""
@@ -157,6 +166,7 @@ class CeleryCodec:
             id=job_id,
             scheduled_at=_moment(headers.get("eta")),
             expires_at=_moment(headers.get("expires")),
+            unique=properties.get(UNIQUE_OPTION) or carried.get("unique") or self.tasks.unique(name),
         )
         kept = {k: carried[k] for k in ("created_at", "timeout", "errors") if k in carried}
         if kept:
@@ -272,6 +282,8 @@ def _carried(job: Job) -> dict[str, Any]:
         )
     if job.errors:
         carried["errors"] = _amqp_safe(job.errors)
+    if job.unique is not None:
+        carried["unique"] = job.unique.to_dict()
     return carried
 
 
@@ -376,4 +388,4 @@ def _repr(value: Any) -> str:
         return repr(value)[:1024]
 
 
-__all__ = ["CeleryCodec", "ENVELOPE_HEADER", "TaskIndex", "UNLIMITED_ATTEMPTS"]
+__all__ = ["UNIQUE_OPTION", "CeleryCodec", "ENVELOPE_HEADER", "TaskIndex", "UNLIMITED_ATTEMPTS"]

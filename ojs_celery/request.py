@@ -29,10 +29,12 @@ from celery.exceptions import Ignore, Retry, TimeLimitExceeded, WorkerLostError
 from celery.worker import request as celery_request
 from celery.worker.request import task_ready
 
+from ojs_kombu.model.fields import JobState
+from ojs_kombu.model.job import Job
 from ojs_kombu.policy.retry import Failure
 from ojs_kombu.transport.message import DecodedMessage
 
-from .lifecycle import emit
+from .lifecycle import emit, request_job
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +90,11 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
         Celery's worker replaces ``on_success`` with its own per task, so success is seen here.
         """
         succeeded = not self.acknowledged and not self._ojs_outcome and self.time_start and self.task.acks_late
+        job = request_job(self) if succeeded else None  # before the ack: the transport's job, unique policy included
         result = super().acknowledge()
         if succeeded:
             emit(self, "succeeded")
+            _release(self, job, "completed")
         return result
 
     def on_retry(self, exc_info: Any) -> Any:
@@ -108,6 +112,7 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
         self._ojs_outcome = True
         result = super()._announce_revoked(reason, terminated, signum, expired)
         emit(self, "expired" if expired else "cancelled")
+        _release(self, request_job(self), "discarded" if expired else "cancelled")
         return result
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:
@@ -167,10 +172,12 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
             note_failure = getattr(self._message.channel, "note_failure", None)
             if note_failure is not None:
                 note_failure(self._message.delivery_tag, Failure.from_exception(self._ojs_failure))
+        job = request_job(self) if rejecting and not requeue else None
         result = super().reject(requeue=requeue)
         if rejecting and not requeue:
             self._ojs_outcome = True
             emit(self, "dead-lettered")
+            _release(self, job, "discarded")
         return result
 
     def _attempts_left(self) -> bool:
@@ -212,6 +219,16 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
 
 def _handed_over(message: Any) -> Any:
     return message.handed_over if type(message) is DecodedMessage else None
+
+
+def _release(request: Any, job: Job | None, state: JobState) -> None:
+    """Free the unique lock (``ojs_unique``) of ``request``'s job, which ended in ``state``: through its
+    ``ojs://`` connection, which does it from its loop (:meth:`~ojs_kombu.transport.state.ConnectionState.release`)."""
+    if job is None or job.unique is None:
+        return
+    ojs = getattr(getattr(getattr(request, "_message", None), "channel", None), "ojs", None)
+    if ojs is not None:
+        ojs.release(job, state)
 
 
 __all__ = ["REQUEST", "STOCK_REQUEST", "Request"]

@@ -196,6 +196,7 @@ class OjsBroker(dramatiq.Broker):
     ):
         self._running: OjsRunning | None = None
         super().__init__(middleware=middleware)
+        self.actor_options.add("ojs_unique")  # @dramatiq.actor(ojs_unique={...}): the jobs' unique policy
         if max_priority is not None and not 0 < max_priority <= 255:
             raise ValueError("max_priority must be a value between 0 and 255")
         self.dead_letter_mode = dead_letter_mode
@@ -394,6 +395,7 @@ class OjsBroker(dramatiq.Broker):
             retry=self._retry_policy(message, actor_options),
             delay_ms=delay_ms,
             timeout_ms=message.options.get("time_limit", actor_options.get("time_limit")),
+            unique=message.options.get("ojs_unique", actor_options.get("ojs_unique")),
         )
 
     def _retry_policy(self, message: Message[Any], actor_options: dict[str, Any]) -> RetryPolicy:
@@ -561,7 +563,7 @@ class OjsBroker(dramatiq.Broker):
     def close(self) -> None:
         """Close the publishing connections and the inspection connection."""
         self.client.close()
-        self.assembly.workflow.close()
+        self.assembly.close()
         with self._admin_lock:
             self._drop_admin()
 

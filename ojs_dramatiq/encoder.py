@@ -42,14 +42,14 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.jsonvalue import ensure_json_native
 from ojs_kombu.model.naming import job_type_for
 from ojs_kombu.model.naming import ojs_queue_for as map_queue_name
-from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy
+from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy, UniquePolicy
 from ojs_kombu.model.timefmt import format_duration, format_timestamp
 
 #: The ``meta`` key holding what only Dramatiq needs (DESIGN §2).
 META_KEY = "dramatiq"
 #: Options that never travel: ``eta`` (nothing waits in worker memory; delays go through the
 #: broker) and ``retries`` (the ``x-ojs-attempt`` header counts executions).
-LOCAL_OPTIONS = frozenset({"eta", "retries"})
+LOCAL_OPTIONS = frozenset({"eta", "retries", "ojs_unique"})  # ojs_unique: the job's own ``unique``
 
 
 def job_id_for(message_id: str, timestamp_ms: int) -> str:
@@ -122,12 +122,14 @@ def message_to_job(
     retry: RetryPolicy | None = None,
     delay_ms: int | None = None,
     timeout_ms: int | None = None,
+    unique: UniquePolicy | Mapping[str, Any] | None = None,
 ) -> Job:
     """The OJS job for ``message``.
 
     ``retry`` is the job's retry policy (see :func:`retry_policy_for`),
     ``delay_ms`` schedules it that far ahead (``scheduled_at``, rounded up), and
-    ``timeout_ms`` (Dramatiq's ``time_limit``) sets ``timeout`` in whole seconds.
+    ``timeout_ms`` (Dramatiq's ``time_limit``) sets ``timeout`` in whole seconds, and
+    ``unique`` (the ``ojs_unique`` option) is the job's unique policy.
     Raises :class:`ojs_kombu.ValidationError` for values JSON cannot carry.
     """
     job = Job.create(
@@ -141,6 +143,7 @@ def message_to_job(
         scheduled_at=timedelta(milliseconds=delay_ms) if delay_ms else None,
         timeout=math.ceil(timeout_ms / 1000) if timeout_ms else None,
         id=job_id_for(message.message_id, message.message_timestamp),
+        unique=unique,
     )
     created = format_timestamp(datetime.fromtimestamp(message.message_timestamp / 1000, UTC))
     return job.model_copy(update={"created_at": created})

@@ -18,6 +18,7 @@ from dramatiq.errors import BrokerError, ConnectionClosed, DramatiqError, QueueN
 
 from ojs_kombu.errors import (
     BrokerConnectionError,
+    DuplicateJobError,
     OjsError,
     PublishNackedError,
     PublishTimeoutError,
@@ -72,11 +73,11 @@ def dramatiq_errors() -> Iterator[None]:
 
     Raises:
       dramatiq.errors.BrokerError: (a subclass of it) for every ``OjsError`` but a ``ValidationError``.
-      ojs_kombu.ValidationError: unchanged.
+      ojs_kombu.ValidationError, ojs_kombu.DuplicateJobError: unchanged.
     """
     try:
         yield
-    except ValidationError:
+    except (ValidationError, DuplicateJobError):
         raise
     except OjsError as error:
         raise dramatiq_error_for(error) from error

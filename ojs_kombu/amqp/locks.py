@@ -54,6 +54,7 @@ DEFAULT_QUEUE_EXPIRES: Final = timedelta(days=7)
 
 _ATTEMPTS: Final = 5  # acquire: a lock freed or a queue deleted between two steps is tried again
 _HOLDER_WAIT: Final = 2.0  # seconds a reader waits for a new holder to write its id
+_SCHEDULED_AT: Final = "x-ojs-scheduled-at"  # the holder record's header: the holder's scheduled_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +68,15 @@ class Acquired:
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """The lock of ``key`` is held by another job: ``existing_id``, or None when its id could not be read."""
+    """The lock of ``key`` is held by another job: ``existing_id``, or None when its id could not be read.
+
+    ``existing_scheduled_at`` is the ``scheduled_at`` the holder wrote with its id
+    (``acquire(scheduled_at=...)``), or None.
+    """
 
     key: str
     existing_id: str | None
+    existing_scheduled_at: str | None = None
 
 
 class UniqueLocks:
@@ -113,7 +119,9 @@ class UniqueLocks:
 
     # -- the public operations
 
-    def acquire(self, key: str, holder_id: str, period: timedelta | None) -> Acquired | Held:
+    def acquire(
+        self, key: str, holder_id: str, period: timedelta | None, *, scheduled_at: str | None = None
+    ) -> Acquired | Held:
         """Take the lock of ``key`` for ``holder_id`` unless another holds it (atomic set-if-absent).
 
         Parameters:
@@ -121,6 +129,8 @@ class UniqueLocks:
             holder_id: the id of the job that will hold it.
             period: how long the lock may live at most; None or longer than ``queue_expires``
                 means ``queue_expires``.
+            scheduled_at: the holder's ``scheduled_at``, kept with its id in the holder's record
+                (``Held.existing_scheduled_at`` of a later acquirer: ``replace_except_schedule``).
 
         Returns:
             :class:`Acquired`, or :class:`Held` with the holder's id.
@@ -138,17 +148,17 @@ class UniqueLocks:
             self._declare(lock, overflow="reject-publish")
             error = self._publish(lock, holder_id, ttl_ms, persistent=self.persistent)
             if error is None:
-                self._write_holder(key, holder_id, ttl_ms)
+                self._write_holder(key, holder_id, ttl_ms, scheduled_at)
                 return Acquired(key, holder_id, ttl_ms)
             if isinstance(error, UnroutableError):
                 continue  # the queue was deleted (released, expired) after our declaration
             if not isinstance(error, PublishNackedError):
                 raise error
-            existing = self.holder(key)
-            if existing is not None or self._lock_count(lock):
-                return Held(key, existing)
+            held = self._held(key)
+            if held.existing_id is not None or self._lock_count(lock):
+                return held
             # Freed between the nack and the read: try again.
-        return Held(key, self.holder(key))
+        return self._held(key)
 
     def holder(self, key: str) -> str | None:
         """The id of the job holding the lock of ``key``, or None when it is free.
@@ -163,14 +173,22 @@ class UniqueLocks:
         Returns:
             The holder's job id, or None.
         """
+        return self._held(key).existing_id
+
+    def _held(self, key: str) -> Held:
+        """The holder's record of ``key`` (as :meth:`holder` reads it) as a :class:`Held`."""
         deadline = time.monotonic() + _HOLDER_WAIT
         while True:
             message = self._get(self.names.lock_holder_queue(key))
             if message is not None:
                 self._channel.basic_reject(message.delivery_tag, requeue=True)
-                return _body_text(message)
+                headers = message.properties.get("application_headers") or {}
+                scheduled = headers.get(_SCHEDULED_AT)
+                if isinstance(scheduled, bytes):
+                    scheduled = scheduled.decode("utf-8")
+                return Held(key, _body_text(message), scheduled if isinstance(scheduled, str) else None)
             if not self._lock_count(self.names.lock_queue(key)) or time.monotonic() >= deadline:
-                return None
+                return Held(key, None)
             time.sleep(0.005)
 
     def release(self, key: str, holder_id: str) -> bool:
@@ -248,7 +266,9 @@ class UniqueLocks:
                 lambda ch: ch.queue_declare(queue, durable=True, auto_delete=False, arguments=self._arguments(overflow))
             )
 
-    def _publish(self, queue: str, holder_id: str, ttl_ms: int, *, persistent: bool) -> Exception | None:
+    def _publish(
+        self, queue: str, holder_id: str, ttl_ms: int, *, persistent: bool, headers: dict[str, Any] | None = None
+    ) -> Exception | None:
         message = OutgoingMessage(
             holder_id.encode("utf-8"),
             {
@@ -257,16 +277,18 @@ class UniqueLocks:
                 "delivery_mode": 2 if persistent else 1,
                 "content_type": "text/plain",
             },
+            headers or {},
         )
         ticket = self._publisher.publish(message, exchange="", routing_key=queue, queue=queue, job_id=holder_id)
         self._publisher.wait([ticket])
         return ticket.error
 
-    def _write_holder(self, key: str, holder_id: str, ttl_ms: int) -> None:
+    def _write_holder(self, key: str, holder_id: str, ttl_ms: int, scheduled_at: str | None) -> None:
         record_queue = self.names.lock_holder_queue(key)
+        headers = {_SCHEDULED_AT: scheduled_at} if scheduled_at else None
         for _ in range(_ATTEMPTS):
             self._declare(record_queue, overflow="drop-head")
-            error = self._publish(record_queue, holder_id, ttl_ms, persistent=False)
+            error = self._publish(record_queue, holder_id, ttl_ms, persistent=False, headers=headers)
             if not isinstance(error, UnroutableError):
                 break
         if error is not None:

@@ -35,6 +35,7 @@ from ojs_kombu.client.observation import DEFAULT_STALE_AFTER, Observation
 from ojs_kombu.client.publishing import Publishing
 from ojs_kombu.client.results import EnqueueResult, JobOptions, QueueCounts
 from ojs_kombu.client.session import ConnectionSettings, Session
+from ojs_kombu.client.uniqueness import Uniqueness
 from ojs_kombu.client.workflows import Workflows
 from ojs_kombu.model.cron import OverlapPolicy
 from ojs_kombu.model.info import JobInfo
@@ -167,8 +168,10 @@ class Client:
             window=window,
         )
         # The capability services; a new one (workflows, cron) is a Service over the same session.
-        self._publishing = Publishing(self._session, gc_pause=gc_pause)
         self._control = Control(self._session)
+        self._publishing = Publishing(
+            self._session, gc_pause=gc_pause, uniqueness=Uniqueness(self._session, self._control)
+        )
         self._dead_letters = DeadLetters(self._session)
         self._observation = Observation(self._session)
         self._workflows = Workflows(self._session)
@@ -183,12 +186,16 @@ class Client:
             type: the job type (``"email.send"``).
             args: its positional arguments (JSON values).
             options: the keyword options of :meth:`Job.create` (:class:`JobOptions`): ``queue``,
-                ``kwargs``, ``meta``, ``priority``, ``retry``, ``scheduled_at``, ``expires_at``, ...
+                ``kwargs``, ``meta``, ``priority``, ``retry``, ``scheduled_at``, ``expires_at``,
+                ``unique`` (a :class:`~ojs_kombu.UniquePolicy`: see ``docs/unique-jobs.md``), ...
 
         Returns:
-            The confirmed job.
+            The confirmed job.  A duplicate under ``unique=UniquePolicy(on_conflict="ignore")``
+            publishes nothing and returns the job passed with the existing job's id.
 
         Raises:
+            DuplicateJobError: ``unique`` and another job holds its key (``on_conflict="reject"``);
+                ``.existing_id`` is that job's id.
             ValidationError: a bad argument (nothing is published).
             UnroutableError, PublishNackedError, PublishTimeoutError: the broker did not take it.
             BrokerConnectionError: the broker could not be reached within ``publish_timeout``.

@@ -21,6 +21,7 @@ from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.client._gc_pause import GcPause
 from ojs_kombu.client.results import EnqueueResult
 from ojs_kombu.client.session import Service, Session
+from ojs_kombu.client.uniqueness import Uniqueness
 from ojs_kombu.errors import BrokerConnectionError, BrokerRefusedError, ValidationError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import validate_queue_name
@@ -118,9 +119,10 @@ class Publishing(Service):
             :data:`GC_PAUSE_MIN_JOBS` jobs is published and confirmed (see :meth:`enqueue_many`).
     """
 
-    def __init__(self, session: Session, *, gc_pause: bool = True):
+    def __init__(self, session: Session, *, gc_pause: bool = True, uniqueness: Uniqueness | None = None):
         super().__init__(session)
         self.gc_pause = gc_pause
+        self.uniqueness = uniqueness
 
     def enqueue_job(self, job: Job) -> Job:
         """Enqueue ``job`` and wait for its confirm (as :meth:`ojs_kombu.Client.enqueue_job`).
@@ -151,7 +153,15 @@ class Publishing(Service):
         return self.publish(jobs)
 
     def publish(self, jobs: list[Job]) -> list[EnqueueResult]:
-        """Publish a batch (one job: a bad job raises its ValidationError); one outcome per job."""
+        """Publish a batch (one job: a bad job raises its ValidationError); one outcome per job.
+
+        Jobs with a ``unique`` policy take their lock first (:mod:`ojs_kombu.client.uniqueness`).
+        """
+        if self.uniqueness is not None and any(isinstance(job, Job) and job.unique is not None for job in jobs):
+            return self.uniqueness.publish(jobs, self._publish)
+        return self._publish(jobs)
+
+    def _publish(self, jobs: list[Job]) -> list[EnqueueResult]:
         batch = _Batch(self.session, jobs, pause_gc=self.gc_pause and len(jobs) >= GC_PAUSE_MIN_JOBS)
         try:
             try:

@@ -10,7 +10,7 @@ from typing import Any, TypedDict
 
 from ojs_kombu.errors import OjsError
 from ojs_kombu.model.job import Job
-from ojs_kombu.model.policies import RetryPolicy
+from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
 
 
 class JobOptions(TypedDict, total=False):
@@ -26,14 +26,29 @@ class JobOptions(TypedDict, total=False):
     timeout: int | None
     tags: list[str] | tuple[str, ...] | None
     id: str | uuid.UUID | None
+    unique: UniquePolicy | Mapping[str, Any] | None
 
 
 @dataclass
 class EnqueueResult:
-    """The outcome of one job of :meth:`Client.enqueue_many`."""
+    """The outcome of one job of :meth:`Client.enqueue_many`.
+
+    Attributes:
+        job: the job as enqueued; for a duplicate ignored (``unique`` with ``on_conflict="ignore"``),
+            the job passed with the *existing* job's id (its other fields are the ones passed).
+        error: why it was not enqueued, or None.
+        existing_id: the id of the existing job when this one was a duplicate and nothing was
+            published (``on_conflict="ignore"``); None otherwise.
+    """
 
     job: Job
     error: OjsError | None = None
+    existing_id: str | None = None
+
+    @property
+    def deduplicated(self) -> bool:
+        """True when the job was a duplicate that ``on_conflict="ignore"`` left unpublished."""
+        return self.existing_id is not None
 
     @property
     def ok(self) -> bool:

@@ -221,6 +221,7 @@ class Job(OjsModel):
         timeout: int | None = None,
         tags: list[str] | tuple[str, ...] | None = None,
         id: str | _uuid.UUID | None = None,
+        unique: UniquePolicy | Mapping[str, Any] | None = None,
     ) -> Job:
         """Build a new job envelope, ready to publish.
 
@@ -320,6 +321,10 @@ class Job(OjsModel):
                 field = "retry"
                 state["retry"] = _retry_argument(retry)
                 given.add("retry")
+            if unique is not None:
+                field = "unique"
+                state["unique"] = _unique_argument(unique)
+                given.add("unique")
             job = construct_trusted(cls, state, given, {})
             if size > _SIZE_BUDGET:
                 _check_size(job)
@@ -697,6 +702,18 @@ def _retry_argument(retry: Any) -> RetryPolicy:
         policy: RetryPolicy = RetryPolicy.__pydantic_validator__.validate_python(dict(retry))
     except _PydanticValidationError as exc:
         raise _convert(exc, "retry") from None
+    return policy
+
+
+def _unique_argument(unique: Any) -> UniquePolicy:
+    if isinstance(unique, UniquePolicy):
+        return unique
+    if not isinstance(unique, Mapping):
+        raise _Problem(f"must be a UniquePolicy or a dict, got {type(unique).__name__}")
+    try:
+        policy: UniquePolicy = UniquePolicy.__pydantic_validator__.validate_python(dict(unique))
+    except _PydanticValidationError as exc:
+        raise _convert(exc, "unique") from None
     return policy
 
 

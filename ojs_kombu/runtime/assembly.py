@@ -29,6 +29,7 @@ from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReade
 from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import DeadLetterMode, Settler
+from ojs_kombu.runtime.unique import UniqueRelease
 from ojs_kombu.runtime.workflow import WorkflowHook
 
 
@@ -91,6 +92,9 @@ class Assembly:
         self.lifecycle, self.activity = worker_lifecycle()
         #: The id the worker's presence and job events carry.
         self.worker_id: str = self.lifecycle.worker_id
+        #: Frees the unique lock of a job that ends (its own connection, opened by the first job with a
+        #: ``unique`` policy); :meth:`close` closes it.
+        self.unique_release = UniqueRelease(url, names, ssl=ssl, transport_options=transport_options)
         #: Advances the workflows of the jobs its settlers settle for good (a connection of its own, opened on first use).
         self.workflow = WorkflowHook(self._workflow_connection, topology)
         self._workflow_failover = Failover(
@@ -165,8 +169,15 @@ class Assembly:
             cancelled=self.cancellations.is_cancelled,
             lifecycle=self.lifecycle,
             workflow=self.workflow,
+            unique=self.unique_release,
         )
         return Consuming(consumer, settler)
+
+    def close(self) -> None:
+        """Close what the parts share (the unique-lock releaser's and the workflow hook's connections);
+        after the consumers stopped."""
+        self.unique_release.close()
+        self.workflow.close()
 
     def beacon(
         self,

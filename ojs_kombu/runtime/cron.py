@@ -57,9 +57,18 @@ from amqp import Message as WireMessage
 from ojs_kombu.amqp.connection import close_quietly, make_connection, resolve_url, safe_url
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.locks import Held, UniqueLocks
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
 from ojs_kombu.amqp.topology import Topology
-from ojs_kombu.errors import BrokerRefusedError, DecodeError, NotFoundError, OjsError, TopologyError, ValidationError
+from ojs_kombu.errors import (
+    BrokerRefusedError,
+    DecodeError,
+    NotFoundError,
+    OjsError,
+    PublishError,
+    TopologyError,
+    ValidationError,
+)
 from ojs_kombu.model.cron import CronJob, OverlapPolicy, tick_job_id
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
@@ -92,6 +101,11 @@ Runner = Callable[[Callable[[Any], T]], T]
 
 DEFAULT_READ_TIMEOUT = 10.0
 """Seconds a read of the cron stream waits for its marker."""
+#: How long the lock of a fired tick (:meth:`CronScheduler.claim_tick`) and its queues live: far longer than
+#: two leaders can overlap (the old one stops at its next lease check), short enough that a cron firing
+#: every second leaves at most ~1,200 idle queue pairs behind.
+TICK_LOCK_TTL = timedelta(minutes=10)
+
 #: Seconds of job events a scheduler reads back at start to know which tick jobs are active.
 ACTIVITY_LOOKBACK = timedelta(hours=1)
 #: Job ids whose latest lifecycle event a scheduler remembers.
@@ -521,6 +535,7 @@ class CronScheduler:
         self._thread: threading.Thread | None = None
         self._synced = False  # caught up with the stream since this instance became the leader
         self._publisher: ConfirmedPublisher | None = None
+        self._tick_locks: UniqueLocks | None = None
         self._planned = 0.0
         self.ready = threading.Event()
         """Set once the scheduler replayed the cron stream (and after each reconnect)."""
@@ -730,10 +745,16 @@ class CronScheduler:
         return fired, wait
 
     def claim_tick(self, cron: CronJob, scheduled_time: datetime, job_id: str) -> bool:
-        """The seam of the unique lock (``ojs_kombu.amqp.locks``, DESIGN §20): whether this tick may fire.
+        """Whether this tick may fire: the unique lock of its derived id (``ojs_kombu.amqp.locks``, DESIGN §20).
 
-        Today every tick is claimed: the derived ``job_id`` already makes a duplicate of two
-        overlapping leaders the same job (``Worker(deduplicate=True)`` drops it).
+        Two leaders overlapping for a moment (the old one has not noticed it lost the lease)
+        both reach here with the same ``job_id``; the lock ``ojs.lock.cron.{job_id}`` lets one
+        of them fire.  The holder is this scheduler (and the tick), so a claim retried after a
+        reconnect is still ours.  Tick locks are never released: they expire after
+        :data:`TICK_LOCK_TTL` (token and queues), and are not persistent (a broker restart
+        frees them; the cron stream's ``fired`` records still tell a new leader the last run).
+        A claim that fails for another reason than the connection fires the tick (a duplicate
+        id is better than a lost tick: ``Worker(deduplicate=True)`` drops it).
 
         Parameters:
             cron: the cron job.
@@ -741,8 +762,22 @@ class CronScheduler:
             job_id: its derived job id.
 
         Returns:
-            True to fire, False when another scheduler fired it already.
+            True to fire, False when another scheduler claimed it already.
         """
+        connection = self._connection.connection
+        if self._tick_locks is None or self._tick_locks.connection is not connection:
+            self._tick_locks = UniqueLocks(
+                connection, names=self.names, queue_expires=TICK_LOCK_TTL, delete_on_release=False, persistent=False
+            )
+        holder = f"{self.scheduler_id}/{job_id}"
+        try:
+            outcome = self._tick_locks.acquire(f"cron.{job_id}", holder, TICK_LOCK_TTL)
+        except (PublishError, BrokerRefusedError) as exc:
+            logger.warning("cron %s: could not claim the tick of %s (%s); firing it", cron.name, scheduled_time, exc)
+            return True
+        if isinstance(outcome, Held) and outcome.existing_id != holder:
+            logger.info("cron %s: the tick of %s was claimed by %s", cron.name, scheduled_time, outcome.existing_id)
+            return False
         return True
 
     def _fire(self, entry: CronEntry, scheduled_time: datetime, now: datetime) -> None:
@@ -866,6 +901,7 @@ __all__ = [
     "CronStreamReader",
     "RegisteredCron",
     "Runner",
+    "TICK_LOCK_TTL",
     "cron_job_json",
     "next_run_of",
     "registered",

@@ -197,6 +197,7 @@ class Processing:
         handler = self.handlers.get(job.type)
         if handler is None:
             self.settler.reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
+            self.settler.ended(job, "discarded")
             return False
         if self.handlers.is_async(job.type):
             self._coroutines().submit(partial(self._run_coroutine, delivery, job, attempt, handler))

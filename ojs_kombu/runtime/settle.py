@@ -55,6 +55,7 @@ from typing import Any, Literal, Protocol
 from ojs_kombu.amqp.publisher import Destination
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, ValidationError
+from ojs_kombu.model.fields import JobState
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
@@ -64,6 +65,7 @@ from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
+from ojs_kombu.runtime.unique import Releaser
 from ojs_kombu.runtime.workflow import WorkflowHook
 from ojs_kombu.wire.codec import OutgoingMessage, decode, encode
 from ojs_kombu.wire.control import final_failure_message
@@ -194,6 +196,7 @@ class Settler:
         workflow: the completion hook of workflows, called before a job of a workflow is settled
             for good (succeeded, dead-lettered, discarded, cancelled); ``None``: jobs' ``meta.workflow``
             is ignored.  If it raises, the delivery goes to its DLQ (the caller's ``reject_unexpected``).
+        unique: frees the unique lock of a job that ends (:meth:`ended`); ``None``: locks end with their period.
     """
 
     def __init__(
@@ -209,6 +212,7 @@ class Settler:
         cancelled: Callable[[str], bool] | None = None,
         lifecycle: Lifecycle | None = None,
         workflow: WorkflowHook | None = None,
+        unique: Releaser | None = None,
     ):
         self.consumer = consumer
         self.names = names
@@ -220,6 +224,12 @@ class Settler:
         self.cancelled = cancelled
         self.lifecycle = lifecycle
         self.workflow = workflow
+        self.unique = unique
+
+    def ended(self, job: Job, state: JobState) -> None:
+        """``job`` ended in ``state`` (completed, discarded, cancelled): free its unique lock, if it has one."""
+        if self.unique is not None and job.unique is not None:
+            self.unique.release(job, state)
 
     def _emit(self, event: JobEventName, job: Job, attempt: int, failure: Failure | None = None) -> None:
         if self.lifecycle is not None:
@@ -262,6 +272,7 @@ class Settler:
             )
             self.consumer.ack(delivery)
             self._emit("expired", job, attempt)
+            self.ended(job, "discarded")
             return None
         scheduled = job.scheduled_datetime
         if scheduled is not None and scheduled > now:
@@ -287,6 +298,8 @@ class Settler:
         lifecycle = self.lifecycle  # the hot path: no _emit
         if lifecycle is not None:
             lifecycle.emit("succeeded", job, attempt)
+        if job.unique is not None:
+            self.ended(job, "completed")
 
     def cancel(self, delivery: Delivery, job: Job, attempt: int, state: Literal["pending", "running"]) -> None:
         """A cancelled job (``Client.cancel``): acked, never retried nor dead-lettered, counted, ``cancelled``.
@@ -302,6 +315,7 @@ class Settler:
             self.workflow.on_terminal(job, "cancelled")
         self.consumer.ack(delivery)
         self._emit("cancelled", job, attempt)
+        self.ended(job, "cancelled")
 
     def skip(self, delivery: Delivery, job: Job, reason: str) -> None:
         """A job the framework chose not to run (a Dramatiq middleware skipped it): acked, no event."""
@@ -327,9 +341,11 @@ class Settler:
         if decision.outcome is Outcome.DISCARD:
             logger.info("job %s discarded: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
             self.consumer.ack(delivery)
+            self.ended(job, "discarded")
             return
         self.dead_letter(delivery, job, attempt, failure, decision.reason)
         self._emit("dead-lettered", job, attempt, failure)
+        self.ended(job, "discarded")
 
     def dead_letter(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, reason: str = "") -> None:
         """Into ``ojs.queue.dlx.{q}``, with ``failure`` (attempt ``attempt``) as the letter's final failure.

@@ -493,7 +493,7 @@ class Worker:
         self.dispatch.join_threads(timeout=0.5)
         processing.stop_coroutines()  # coroutines still running past the grace period: left to the broker
         self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
-        self.assembly.workflow.close()
+        self.assembly.close()
         if self._beacon is not None:
             self._beacon.stop()  # after the last settle: its job events, then the offline presence
         if self.metrics_server is not None:

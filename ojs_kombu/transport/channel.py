@@ -145,6 +145,7 @@ class Channel(pyamqp.Channel):
             discard_expired=False,  # Celery checks ``expires`` itself and records the task as revoked
             cancelled=state.is_cancelled,
             lifecycle=state.settings.load_lifecycle(),
+            unique=state,
         )
 
     # -- helpers -------------------------------------------------------------------------------

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections import deque
 from collections.abc import Callable, Hashable
+from functools import partial
 from typing import Any
 
 import amqp
 
+from ojs_kombu.amqp.locks import UniqueLocks
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination
 from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.errors import BrokerConnectionError, PublishTimeoutError
+from ojs_kombu.model.fields import JobState
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import QUEUE_NAME_RE, ojs_queue_for
 from ojs_kombu.policy.retry import ladder_ms_until
 from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.runtime.unique import claim, lock_to_release
 from ojs_kombu.transport.control import ConnectionControl
 from ojs_kombu.transport.queues import QueueMap
 from ojs_kombu.transport.settings import QUEUE_ARGUMENT_OPTIONS, Settings, TaskCodec
@@ -53,6 +59,8 @@ class ConnectionState:
         self._ensured: set[Hashable] = set()
         self._control: ConnectionControl | None = None
         self._paused_version = 0
+        self._unique_locks: UniqueLocks | None = None
+        self._releases: deque[tuple[str, str]] = deque()  # (key, holder id) of jobs that ended
         self._codec: TaskCodec | None = None
         #: The channels consuming job queues (each has ``apply_pauses``).
         self.job_channels: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -82,8 +90,33 @@ class ConnectionState:
             self._publisher = ConfirmedPublisher(self.connection)
         return self._publisher
 
+    def release(self, job: Job, state: JobState) -> None:
+        """Free ``job``'s unique lock now that it ended in ``state`` (from any thread): done by :meth:`maintain`.
+
+        Parameters:
+            job: the job (as delivered).
+            state: its end state (``completed``, ``discarded``, ``cancelled``).
+        """
+        key = lock_to_release(job, state)
+        if key is not None:
+            self._releases.append((key, job.id))
+
+    def _release_pending(self) -> None:
+        while self._releases:
+            key, holder_id = self._releases.popleft()
+            try:
+                self._with_locks(partial(UniqueLocks.release, key=key, holder_id=holder_id))
+            except Exception as exc:  # noqa: BLE001  (the lock then ends with its period)
+                self._unique_locks = None
+                logger.warning(
+                    "could not release the unique lock of job %s: %r; it ends with its period", holder_id, exc
+                )
+
     def maintain(self) -> None:
-        """Called from the connection's loop: re-read cancelled control streams, apply pauses and resumes."""
+        """Called from the connection's loop: free the unique locks of jobs that ended, re-read cancelled
+        control streams, apply pauses and resumes."""
+        if self._releases:
+            self._release_pending()
         control = self._control
         if control is None:
             return
@@ -171,7 +204,11 @@ class ConnectionState:
             queue: the OJS queue it is for.
             confirm_timeout: seconds to wait for the confirm (None: the settings' ``confirm_timeout``).
 
+        A job with a ``unique`` policy (``apply_async(..., ojs_unique={...})``) takes its lock
+        first (:func:`ojs_kombu.runtime.unique.claim`); a duplicate under ``ignore`` is not published.
+
         Raises:
+            DuplicateJobError: a unique job's key is held by another job (``on_conflict="reject"``).
             ValidationError: the codec could not make a valid job of it.
             PublishError: the broker returned or nacked it, or did not confirm it in time.
         """
@@ -181,6 +218,20 @@ class ConnectionState:
         codec = self.codec
         assert codec is not None  # only task messages come here: the codec recognised them
         job, message = codec.to_job(body, properties, headers, queue)
+        key = None
+        if job.unique is not None and job.attempt == 0:  # a retry's job holds its lock already
+            claimed = claim(job, self._with_locks, lambda existing: self.publish_cancel(existing, queue))
+            if claimed.existing_id is not None:
+                return  # a duplicate under on_conflict="ignore": nothing is published
+            key, job = claimed.key, claimed.job
+        try:
+            self._publish_job(job, message, queue, confirm_timeout)
+        except Exception as exc:
+            if key is not None and not isinstance(exc, (PublishTimeoutError, BrokerConnectionError)):
+                self._with_locks(lambda locks: locks.release(key, job.id))  # it was not published
+            raise
+
+    def _publish_job(self, job: Job, message: OutgoingMessage, queue: str, confirm_timeout: float | None) -> None:
         publisher = self.publisher  # a new channel is set up before any delay is measured
         if job.attempt == 0 and job.scheduled_at is None:  # most tasks: no clock to read
             self.ensure_queue(queue)
@@ -192,6 +243,12 @@ class ConnectionState:
             ticket = publisher.publish_when_ready(destination, queue=queue, prepare=prepare, job_id=job.id)
         publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
         ticket.raise_for_error()
+
+    def _with_locks(self, operation: Callable[[UniqueLocks], Any]) -> Any:
+        """Run ``operation`` on this connection's unique locks (made on first use)."""
+        if self._unique_locks is None:
+            self._unique_locks = UniqueLocks(self.connection, names=self.names)
+        return operation(self._unique_locks)
 
     def publish_cancel(self, job_id: str, queue: str, confirm_timeout: float | None = None) -> None:
         """CANCEL job ``job_id`` of OJS queue ``queue``: a confirmed publish to its control stream.

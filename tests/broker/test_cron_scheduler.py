@@ -25,6 +25,7 @@ from ojs_kombu.cli import cli
 from ojs_kombu.errors import NotFoundError
 from ojs_kombu.model.cron import tick_job_id
 from ojs_kombu.model.timefmt import parse_timestamp
+from ojs_kombu.runtime.leader import LeaderLease
 from ojs_kombu.wire.events import decode_cron_event
 
 FAST_LEASE = {"heartbeat": 4.0, "renew_interval": 0.5, "renew_timeout": 1.5}
@@ -389,3 +390,15 @@ def test_the_client_registers_lists_and_removes_crons_a_scheduler_fires(client, 
     assert client.crons() == []
     with pytest.raises(NotFoundError):
         client.remove_cron("via-client")
+
+
+def test_two_overlapping_leaders_fire_each_tick_once(registry, schedulers, jobs, monkeypatch):
+    """Both believe they lead (a lease lost but not noticed yet): the tick's unique lock lets one fire."""
+    monkeypatch.setattr(LeaderLease, "is_leader", property(lambda self: True))
+    registry.register_cron("overlap", "@every 1s", "cron.tick", queue="overlap")
+    group = schedulers(2)
+    ticks = jobs("overlap")
+    wait_for(lambda: ticks.count() >= 5, 30, "five ticks")
+    ids = [b["id"] for b in ticks.poll()]
+    assert len(ids) == len(set(ids)), f"a tick fired twice: {ids}"
+    assert all(s.is_leader for s in group)

@@ -20,6 +20,9 @@ class Tasks:
     def max_attempts(self, name):
         return 4
 
+    def unique(self, name):
+        return None
+
 
 def celery_message(**headers):
     base = {

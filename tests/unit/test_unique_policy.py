@@ -194,3 +194,34 @@ def test_lock_queue_names():
     assert Names("tenant1").lock_queue(key) == f"tenant1.ojs.lock.{key}"
     assert Names("tenant1").lock_holder_queue(key) == f"tenant1.ojs.lock.{key}.holder"
     assert Names().queue_from_job_queue(Names().lock_queue(key)) is None
+
+
+# -- Job.create(unique=...) and what a job that ends releases ------------------------------------
+
+
+def test_job_create_takes_a_policy_or_a_dict_and_refuses_a_bad_one():
+    job = Job.create("a.b", [1], unique={"keys": ["type", "args"], "period": "PT1H"})
+    assert job.unique == UniquePolicy(keys=["type", "args"], period="PT1H")
+    assert Job.from_json(job.to_json()).unique == job.unique  # it travels in the envelope
+    assert Job.create("a.b", unique=UniquePolicy()).unique == UniquePolicy()
+    with pytest.raises(ValidationError) as info:
+        Job.create("a.b", unique={"on_conflict": "overwrite"})
+    assert info.value.field.startswith("unique")
+    with pytest.raises(ValidationError):
+        Job.create("a.b", unique=["type"])
+
+
+def test_a_job_releases_its_lock_when_it_ends_outside_its_states():
+    from ojs_kombu.runtime.unique import lock_to_release, remaining_period
+
+    job = Job.create("a.b", [1], unique={"keys": ["type", "args"]})
+    assert lock_to_release(job, "completed") == job_unique_key(job)
+    assert lock_to_release(job, "discarded") == lock_to_release(job, "cancelled") == job_unique_key(job)
+    keeps = Job.create("a.b", [1], unique={"states": ["available", "active", "completed"]})
+    assert lock_to_release(keeps, "completed") is None
+    assert lock_to_release(Job.create("a.b", [1]), "completed") is None  # no policy
+    assert remaining_period(job) is None
+    hour = Job.create("a.b", [1], unique={"period": "PT1H"})
+    assert timedelta(minutes=59) < remaining_period(hour) <= timedelta(hours=1)
+    old = hour.model_copy(update={"created_at": "2020-01-01T00:00:00.000Z"})
+    assert remaining_period(old) == timedelta(milliseconds=1)  # its window closed: the shortest lock

@@ -1,0 +1,128 @@
+"""The unique-jobs step of publishing: a job with a ``unique`` policy takes its lock before it is published.
+
+Before a job carrying a :class:`~ojs_kombu.model.UniquePolicy` is published, its lock is taken
+and ``on_conflict`` applied by :func:`ojs_kombu.runtime.unique.claim` (one
+:class:`~ojs_kombu.amqp.locks.UniqueLocks` per pooled connection; ``replace`` cancels the holder
+through :meth:`~ojs_kombu.client.control.Control.cancel`, on the new job's queue).  A duplicate
+under ``ignore`` publishes nothing: its outcome is the job passed, with the holder's id
+(:attr:`~ojs_kombu.client.EnqueueResult.existing_id` set).
+
+A job whose publish then fails has its lock released, unless the failure leaves its fate
+unknown (:class:`~ojs_kombu.errors.PublishTimeoutError`, :class:`~ojs_kombu.errors.BrokerConnectionError`):
+the job may be queued, so its lock stays and ends with the job, or with its period.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from kombu.connection import Connection
+
+from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, UniqueLocks
+from ojs_kombu.client.control import Control
+from ojs_kombu.client.results import EnqueueResult
+from ojs_kombu.client.session import Service, Session
+from ojs_kombu.errors import BrokerConnectionError, OjsError, PublishTimeoutError
+from ojs_kombu.model.job import Job
+from ojs_kombu.runtime.unique import Claim, claim
+
+logger = logging.getLogger(__name__)
+
+_LOCKS = "_ojs_unique_locks"  # the attribute of a pooled kombu connection holding its UniqueLocks
+_UNKNOWN_FATE = (PublishTimeoutError, BrokerConnectionError)
+
+
+class Uniqueness(Service):
+    """Takes the unique locks of a batch's jobs before it is published, and frees those of failed publishes.
+
+    Parameters:
+        session: the client's session.
+        control: the control service (``replace`` cancels the existing job through it).
+        queue_expires: ``x-expires`` of the lock queues (one value per deployment, see
+            :class:`~ojs_kombu.amqp.locks.UniqueLocks`).
+    """
+
+    def __init__(self, session: Session, control: Control, *, queue_expires: timedelta = DEFAULT_QUEUE_EXPIRES):
+        super().__init__(session)
+        self.control = control
+        self.queue_expires = queue_expires
+
+    def publish(self, jobs: list[Job], publish: Callable[[list[Job]], list[EnqueueResult]]) -> list[EnqueueResult]:
+        """Claim the lock of every job with a ``unique`` policy, ``publish`` the others and the claimed ones.
+
+        Parameters:
+            jobs: the batch (a single job: its error is raised, as ``publish`` does).
+            publish: publishes jobs, one :class:`EnqueueResult` per job.
+
+        Returns:
+            One outcome per job, in order: duplicates carry :class:`DuplicateJobError`
+            (``reject``) or :attr:`EnqueueResult.existing_id` (``ignore``).
+
+        Raises:
+            DuplicateJobError, ValidationError, ...: for a single job, what its outcome carries.
+        """
+        outcomes: list[EnqueueResult | None] = [None] * len(jobs)
+        claimed: dict[int, tuple[str, Job]] = {}  # index -> (key, job): locks taken
+        sending: list[int] = []
+        for index, job in enumerate(jobs):
+            if not isinstance(job, Job) or job.unique is None:
+                sending.append(index)
+                continue
+            try:
+                outcome = self._claim(job)
+            except OjsError as exc:
+                outcomes[index] = EnqueueResult(job, exc)
+                continue
+            if outcome.existing_id is not None:  # ignored: nothing is published
+                job = job.model_copy(update={"id": outcome.existing_id})
+                outcomes[index] = EnqueueResult(job, None, existing_id=outcome.existing_id)
+                continue
+            claimed[index] = (outcome.key, outcome.job)
+            sending.append(index)
+        single = len(jobs) == 1
+        if single and outcomes[0] is not None:
+            outcomes[0].unwrap()  # a single duplicate raises (an ignored one returns)
+        batch = [claimed[i][1] if i in claimed else jobs[i] for i in sending]
+        try:
+            results = publish(batch) if batch else []
+        except BaseException:
+            for key, job in claimed.values():  # a single bad job: nothing was published
+                self.release(key, job.id)
+            raise
+        for index, result in zip(sending, results, strict=True):
+            outcomes[index] = result
+            if index in claimed and result.error is not None and not isinstance(result.error, _UNKNOWN_FATE):
+                self.release(claimed[index][0], claimed[index][1].id)
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _claim(self, job: Job) -> Claim:
+        return claim(job, self._with_locks, lambda existing: self.control.cancel(existing, job.queue))
+
+    def _with_locks(self, operation: Callable[[UniqueLocks], Any]) -> Any:
+        return self.session.run(lambda conn: operation(self.locks(conn)))
+
+    def release(self, key: str, holder_id: str) -> None:
+        """Free the lock of ``key`` held by ``holder_id`` (a job whose publish failed); a failure is logged.
+
+        Parameters:
+            key: the uniqueness key.
+            holder_id: the job that took it.
+        """
+        try:
+            self.session.run(lambda conn: self.locks(conn).release(key, holder_id))
+        except OjsError as exc:
+            logger.warning("could not release the unique lock of job %s: %s; it ends with its period", holder_id, exc)
+
+    def locks(self, conn: Connection) -> UniqueLocks:
+        """The :class:`UniqueLocks` of a pooled, connected connection (made on first use)."""
+        locks: UniqueLocks | None = getattr(conn, _LOCKS, None)
+        if locks is None or locks.connection is not conn.connection:
+            locks = UniqueLocks(conn.connection, names=self.session.names, queue_expires=self.queue_expires)
+            setattr(conn, _LOCKS, locks)
+        return locks
+
+
+__all__ = ["Uniqueness"]
