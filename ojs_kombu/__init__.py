@@ -61,6 +61,7 @@ from ojs_kombu.model.naming import Names, job_type_for
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
 from ojs_kombu.model.ratelimit import RateLimitPolicy, RateWindow
 from ojs_kombu.model.workflow import Batch, Chain, Group, batch, chain, group
+from ojs_kombu.model.workflow_info import StepInfo, WorkflowInfo
 from ojs_kombu.observability.server import MetricsServer, serve_metrics
 from ojs_kombu.runtime.cron import CronRegistry, CronScheduler, RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
@@ -92,6 +93,8 @@ __all__ = [
     "Batch",
     "Chain",
     "Group",
+    "StepInfo",
+    "WorkflowInfo",
     "batch",
     "chain",
     "group",

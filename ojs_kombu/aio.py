@@ -34,6 +34,8 @@ from ojs_kombu.client import Client, EnqueueResult, JobOptions
 from ojs_kombu.errors import ClientClosedError, OjsError, ValidationError
 from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
+from ojs_kombu.model.workflow import Workflow
+from ojs_kombu.model.workflow_info import WorkflowInfo
 from ojs_kombu.observability.tracing import current_trace_meta, with_trace_context
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
 
@@ -269,6 +271,36 @@ class AsyncClient:
             ClientClosedError: the client is not open, or was closed before the call ran.
         """
         await self._call(lambda client: client.cancel(job_id, queue=queue))
+
+    async def enqueue_workflow(self, workflow: Workflow) -> str:
+        """Enqueue a workflow (:meth:`Client.enqueue_workflow`).
+
+        Parameters:
+            workflow: ``ojs_kombu.chain``, ``group`` or ``batch``.
+
+        Returns:
+            The workflow's id.
+
+        Raises:
+            ValidationError, PublishError, BrokerConnectionError, BrokerRefusedError, ClientClosedError:
+            as for :meth:`enqueue`.
+        """
+        return await self._call(lambda client: client.enqueue_workflow(workflow))
+
+    async def workflow(self, workflow_id: str) -> WorkflowInfo:
+        """The state of a workflow (:meth:`Client.workflow`).
+
+        Parameters:
+            workflow_id: what :meth:`enqueue_workflow` returned.
+
+        Returns:
+            Its :class:`~ojs_kombu.model.workflow_info.WorkflowInfo`.
+
+        Raises:
+            NotFoundError: no such workflow.
+            BrokerConnectionError, BrokerRefusedError, ClientClosedError: as for :meth:`enqueue`.
+        """
+        return await self._call(lambda client: client.workflow(workflow_id))
 
     async def pause(self, queue: str) -> None:
         """Pause ``queue`` on every worker (:meth:`Client.pause`).

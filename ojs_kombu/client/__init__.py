@@ -8,6 +8,7 @@
 * :mod:`~ojs_kombu.client.deadletters` — ``dead_letters``, ``replay_dead_letters``,
   ``purge_dead_letters`` (:class:`~ojs_kombu.client.deadletters.DeadLetterWalk`);
 * :mod:`~ojs_kombu.client.observation` — ``events``, ``workers``, ``queue_counts``, ``paused_queues``.
+* :mod:`~ojs_kombu.client.workflows` — ``enqueue_workflow``, ``workflow``.
 
 A new capability (workflows, cron) is one more module: a :class:`Service` subclass that runs
 its broker work with ``self.session.run(operation)``, built by :class:`Client` over its

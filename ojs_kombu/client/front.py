@@ -36,10 +36,13 @@ from ojs_kombu.client.publishing import Publishing
 from ojs_kombu.client.results import EnqueueResult, JobOptions, QueueCounts
 from ojs_kombu.client.session import ConnectionSettings, Session
 from ojs_kombu.client.uniqueness import Uniqueness
+from ojs_kombu.client.workflows import Workflows
 from ojs_kombu.model.cron import OverlapPolicy
 from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_queue_name
+from ojs_kombu.model.workflow import Workflow
+from ojs_kombu.model.workflow_info import WorkflowInfo
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.cron import CronRegistry, RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, ReplayProgress
@@ -171,6 +174,7 @@ class Client:
         )
         self._dead_letters = DeadLetters(self._session)
         self._observation = Observation(self._session)
+        self._workflows = Workflows(self._session)
         self._cron = CronRegistry(self._session.run, self._session.names, self._session.topology)
         for queue in queues:
             self.declare_queue(queue)
@@ -221,6 +225,41 @@ class Client:
             One :class:`EnqueueResult` per job, in order; a failed job carries its error alone.
         """
         return self._publishing.enqueue_many(list(jobs))
+
+    def enqueue_workflow(self, workflow: Workflow) -> str:
+        """Enqueue a workflow (``ojs_kombu.chain``, ``group`` or ``batch``): its first jobs now, the rest as they become due.
+
+        Records the definition in the workflow's record stream, opens the fan-in of each group or
+        batch about to run, then publishes the first jobs, each carrying its place in
+        ``meta.workflow``.  Workers advance it from there (``docs/workflows.md``).
+
+        Parameters:
+            workflow: the definition (checked when it was built).
+
+        Returns:
+            The workflow's id.
+
+        Raises:
+            ValidationError: not a workflow, or a job that cannot be encoded (nothing runs).
+            PublishError, BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        return self._workflows.enqueue(workflow)
+
+    def workflow(self, workflow_id: str) -> WorkflowInfo:
+        """The state of a workflow (ojs-workflows.md §11.2): its state, every job's, the counters.
+
+        Parameters:
+            workflow_id: what :meth:`enqueue_workflow` returned.
+
+        Returns:
+            Its :class:`~ojs_kombu.model.workflow_info.WorkflowInfo` (``.state == "completed"`` once done;
+            ``.to_dict()`` is the spec's JSON).
+
+        Raises:
+            NotFoundError: no such workflow (or its record is older than its 7-day retention).
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        """
+        return self._workflows.workflow(workflow_id)
 
     def cancel(self, job_id: str, *, queue: str) -> None:
         """CANCEL (binding §5.6, AMQP-019): cancel job ``job_id`` of ``queue``, wherever it is.

@@ -30,12 +30,15 @@ from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy, UniquePoli
 from ojs_kombu.model.ratelimit import RATE_LIMIT_KEY_PATTERN, RateLimitPolicy, RateWindow
 from ojs_kombu.model.timefmt import format_duration, format_timestamp, parse_duration, parse_timestamp, utcnow
 from ojs_kombu.model.workflow import Batch, Chain, Group, WorkflowContext, batch, chain, evaluate, group
+from ojs_kombu.model.workflow_info import StepInfo, WorkflowInfo
 
 __all__ = [
     "Batch",
     "Chain",
     "Group",
     "WorkflowContext",
+    "WorkflowInfo",
+    "StepInfo",
     "batch",
     "chain",
     "evaluate",

@@ -298,6 +298,13 @@ class Names:
         """
         return self._name(f"ojs.workflow.{workflow_id}")
 
+    def workflow_log_stream(self, workflow_id: str) -> str:
+        """The stream recording a workflow's definition and its steps' outcomes: ``ojs.workflow.{workflow_id}.log``.
+
+        One per root workflow (``Client.workflow`` reads it); next to, never the same as, its fan-in streams.
+        """
+        return self._name(f"ojs.workflow.{workflow_id}.log")
+
     @staticmethod
     def fan_in_lock_key(workflow_id: str) -> str:
         """The unique-lock key guarding a fan-in's callbacks: ``fanin.{workflow_id}`` (lock queue ``ojs.lock.fanin.{id}``)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
+from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.naming import Names
@@ -29,6 +30,7 @@ from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import DeadLetterMode, Settler
 from ojs_kombu.runtime.unique import UniqueRelease
+from ojs_kombu.runtime.workflow import WorkflowHook
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,22 @@ class Assembly:
         #: Frees the unique lock of a job that ends (its own connection, opened by the first job with a
         #: ``unique`` policy); :meth:`close` closes it.
         self.unique_release = UniqueRelease(url, names, ssl=ssl, transport_options=transport_options)
+        #: Advances the workflows of the jobs its settlers settle for good (a connection of its own, opened on first use).
+        self.workflow = WorkflowHook(self._workflow_connection, topology)
+        self._workflow_failover = Failover(
+            url, heartbeat=0, ssl=ssl, transport_options=transport_options, connection_name="ojs_kombu workflows"
+        )
+
+    def _workflow_connection(self) -> Any:
+        # No heartbeats: the hook's connection idles between jobs with nobody to send them; a
+        # connection found dead is replaced by the hook (its actions are idempotent).
+        connection = self._workflow_failover.connection()
+        try:
+            self._workflow_failover.connect(connection, timeout=10.0)
+        except Exception:
+            self._workflow_failover.failed(connection)
+            raise
+        return connection
 
     def consuming(
         self,
@@ -150,13 +168,16 @@ class Assembly:
             dead_letter_mode=self.dead_letter_mode,
             cancelled=self.cancellations.is_cancelled,
             lifecycle=self.lifecycle,
+            workflow=self.workflow,
             unique=self.unique_release,
         )
         return Consuming(consumer, settler)
 
     def close(self) -> None:
-        """Close what the parts share (the unique-lock releaser's connection); after the consumers stopped."""
+        """Close what the parts share (the unique-lock releaser's and the workflow hook's connections);
+        after the consumers stopped."""
         self.unique_release.close()
+        self.workflow.close()
 
     def beacon(
         self,

@@ -27,6 +27,7 @@ from pydantic import PrivateAttr
 
 from ojs_kombu.errors import Cancelled, OjsError
 from ojs_kombu.model.job import Job
+from ojs_kombu.model.workflow import WorkflowContext
 from ojs_kombu.observability.logs import job_log_extra
 from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide
@@ -53,6 +54,17 @@ class RunningJob(Job):
         if run is None:  # made by hand, not by a Worker: nothing will cancel it
             run = self._run = RunningEntry(self.id, self.queue, threading.get_ident())
         return run.cancelled  # made when first asked for: most runs never look
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """The results this job of a workflow receives (ojs-workflows.md §7), keyed by step index as a string.
+
+        A chain's step N: every earlier step's result (``{"0": ..., "N-1": ...}``); a batch's
+        callback: every job's (a failed one's is ``{"error": {...}}``); ``{}`` for a job that is
+        not part of a workflow, or the first step.
+        """
+        context = WorkflowContext.from_meta(self.meta)
+        return dict(context.parent_results) if context is not None else {}
 
     @classmethod
     def of(cls, job: Job, attempt: int, run: RunningEntry) -> RunningJob:

@@ -66,6 +66,7 @@ from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
 from ojs_kombu.runtime.unique import Releaser
+from ojs_kombu.runtime.workflow import WorkflowHook
 from ojs_kombu.wire.codec import OutgoingMessage, decode, encode
 from ojs_kombu.wire.control import final_failure_message
 from ojs_kombu.wire.headers import error_headers
@@ -192,6 +193,9 @@ class Settler:
             :meth:`triage` acks such a job without running it, whatever else
             holds (redelivered, scheduled ...).  ``None``: no cancels known.
         lifecycle: where the events of what it settles go (see the module docstring); ``None``: nowhere.
+        workflow: the completion hook of workflows, called before a job of a workflow is settled
+            for good (succeeded, dead-lettered, discarded, cancelled); ``None``: jobs' ``meta.workflow``
+            is ignored.  If it raises, the delivery goes to its DLQ (the caller's ``reject_unexpected``).
         unique: frees the unique lock of a job that ends (:meth:`ended`); ``None``: locks end with their period.
     """
 
@@ -207,6 +211,7 @@ class Settler:
         discard_expired: bool = True,
         cancelled: Callable[[str], bool] | None = None,
         lifecycle: Lifecycle | None = None,
+        workflow: WorkflowHook | None = None,
         unique: Releaser | None = None,
     ):
         self.consumer = consumer
@@ -218,6 +223,7 @@ class Settler:
         self.discard_expired = discard_expired
         self.cancelled = cancelled
         self.lifecycle = lifecycle
+        self.workflow = workflow
         self.unique = unique
 
     def ended(self, job: Job, state: JobState) -> None:
@@ -286,6 +292,8 @@ class Settler:
             result: what the handler returned (``None`` when the framework does not tell):
                 the outcome's, for what follows a success (a workflow's next step).
         """
+        if self.workflow is not None and job.meta:
+            self.workflow.on_terminal(job, "completed", result)
         self.consumer.ack(delivery)
         lifecycle = self.lifecycle  # the hot path: no _emit
         if lifecycle is not None:
@@ -303,6 +311,8 @@ class Settler:
             state: ``"pending"`` (dropped on delivery, never run) or ``"running"`` (stopped while it ran).
         """
         record_cancelled(job, state, attempt)
+        if self.workflow is not None and job.meta:
+            self.workflow.on_terminal(job, "cancelled")
         self.consumer.ack(delivery)
         self._emit("cancelled", job, attempt)
         self.ended(job, "cancelled")
@@ -326,6 +336,8 @@ class Settler:
         if decision.outcome is Outcome.RETRY:
             self.retry(delivery, job, attempt, failure, decision.delay_ms or 1)
             return
+        if self.workflow is not None and job.meta:  # failed for good (§9.1): the workflow goes on
+            self.workflow.on_terminal(job, "failed", error={**failure_error(failure), "attempt": attempt})
         if decision.outcome is Outcome.DISCARD:
             logger.info("job %s discarded: %s", job.id, decision.reason, extra=job_log_extra(job, attempt))
             self.consumer.ack(delivery)

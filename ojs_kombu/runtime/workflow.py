@@ -1,0 +1,366 @@
+"""Workflows performed: the planner's actions (:mod:`ojs_kombu.policy.workflow`) carried out on RabbitMQ.
+
+* :class:`WorkflowRunner` performs actions over one py-amqp connection: ``OpenFanIn`` →
+  :meth:`FanIn.open <ojs_kombu.amqp.fanin.FanIn.open>`; ``Enqueue`` → the job, with its
+  ``meta.workflow``, published (confirmed) to its job queue; ``Report`` →
+  :meth:`FanIn.report <ojs_kombu.amqp.fanin.FanIn.report>`, and for the one reporter that gets
+  ``Ready``, :func:`~ojs_kombu.policy.workflow.after_fan_in`'s actions, its jobs published through
+  :meth:`FanIn.fire <ojs_kombu.amqp.fanin.FanIn.fire>` (so a winner run again publishes only
+  what it had not); ``Finished`` → a ``finished`` record and the fan-in streams deleted.  Every
+  job that ends records a ``step`` in the workflow's record stream
+  (:mod:`ojs_kombu.amqp.workflowlog`), which ``Client.workflow(id)`` reads.
+  ``Client.enqueue_workflow`` uses :meth:`WorkflowRunner.start`.
+* :class:`WorkflowHook` is the worker's completion hook: :meth:`WorkflowHook.on_terminal` when a
+  job reached a terminal state (completed; failed for good: dead-lettered or discarded;
+  cancelled), called *before* the job is acknowledged, so a worker that dies in between runs the
+  job again and reports again, which the fan-in counts once.  A job without ``meta.workflow``
+  costs a dictionary look-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal
+
+from amqp import Connection
+from kombu.connection import Connection as KombuConnection
+
+from ojs_kombu.amqp.connection import close_quietly
+from ojs_kombu.amqp.fanin import FanIn, Ready
+from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.amqp.workflowlog import WorkflowLog
+from ojs_kombu.errors import ResultTooLargeError, ValidationError
+from ojs_kombu.model.job import Job
+from ojs_kombu.model.timefmt import format_timestamp, utcnow
+from ojs_kombu.model.workflow import (
+    WORKFLOW_META_KEY,
+    Batch,
+    Group,
+    Node,
+    Workflow,
+    WorkflowContext,
+    check_result,
+    workflow_from_dict,
+    workflow_to_dict,
+)
+from ojs_kombu.policy.workflow import (
+    Enqueue,
+    Finished,
+    OpenFanIn,
+    Report,
+    WorkflowAction,
+    advance_workflow,
+    after_fan_in,
+    callbacks_fan_in_id,
+    start_workflow,
+)
+from ojs_kombu.wire.codec import OutgoingMessage, encode
+
+logger = logging.getLogger(__name__)
+
+TerminalState = Literal["completed", "failed", "cancelled"]
+"""How a job of a workflow ended, as the completion hook is told."""
+
+_CANCELLED_ERROR: Final = {"code": "cancelled", "message": "the job was cancelled"}
+
+
+def workflow_job(job: Job, context: WorkflowContext) -> Job:
+    """``job`` carrying ``context`` in ``meta.workflow``.
+
+    Parameters:
+        job: a job of the definition.
+        context: its place in the workflow.
+
+    Returns:
+        A copy of ``job`` (the same id).
+    """
+    meta = {**(job.meta or {}), WORKFLOW_META_KEY: context.to_meta()}
+    return job.model_copy(update={"meta": meta})
+
+
+def fan_in_ids(workflow: Workflow) -> list[str]:
+    """Every fan-in a workflow may open: each group's and batch's, and each batch's callbacks'.
+
+    Parameters:
+        workflow: the root definition.
+
+    Returns:
+        The fan-in ids.
+    """
+    found: list[str] = []
+
+    def walk(node: Node) -> None:
+        if isinstance(node, Job):
+            return
+        if isinstance(node, (Group, Batch)):
+            found.append(node.id)
+        if isinstance(node, Batch):
+            found.append(callbacks_fan_in_id(node.id))
+        for member in node.members:
+            walk(member)
+
+    walk(workflow)
+    return found
+
+
+class WorkflowRunner:
+    """Performs workflow actions over one py-amqp connection (one thread).
+
+    Parameters:
+        connection: a connected py-amqp connection.
+        topology: declares the job queues the workflow's jobs go to (and names every entity).
+        app_id: ``app_id`` of the published jobs.
+    """
+
+    def __init__(self, connection: Connection, topology: Topology, *, app_id: str | None = "ojs"):
+        self.connection = connection
+        self.topology = topology
+        self.names = topology.names
+        self.app_id = app_id
+        self.fan_in = FanIn(connection, names=self.names)
+        self.log = WorkflowLog(connection, names=self.names)
+        self._publisher = ConfirmedPublisher(connection)
+
+    def start(self, workflow: Workflow) -> str:
+        """Record ``workflow``'s definition, open its first fan-ins and publish its first jobs.
+
+        Parameters:
+            workflow: the definition.
+
+        Returns:
+            Its id.
+
+        Raises:
+            ValidationError: a job cannot be encoded (e.g. over 1 MiB with its continuation).
+            PublishError: a record or a job was not confirmed.
+        """
+        self.log.open(workflow.id, {**workflow_to_dict(workflow)})
+        self.log.append(workflow.id, {"kind": "enqueued", "at": _now()})
+        self.perform(start_workflow(workflow))
+        return workflow.id
+
+    def ended(
+        self,
+        job: Job,
+        context: WorkflowContext,
+        state: TerminalState,
+        result: Any = None,
+        error: Mapping[str, Any] | None = None,
+    ) -> None:
+        """A job of a workflow ended for good: record it, then perform what follows.
+
+        A cancelled job counts as failed (``code: cancelled``): what depends on it does not run
+        (§9.2), a batch's ``on_failure`` does.  A completed job's result over
+        :data:`~ojs_kombu.model.workflow.MAX_RESULT_BYTES` (or not JSON) counts as failed with
+        ``result_too_large`` (``invalid_result``).
+
+        Parameters:
+            job: the job as delivered.
+            context: its ``meta.workflow``.
+            state: how it ended.
+            result: its handler's return value (completed).
+            error: its OJS error object (failed).
+
+        Raises:
+            PublishError, NotFoundError: the broker refused a record or a publish.
+        """
+        step_state: Literal["completed", "failed"] = "completed" if state == "completed" else "failed"
+        if state == "cancelled":
+            error = error or _CANCELLED_ERROR
+        if step_state == "completed":
+            try:
+                check_result(result)
+            except ValidationError as exc:
+                step_state, result = "failed", None
+                code = "result_too_large" if isinstance(exc, ResultTooLargeError) else "invalid_result"
+                error = {"code": code, "message": str(exc)}
+        record: dict[str, Any] = {
+            "kind": "step",
+            "path": list(context.path),
+            "job_id": job.id,
+            "state": step_state,
+            "attempt": (error or {}).get("attempt", job.attempt + 1),
+            "at": _now(),
+        }
+        if step_state == "completed":
+            record["result"] = result
+        else:
+            record["error"] = dict(error or {"code": "handler_error", "message": ""})
+        self.log.append(context.id, record)
+        actions = advance_workflow(context, step_state, result if step_state == "completed" else None, error)
+        self.perform(actions, root=context.continuation)
+
+    def perform(
+        self, actions: list[WorkflowAction], ready: Ready | None = None, root: Mapping[str, Any] | None = None
+    ) -> None:
+        """Carry out ``actions`` in order; the jobs they enqueue are published last, after every fan-in opened.
+
+        Parameters:
+            actions: from the planner.
+            ready: the fan-in's ``Ready`` these actions follow (their jobs go out through
+                :meth:`FanIn.fire`, which skips those an earlier run of this winner published).
+            root: the root definition, when known: a ``Finished`` then deletes its fan-in streams.
+        """
+        jobs: list[tuple[str, OutgoingMessage]] = []
+        for action in actions:
+            if isinstance(action, OpenFanIn):
+                self.fan_in.open(action.id, action.count, action.continuation)
+            elif isinstance(action, Enqueue):
+                job = workflow_job(action.job, action.context)
+                self.topology.ensure_queue(self.connection, job.queue)
+                jobs.append((self.names.job_queue(job.queue), encode(job, app_id=self.app_id)))
+            elif isinstance(action, Report):
+                self._report(action)
+            elif isinstance(action, Finished):
+                self._finished(action, root)
+        if not jobs:
+            return
+        if ready is not None:
+            self.fan_in.fire(ready, jobs)
+            return
+        tickets = [
+            self._publisher.publish(
+                message, exchange="", routing_key=queue, queue=queue, job_id=message.properties["message_id"]
+            )
+            for queue, message in jobs
+        ]
+        self._publisher.wait(tickets)
+        for ticket in tickets:
+            ticket.raise_for_error()
+
+    def _report(self, report: Report) -> None:
+        ref = report.fan_in
+        outcome = self.fan_in.report(ref.id, ref.index, ref.count, report.state, report.result, report.error)
+        if not isinstance(outcome, Ready):
+            return
+        if outcome.continuation is None:
+            raise ValidationError(f"the fan-in {ref.id} holds no continuation", field="meta.workflow.fan_in")
+        actions = after_fan_in(report, outcome.continuation, outcome.states, outcome.results)
+        self.perform(actions, ready=outcome, root=outcome.continuation)
+
+    def _finished(self, finished: Finished, root: Mapping[str, Any] | None) -> None:
+        self.log.append(
+            finished.workflow_id,
+            {"kind": "finished", "state": finished.state, "result": finished.result, "at": _now()},
+        )
+        logger.info("workflow %s %s", finished.workflow_id, finished.state)
+        if root is not None:
+            self.cleanup(workflow_from_dict(root))
+
+    def cleanup(self, workflow: Workflow) -> None:
+        """Delete the fan-in streams of a workflow that ended (its record stream stays).
+
+        Parameters:
+            workflow: the root definition.
+        """
+        for fan_id in fan_in_ids(workflow):
+            self.fan_in.cleanup(fan_id)
+
+    def close(self) -> None:
+        """Close this object's channels (not the connection)."""
+        self.fan_in.close()
+        self.log.close()
+        self._publisher.close()
+
+
+class WorkflowHook:
+    """The worker's completion hook for jobs of workflows, on a connection of its own.
+
+    One call at a time (a lock): a report is about a millisecond, and a :class:`FanIn` keeps one
+    stream reader per workflow open between calls.  The connection is opened on first use and
+    again after a connection error (one more attempt per call: every action is idempotent).
+
+    Parameters:
+        connect: makes a new kombu connection to the broker (connected here if it is not yet).
+        topology: the worker's topology (names, job queue declarations).
+        app_id: ``app_id`` of the jobs it publishes.
+    """
+
+    def __init__(self, connect: Callable[[], KombuConnection], topology: Topology, *, app_id: str | None = "ojs"):
+        self._connect = connect
+        self.topology = topology
+        self.app_id = app_id
+        self._lock = threading.Lock()
+        self._connection: KombuConnection | None = None
+        self._runner: WorkflowRunner | None = None
+
+    @staticmethod
+    def concerns(job: Job) -> bool:
+        """Whether ``job`` is part of a workflow (carries ``meta.workflow``).
+
+        Parameters:
+            job: a job.
+
+        Returns:
+            True for a job of a workflow.
+        """
+        meta = job.meta
+        return meta is not None and WORKFLOW_META_KEY in meta
+
+    def on_terminal(
+        self, job: Job, state: TerminalState, result: Any = None, error: Mapping[str, Any] | None = None
+    ) -> None:
+        """``job`` reached a terminal state: if it is part of a workflow, advance the workflow.
+
+        Call it before acknowledging the job.  A retry is no terminal state (§9.1).
+
+        Parameters:
+            job: the job as delivered.
+            state: ``completed``, ``failed`` (dead-lettered or discarded) or ``cancelled``.
+            result: the handler's return value (completed).
+            error: the OJS error object (failed), ``{"code", "message", ...}``.
+
+        Raises:
+            ValidationError: a malformed ``meta.workflow``.
+            OjsError: the broker refused a record or a publish, twice.
+        """
+        if not self.concerns(job):
+            return
+        context = WorkflowContext.from_meta(job.meta)
+        if context is None:
+            return
+        with self._lock:
+            try:
+                self._run(lambda runner: runner.ended(job, context, state, result, error))
+            except ValidationError:
+                raise
+            except Exception:  # a broker error: once more on a new connection
+                logger.warning("the workflow hook failed for job %s; trying again", job.id, exc_info=True)
+                self._reset()
+                self._run(lambda runner: runner.ended(job, context, state, result, error))
+
+    def _run(self, operation: Callable[[WorkflowRunner], None]) -> None:
+        runner = self._runner
+        if runner is None:
+            connection = self._connect()
+            if not connection.connected:
+                connection.connect()
+            self._connection = connection
+            runner = self._runner = WorkflowRunner(connection.connection, self.topology, app_id=self.app_id)
+        operation(runner)
+
+    def _reset(self) -> None:
+        runner, connection = self._runner, self._connection
+        self._runner = self._connection = None
+        if runner is not None:
+            try:
+                runner.close()
+            except Exception:  # noqa: BLE001 - the connection is going anyway
+                pass
+        if connection is not None:
+            close_quietly(connection)
+
+    def close(self) -> None:
+        """Close the hook's connection (idempotent)."""
+        with self._lock:
+            self._reset()
+
+
+def _now() -> str:
+    return format_timestamp(utcnow())
+
+
+__all__ = ["TerminalState", "WorkflowHook", "WorkflowRunner", "fan_in_ids", "workflow_job"]

@@ -1,0 +1,71 @@
+"""``workflow_info``: a workflow's records folded into its state (ojs-workflows.md §11.2), no broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from ojs_kombu import Job, batch, chain
+from ojs_kombu.errors import ValidationError
+from ojs_kombu.model.workflow import workflow_to_dict
+from ojs_kombu.model.workflow_info import workflow_info
+
+
+def _definition(w):
+    return {"kind": "definition", "workflow": workflow_to_dict(w), "at": "2026-11-27T10:00:00Z"}
+
+
+def test_a_chain_from_pending_to_completed():
+    w = chain(*(Job.create("s", [i]) for i in range(3)), name="c")
+    info = workflow_info([_definition(w)])
+    assert (info.state, info.name, info.type) == ("pending", "c", "chain")
+    assert [s.state for s in info.steps] == ["pending", "waiting", "waiting"]  # step 0 is enqueued
+    records = [_definition(w)] + [
+        {"kind": "step", "path": [i], "state": "completed", "result": i * 10, "attempt": 1, "at": "t"} for i in range(2)
+    ]
+    info = workflow_info(records)
+    assert info.state == "running"
+    assert [s.state for s in info.steps] == ["completed", "completed", "pending"]
+    records.append({"kind": "step", "path": [2], "state": "completed", "result": 20})
+    records.append({"kind": "step", "path": [2], "state": "failed", "error": {"code": "x"}})  # a rerun: the first wins
+    records.append({"kind": "finished", "state": "completed", "at": "2026-11-27T10:00:05Z"})
+    info = workflow_info(records)
+    assert info.state == "completed" and info.result == 20
+    assert info.completed_at == "2026-11-27T10:00:05Z" and info.created_at == "2026-11-27T10:00:00Z"
+    data = info.to_dict()
+    assert data["metadata"] == {
+        "job_count": 3,
+        "completed_count": 3,
+        "failed_count": 0,
+        "created_at": "2026-11-27T10:00:00Z",
+        "completed_at": "2026-11-27T10:00:05Z",
+    }
+    assert data["steps"][2] == {
+        "index": 2,
+        "path": [2],
+        "type": "s",
+        "state": "completed",
+        "job_id": w.steps[2].id,
+        "result": 20,
+    }
+
+
+def test_a_failed_batch_member_and_its_error_report():
+    w = batch([Job.create("m", [i]) for i in range(2)], on_failure=Job.create("alert", []))
+    error = {"code": "handler_error", "message": "boom", "attempt": 3}
+    records = [
+        _definition(w),
+        {"kind": "step", "path": [0], "state": "completed", "result": 1},
+        {"kind": "step", "path": [1], "state": "failed", "error": error, "attempt": 3},
+    ]
+    info = workflow_info(records)
+    assert info.state == "running"
+    assert info.step("on_failure").state == "pending"
+    assert info.errors == ({"job_id": w.jobs[1].id, "code": "handler_error", "message": "boom", "attempt": 3},)
+    assert info.to_dict()["failed_job_ids"] == [w.jobs[1].id]
+    with pytest.raises(KeyError):
+        info.step(5)
+
+
+def test_records_without_a_definition_are_refused():
+    with pytest.raises(ValidationError):
+        workflow_info([{"kind": "step", "path": [0], "state": "completed"}])
