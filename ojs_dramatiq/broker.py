@@ -52,6 +52,7 @@ from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly
 from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.reconnect import Budgeted, Reconnector
 from ojs_kombu.amqp.urls import BrokerUrls
 from ojs_kombu.client import Client
 from ojs_kombu.errors import UnroutableError
@@ -572,9 +573,18 @@ class OjsBroker(dramatiq.Broker):
         return [q for q in self.topology.declared_queues() if q.startswith(head) and q[len(head) :].isdigit()]
 
     def _with_admin(self, operation: Callable[[Connection], T]) -> T:
-        """Run ``operation(conn)`` on the inspection connection, reconnecting (to the next node of a
-        failover list) until every node has been tried once more."""
-        failures = 0
+        """Run ``operation(conn)`` on the inspection connection, reconnecting as the Client's
+        operations do: the next node, the §9 back-off, for ``publish_timeout`` seconds (and
+        ``connect_retries``); a permanent refusal (403, 530) at once, typed.  A channel error
+        is tried once more on the same node."""
+        client = self.client
+        retry = Reconnector(
+            Budgeted(client.publish_timeout, client.connect_retries),
+            self._admin_failover,
+            url=client.url,
+            name="ojs_dramatiq inspection connection",
+        )
+        channel_retry = False
         with self._admin_lock:
             while True:
                 if self._admin is None:
@@ -582,15 +592,18 @@ class OjsBroker(dramatiq.Broker):
                 conn = self._admin
                 try:
                     if not conn.connected:
-                        self._admin_failover.connect(conn)
+                        retry.connecting()
+                        self._admin_failover.connect(conn, timeout=retry.attempt_timeout(conn.connect_timeout))
+                        retry.succeeded()
                     return operation(conn)
-                except conn.connection_errors + conn.channel_errors as exc:
+                except conn.connection_errors as exc:
                     self._drop_admin()
-                    if isinstance(exc, conn.connection_errors):
-                        self._admin_failover.failed(conn)  # the next node, at once: the callers poll
-                    failures += 1
-                    if failures > len(self._admin_failover.urls):
+                    time.sleep(retry.failed(exc, conn))
+                except conn.channel_errors:
+                    self._drop_admin()
+                    if channel_retry:
                         raise
+                    channel_retry = True
 
     def _drop_admin(self) -> None:
         if self._admin is not None:

@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 #: The shortest connection attempt a budget allows, when it is nearly spent.
 MIN_ATTEMPT_TIMEOUT = 0.05
 
+#: The warning :meth:`Reconnector.failed` logs; its fields: ``name``, ``failed`` (the node that
+#: failed), ``error``, ``next`` (the node tried next), ``delay`` (seconds) and ``note``.
+RETRY_MESSAGE = "%(name)s to %(failed)s failed (%(error)s); retrying on %(next)s in %(delay).1fs%(note)s"
+
 
 class ReconnectPolicy(Protocol):
     """How long a :class:`Reconnector` keeps trying (pure: no I/O, no clock of its own)."""
@@ -163,6 +167,7 @@ class Reconnector:
         url: the broker URL(s), for messages (password masked).
         name: what reconnects, for the log (``"worker beacon"``).
         must_exist: the operation reads an entity that must exist: a 404 is final at once.
+        message: the warning logged for each retry (the fields of :data:`RETRY_MESSAGE`).
         clock: monotonic seconds (tests pin it).
     """
 
@@ -174,6 +179,7 @@ class Reconnector:
         url: str,
         name: str = "connection",
         must_exist: bool = False,
+        message: str = RETRY_MESSAGE,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.policy = policy
@@ -181,6 +187,7 @@ class Reconnector:
         self.url = url
         self.name = name
         self.must_exist = must_exist
+        self.message = message
         self._clock = clock
         self.failures = 0
         self._failing_since: float | None = None
@@ -211,12 +218,16 @@ class Reconnector:
         self._failing_since = None
         self._not_found = False
 
-    def failed(self, exc: BaseException, conn: Any) -> float:
+    def failed(self, exc: BaseException, conn: Any, *, note: str = "") -> float:
         """``exc`` ended the attempt on ``conn``: move to the next node and say how long to wait.
+
+        The caller waits (or notes a time not to connect before, for a loop that keeps
+        serving meanwhile): the Reconnector never sleeps.
 
         Parameters:
             exc: the error (raw py-amqp / kombu, or already an ``OjsError``).
             conn: the kombu connection that failed (made by the failover).
+            note: appended to the logged warning (e.g. what the loss leaves unsettled).
 
         Returns:
             Seconds to wait before the next attempt.
@@ -245,15 +256,18 @@ class Reconnector:
         if delay is None:
             raise connection_error(self.url, exc, self.failures, elapsed) from exc
         logger.warning(
-            "%s to %s failed (%s); retrying on %s in %.1fs",
-            self.name,
-            failed_url,
-            exc,
-            safe_url(self.failover.current),
-            delay,
+            self.message,
+            {
+                "name": self.name,
+                "failed": failed_url,
+                "error": exc,
+                "next": safe_url(self.failover.current),
+                "delay": delay,
+                "note": note,
+            },
         )
         METRICS.reconnected()
         return delay
 
 
-__all__ = ["MIN_ATTEMPT_TIMEOUT", "Budgeted", "Forever", "OnePass", "ReconnectPolicy", "Reconnector"]
+__all__ = ["MIN_ATTEMPT_TIMEOUT", "RETRY_MESSAGE", "Budgeted", "Forever", "OnePass", "ReconnectPolicy", "Reconnector"]

@@ -22,7 +22,9 @@ Every frame the loop writes goes through the connection's
 :class:`~ojs_kombu.amqp.outbox.Outbox`: the acks and nacks of one pass over the requests
 leave in one socket write, each its own frame, in order with the republishes' frames.
 
-On a connection loss the loop reconnects with the back-off of DESIGN §9,
+On a connection loss the loop reconnects with the back-off of DESIGN §9
+(a :class:`~ojs_kombu.amqp.reconnect.Reconnector`: ``Forever``, or ``connect_retries``
+consecutive failures at most; a permanent refusal ends the loop at once with its typed error),
 re-declares the topology and re-registers its consumers with the same
 prefetch; deliveries of the lost connection are forgotten (the broker
 redelivers them, flagged ``redelivered``).  A broker-initiated ``Basic.Cancel``
@@ -59,11 +61,11 @@ from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import safe_url
 from ojs_kombu.amqp.delivery import RawDelivery
-from ojs_kombu.amqp.errors import raise_if_permanent
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.framing import FrameReader, attach_reader, pump, read_available, socket_of, tls_pending
 from ojs_kombu.amqp.outbox import Outbox, outbox
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination
+from ojs_kombu.amqp.reconnect import Budgeted, Forever, Reconnector
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.runtime.control import ControlReader
@@ -74,6 +76,9 @@ from ojs_kombu.runtime.wakeup import Wakeup
 from ojs_kombu.runtime.window import Window
 
 logger = logging.getLogger(__name__)
+
+#: The warning for a lost connection (the fields of :data:`~ojs_kombu.amqp.reconnect.RETRY_MESSAGE`).
+_LOST = "%(name)s to %(failed)s lost (%(error)s); reconnecting to %(next)s in %(delay).1fs%(note)s"
 
 #: The consumer's two long-lived channels: consuming, and publishing (confirm mode).
 _CHANNELS = 2
@@ -129,6 +134,13 @@ class Consumer:
             url, heartbeat=heartbeat, ssl=ssl, transport_options=transport_options, connection_name=connection_name
         )
         self._kombu = self._failover.connection()
+        self._reconnect = Reconnector(
+            Forever() if connect_retries is None else Budgeted(None, connect_retries),
+            self._failover,
+            url=url,
+            name="consumer connection",
+            message=_LOST,
+        )
         self.connection_name = connection_name
         #: The self-pipe that wakes a waiting loop (:mod:`~ojs_kombu.runtime.wakeup`).
         self.wakeup = Wakeup()
@@ -152,7 +164,6 @@ class Consumer:
         self.reconnections = 0
         self.cancellations = 0
         self.connected = threading.Event()
-        self._attempt = 0  # consecutive failed connections
         self._reconnect_at = 0.0  # monotonic: not before (the back-off of a connection lost in serve)
         self._leave: str | None = None  # a node another connection found unable to commit (leave_node)
         self._sock: Any = None  # the connection's socket, for the passes
@@ -298,33 +309,23 @@ class Consumer:
 
     def _lost(self, exc: BaseException) -> float:
         """After a connection or channel error: disconnect; the back-off before connecting again
-        (DESIGN §9), or re-raise when retrying cannot help or ``connect_retries`` is spent."""
-        lost = safe_url(self._failover.current)
+        (DESIGN §9), or raise when retrying cannot help (the typed refusal) or ``connect_retries``
+        is spent (:class:`~ojs_kombu.errors.BrokerConnectionError`)."""
         unsettled = self.window.unsettled
         self._disconnect()
-        raise_if_permanent(exc, url=self.url)  # 403 / 530: retrying cannot help
         if self._stop.is_set():
             return 0.0
-        self._attempt += 1
-        if self.connect_retries is not None and self._attempt > self.connect_retries:
-            raise exc
-        delay = self._failover.failed(self._kombu)  # the next node; back-off once per full rotation
-        self.reconnections += 1
-        METRICS.reconnected()
-        logger.warning(
-            "consumer connection to %s lost (%s); reconnecting to %s in %.1fs%s",
-            lost,
-            exc,
-            safe_url(self._failover.current),
-            delay,
-            # On RabbitMQ 4.3 a quorum queue keeps the deliveries of a consumer whose node became
-            # unreachable for x-consumer-disconnected-timeout (60 s by default) before it
-            # delivers them again: say how many jobs may wait that long (docs/cluster.md).
+        # On RabbitMQ 4.3 a quorum queue keeps the deliveries of a consumer whose node became
+        # unreachable for x-consumer-disconnected-timeout (60 s by default) before it
+        # delivers them again: say how many jobs may wait that long (docs/cluster.md).
+        note = (
             f"; {unsettled} unsettled deliveries go back to their queues (from a node that became "
             "unreachable: after the queue's consumer-disconnected timeout)"
             if unsettled
-            else "",
+            else ""
         )
+        delay = self._reconnect.failed(exc, self._kombu, note=note)
+        self.reconnections += 1
         return delay
 
     def close(self) -> None:
@@ -338,6 +339,7 @@ class Consumer:
     def _connect(self) -> None:
         if (wait := self._reconnect_at - time.monotonic()) > 0:
             self._stop.wait(wait)  # what is left of the back-off of a connection a stand-in lost
+        self._reconnect.connecting()
         self._failover.connect(self._kombu)
         connection = self._kombu.connection
         # Plain TCP: buffered reads (framing.py).  TLS keeps py-amqp's read path.
@@ -365,8 +367,8 @@ class Consumer:
             self.subscriptions.add(Subscription(amqp_queue, ojs_queue), paused, consume=consume)
         if self.control is not None:
             self._paused_version = self.control.paused.version
-        self._attempt = 0
-        self._failover.succeeded()  # after re-declaring and re-consuming: a node that fails those counts
+        self._reconnect.succeeded()  # after re-declaring and re-consuming: a node that fails those counts
+        self._reconnect.reset()
         METRICS.connections_active.inc()
         METRICS.channels_opened(self._channel_count)
         self.connected.set()  # after the gauges: a caller woken by it reads them up to date

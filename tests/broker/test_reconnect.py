@@ -3,6 +3,8 @@
 * a permanent refusal (wrong password, missing vhost) fails fast with its typed error under
   every policy, even ``Forever`` (the worker's beacon stops instead of retrying for ever);
 * a budgeted retry survives a connection closed by the broker; ``OnePass`` tries each node once;
+* a worker's consumer (``Forever``) reconnects after the broker closed its connection, after the
+  §9 back-off, and consumes again; refused for good, it stops at once with the typed error;
 * a publish whose confirm timed out drops its pooled connection (a memory alarm on a private node);
 * the client's capability services work alone over one :class:`Session`.
 """
@@ -20,7 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 from support import wait_until
 
-from ojs_kombu import AccessRefusedError, BrokerConnectionError, Client, Job, PublishTimeoutError
+from ojs_kombu import AccessRefusedError, BrokerConnectionError, Client, Job, PublishTimeoutError, Worker, WorkerError
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.reconnect import Budgeted, Forever, OnePass, Reconnector
 from ojs_kombu.amqp.topology import Topology
@@ -126,6 +128,52 @@ def test_one_pass_tries_each_node_once_then_gives_up(amqp_url):
         _connect(";".join(dead), OnePass(2))
     assert time.monotonic() - started < 3.0  # no back-off between the nodes
     assert _connect(f"{dead[0]};{amqp_url}", OnePass(2)) == 1  # the second node answered
+
+
+def test_a_consumer_reconnects_after_the_back_off_and_consumes_again(client, worker_factory, management, caplog):
+    name = f"reconnect-consumer-{uuid.uuid4().hex[:8]}"
+    seen: list[int] = []
+    worker = worker_factory(connection_name=name)
+    worker.handler("a.b", seen.append)
+    worker.start()
+    client.enqueue("a.b", [1])
+    wait_until(lambda: seen == [1], message="the first job")
+    ours = wait_until(
+        lambda: [c for c in management.connections() if c.get("client_properties", {}).get("connection_name") == name],
+        message="the worker's connection",
+    )
+    with caplog.at_level(logging.WARNING, logger="ojs_kombu.amqp.reconnect"):
+        management.close_connection(ours[0]["name"])
+        wait_until(lambda: worker.consumer.reconnections == 1, message="a reconnection")
+        assert worker.wait_until_ready(15)
+        back = time.time()
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("consumer connection to")]
+    line = record.getMessage()
+    delay = float(line.rsplit(" in ", 1)[1].split("s", 1)[0])
+    assert 0.75 <= delay <= 1.25, line  # one node: the first back-off of DESIGN §9, 1 s ±25 %
+    assert " lost (" in line and "reconnecting to" in line and ":guest@" not in line
+    # Logged before the wait: connected again no sooner than the delay after it (wall clock, both).
+    assert back - record.created >= delay - 0.01, (back - record.created, delay)
+    client.enqueue("a.b", [2])
+    wait_until(lambda: seen == [1, 2], message="the job sent after the reconnect")
+
+
+@pytest.mark.parametrize("refusal", ["password", "vhost"])
+def test_a_consumer_refused_for_good_stops_at_once_under_forever(amqp_url, prefix, refusal):
+    if refusal == "password":
+        url, code = _with(amqp_url, password=SECRET), 403
+    else:
+        url, code = _with(amqp_url, vhost=f"no-such-vhost-{uuid.uuid4().hex[:8]}"), 530
+    worker = Worker(url, prefix=prefix, grace_period=1)  # connect_retries=None: Forever
+    assert worker.connect_retries is None
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as raised:
+        worker.run()
+    assert time.monotonic() - started < 5.0  # not a single back-off (~1 s) slept, let alone forever
+    assert isinstance(raised.value.__cause__, AccessRefusedError)
+    assert raised.value.__cause__.reply_code == code
+    assert worker.consumer.reconnections == 0
+    assert SECRET not in str(raised.value)
 
 
 def test_a_beacon_refused_for_good_stops_instead_of_retrying_forever(amqp_url, names, caplog):

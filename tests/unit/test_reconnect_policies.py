@@ -126,3 +126,15 @@ def test_reset_forgets_the_failures_of_a_long_running_loop():
     retry.reset()
     assert retry.failures == 0 and retry.elapsed is None
     assert retry.failed(OSError("down again"), conn) is not None  # a fresh budget
+
+
+def test_the_logged_warning_is_the_callers_with_its_note_and_no_password(caplog):
+    message = "%(name)s to %(failed)s lost (%(error)s); reconnecting to %(next)s in %(delay).1fs%(note)s"
+    retry, failover, _ = reconnector(Forever(), TWO, name="consumer connection", message=message)
+    with caplog.at_level("WARNING", logger="ojs_kombu.amqp.reconnect"):
+        retry.failed(OSError("reset"), failover.connection(), note="; 3 unsettled")
+    (logged,) = [record.getMessage() for record in caplog.records]
+    assert logged == (
+        "consumer connection to amqp://u:***@h1:5672// lost (reset); "
+        "reconnecting to amqp://u:***@h2:5672// in 0.0s; 3 unsettled"
+    )
