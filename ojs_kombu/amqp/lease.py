@@ -37,7 +37,7 @@ from amqp import Channel, spec
 from amqp import Message as WireMessage
 from amqp.exceptions import MessageNacked, PreconditionFailed
 
-from ojs_kombu.amqp.topology import parse_precondition_failed
+from ojs_kombu.amqp.refusals import parse_precondition_failed
 
 LEASE_CONSUMER_TIMEOUT_MS = 2**31 - 1
 """``x-consumer-timeout`` of the lease queue: 2**31-1 ms, about 24.8 days."""

@@ -25,7 +25,7 @@ from amqp.exceptions import AccessRefused, PreconditionFailed
 
 from ojs_kombu.amqp.connection import connect_once, make_connection, resolve_url, safe_url
 from ojs_kombu.amqp.errors import map_exceptions
-from ojs_kombu.amqp.topology import parse_precondition_failed
+from ojs_kombu.amqp.refusals import parse_precondition_failed
 from ojs_kombu.errors import BrokerConnectionError, OjsError, PermitLostError
 
 # The permits' logger: its records kept their name when the connection moved here.

@@ -30,7 +30,7 @@ from amqp import Channel
 from amqp import Message as WireMessage
 from amqp.exceptions import PreconditionFailed
 
-from ojs_kombu.amqp.topology import parse_precondition_failed
+from ojs_kombu.amqp.refusals import parse_precondition_failed
 from ojs_kombu.model.naming import Names
 from ojs_kombu.policy.ratelimit import WindowSchedule
 
