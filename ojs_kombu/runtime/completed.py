@@ -68,6 +68,7 @@ from ojs_kombu.wire.completed import CompletedOptions, completed_marker, complet
 logger = logging.getLogger(__name__)
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_UUIDS = re.compile(rf"(?:{_UUID.pattern},)*{_UUID.pattern}")  # a comma-joined list of UUIDs
 _BUCKETS = 64  # age buckets per max_age: an id is forgotten between max_age and max_age * 65/64 after
 
 
@@ -83,6 +84,21 @@ def id_key(job_id: str) -> int | str:
     if len(job_id) == 36 and _UUID.fullmatch(job_id):
         return int(job_id.replace("-", ""), 16)
     return job_id.lower()
+
+
+def keys_of(job_ids: Iterable[str]) -> list[int | str]:
+    """:func:`id_key` of each of ``job_ids``; a list of UUIDs (a record) is checked with one regex pass.
+
+    Parameters:
+        job_ids: job ids.
+
+    Returns:
+        Their keys, in order.
+    """
+    listed = job_ids if isinstance(job_ids, list | tuple) else list(job_ids)
+    if _UUIDS.fullmatch(",".join(listed)):
+        return [int(job_id.replace("-", ""), 16) for job_id in listed]
+    return [id_key(job_id) for job_id in listed]
 
 
 class CompletedIds:
@@ -131,16 +147,15 @@ class CompletedIds:
             if index <= self._expired_before or at <= now - self.max_age:
                 return 0
             ids = self._ids
-            bucket = self._buckets.get(index)
-            if bucket is None:
-                bucket = self._buckets[index] = []
-            before = len(ids)
-            for job_id in job_ids:
-                key = id_key(job_id)
-                if key not in ids:
-                    ids.add(key)
-                    bucket.append(key)
-            added = len(ids) - before
+            fresh = set(keys_of(job_ids))
+            fresh.difference_update(ids)
+            if fresh:
+                ids.update(fresh)
+                bucket = self._buckets.get(index)
+                if bucket is None:
+                    bucket = self._buckets[index] = []
+                bucket.extend(fresh)
+            added = len(fresh)
             while len(ids) > self.max_ids and self._buckets:
                 self._drop(min(self._buckets))
             return added
