@@ -1,5 +1,6 @@
-"""AMQP I/O on kombu / py-amqp: connections, confirmed publishing, frame reading, declarations, unique locks;
-and the broker's management HTTP API (:mod:`ojs_kombu.amqp.management`).
+"""AMQP I/O on kombu / py-amqp: connections, confirmed publishing, frame reading, one ordered write path
+per connection (:mod:`ojs_kombu.amqp.outbox`), declarations, unique locks; and the broker's management
+HTTP API (:mod:`ojs_kombu.amqp.management`).
 
 Every use of py-amqp internals lives in this subpackage, and so does the one
 place where py-amqp / kombu exceptions become :mod:`ojs_kombu.errors`
@@ -10,6 +11,7 @@ from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_conn
 from ojs_kombu.amqp.errors import is_permanent, map_exception, map_exceptions, raise_if_permanent
 from ojs_kombu.amqp.locks import Acquired, Held, UniqueLocks
 from ojs_kombu.amqp.management import ManagementClient
+from ojs_kombu.amqp.outbox import Outbox, outbox
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.topology import OnConflict, Topology
 from ojs_kombu.amqp.version import parse_version, rabbitmq_version
@@ -21,12 +23,14 @@ __all__ = [
     "ManagementClient",
     "Held",
     "OnConflict",
+    "Outbox",
     "PublishTicket",
     "Topology",
     "UniqueLocks",
     "connect_once",
     "is_permanent",
     "make_connection",
+    "outbox",
     "map_exception",
     "map_exceptions",
     "parse_version",

@@ -29,9 +29,11 @@ record, so a ``recv`` could block; the consumer keeps py-amqp's path there.
 from __future__ import annotations
 
 import errno
+import select
 import socket
 from collections.abc import Callable
 from struct import Struct
+from typing import Any
 
 from amqp import Connection
 from amqp.exceptions import UnexpectedFrame
@@ -45,8 +47,6 @@ RECV_SIZE = 65536
 _HEADER = Struct(">BHI")  # frame type, channel, payload size
 _FRAME_END = 0xCE
 _METHOD_FRAME = 1
-# A Basic.Ack / Basic.Nack frame: header, class, method, delivery-tag, the flags octet, frame end.
-_SETTLE_FRAME = Struct(">BHIHHQBB")
 _EMPTY = b""
 # Not blocking, whatever the socket's mode: fill() runs only after select() said readable.
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
@@ -216,82 +216,57 @@ class FrameReader:
         return rbuf[:n]
 
 
-class WriteBatch:
-    """Holds the frames py-amqp writes on a connection while :meth:`hold` is on, and sends them in one write.
-
-    Installed on a connected py-amqp connection, it replaces the connection's frame
-    writer with py-amqp's own, built over this object instead of the transport: frames
-    are encoded, and counted for heartbeats, exactly as before.  Outside a hold every
-    frame goes straight to ``transport.write``; during one, each frame is copied
-    (py-amqp hands over a view of a buffer it reuses for the next frame) and
-    :meth:`flush` writes them all with one ``transport.write``.  The consumer holds
-    the ``Basic.Ack`` / ``Basic.Nack`` frames of one pass over its requests: still one
-    frame, ``multiple=False``, per delivery (binding §5.3), one ``sendall`` per pass.
-
-    For the connection's owner thread only.  Flush before anything that waits for
-    the broker (a synchronous method, a publisher-confirm wait): a held frame is not sent.
+def attach_reader(connection: Connection) -> FrameReader | None:
+    """A :class:`FrameReader` on ``connection`` if it can serve it (plain TCP), else None (TLS: py-amqp reads).
 
     Parameters:
-        connection: a connected py-amqp connection (plain TCP or TLS).
+        connection: a connected py-amqp connection.
     """
-
-    def __init__(self, connection: Connection) -> None:
-        self._connection = connection
-        self._write = connection.transport.write
-        self._held: list[bytes] = []
-        self._holding = False
-        connection.frame_writer = connection.frame_writer_cls(connection, self)
-
-    def hold(self) -> None:
-        """Keep the frames written from now on until :meth:`flush`."""
-        self._holding = True
-
-    def write(self, data: bytes | memoryview) -> None:
-        """The transport's ``write`` as py-amqp's frame writer calls it; deferred frames go first."""
-        if self._holding:
-            self._held.append(bytes(data))
-        elif self._held:
-            held, self._held = self._held, []
-            held.append(bytes(data))
-            self._write(_EMPTY.join(held))
-        else:
-            self._write(data)
-
-    def settle(self, channel: int, method: tuple[int, int], delivery_tag: int) -> None:
-        """Write a ``Basic.Ack`` or ``Basic.Nack`` frame of one delivery, its flags all off.
-
-        The same bytes py-amqp's ``basic_ack(tag, multiple=False)`` / ``send_method(Basic.Nack,
-        "Lbb", (tag, False, False))`` write (``multiple=false``, binding §5.3; no requeue: a
-        nack dead-letters), without their generic argument encoding and promise; counted
-        for heartbeats like every frame.
-
-        Parameters:
-            channel: the delivery's channel number.
-            method: ``amqp.spec.Basic.Ack`` or ``amqp.spec.Basic.Nack``.
-            delivery_tag: the delivery's tag.
-        """
-        self.write(self._settle_frame(channel, method, delivery_tag))
-
-    def defer_settle(self, channel: int, method: tuple[int, int], delivery_tag: int) -> None:
-        """:meth:`settle`, the frame kept until the next :meth:`flush` or the next frame written (it goes first).
-
-        For a loop that flushes before it waits (the ``ojs://`` transport flushes on every tick
-        of kombu's event loop, right before it polls): the acks of the tasks one pass of the
-        loop settles leave in one write.  Parameters: as :meth:`settle`.
-        """
-        self._held.append(self._settle_frame(channel, method, delivery_tag))
-
-    def _settle_frame(self, channel: int, method: tuple[int, int], delivery_tag: int) -> bytes:
-        """The ``Basic.Ack`` / ``Basic.Nack`` frame of one delivery, its flags off; counted for heartbeats."""
-        self._connection.bytes_sent += 1
-        return _SETTLE_FRAME.pack(_METHOD_FRAME, channel, 13, method[0], method[1], delivery_tag, 0, _FRAME_END)
-
-    def flush(self) -> None:
-        """Stop holding; send what was held with one write (raises what ``transport.write`` raises)."""
-        self._holding = False
-        if self._held:
-            held, self._held = self._held, []
-            self._write(held[0] if len(held) == 1 else _EMPTY.join(held))
+    return FrameReader(connection) if supports(connection) else None
 
 
-__all__ = ["RECV_SIZE", "FrameReader", "WriteBatch", "supports"]
+def socket_of(connection: Connection) -> Any:
+    """The connection's socket (for ``select``)."""
+    return connection.sock
+
+
+def tls_pending(sock: Any) -> bool:
+    """Whether a TLS socket holds decrypted bytes: they do not make its descriptor readable."""
+    pending = getattr(sock, "pending", None)
+    return bool(pending and pending())
+
+
+def read_available(connection: Connection) -> None:
+    """Hand every frame the socket holds now to py-amqp (its own read path: TLS)."""
+    while True:
+        try:
+            connection.drain_events(timeout=0)
+        except TimeoutError:
+            return
+
+
+def pump(connection: Connection, reader: FrameReader | None, timeout: float) -> None:
+    """Read and dispatch what arrives within ``timeout`` seconds (through ``reader`` when there is one)."""
+    if reader is None:
+        try:
+            connection.drain_events(timeout=timeout)
+        except TimeoutError:
+            pass
+        return
+    if not reader.has_frame():
+        readable, _, _ = select.select([connection.sock], [], [], timeout)
+        if readable:
+            reader.fill()
+    reader.dispatch()
+
+
+__all__ = [
+    "RECV_SIZE",
+    "FrameReader",
+    "attach_reader",
+    "pump",
+    "read_available",
+    "socket_of",
+    "supports",
+    "tls_pending",
+]

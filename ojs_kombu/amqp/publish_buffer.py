@@ -3,13 +3,15 @@
 py-amqp's frame writer sends each message (method, content header and body
 frames) with its own ``sendall``: on a pipelined batch that was the largest
 single cost per job.  :class:`PublishBuffer` builds the same frames and keeps
-them until :meth:`PublishBuffer.flush` writes them all at once; the frames on
+them in the connection's :class:`~ojs_kombu.amqp.outbox.Outbox`, in order with
+every other frame of the connection, until :meth:`PublishBuffer.flush` (or the
+outbox, before the next frame or read) writes them all at once; the frames on
 the wire are the ones py-amqp would write (the unit tests decode them with
 py-amqp's own frame handler).
 
-The buffer writes to the connection's transport directly, outside py-amqp's
-per-connection write lock, so it is for the thread that owns the connection
-(as :class:`~ojs_kombu.amqp.publisher.ConfirmedPublisher` is).
+The outbox writes outside py-amqp's per-connection write lock, so the buffer is
+for the thread that owns the connection (as
+:class:`~ojs_kombu.amqp.publisher.ConfirmedPublisher` is).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import struct
 
 from amqp import Connection, spec
 
+from ojs_kombu.amqp.outbox import outbox
 from ojs_kombu.amqp.properties import encode_properties, shortstr
 from ojs_kombu.wire.codec import OutgoingMessage
 
@@ -82,7 +85,7 @@ def _content(channel_id: int, properties: bytes, body: bytes, frame_max: int) ->
 
 
 class PublishBuffer:
-    """Frames of publishes on one channel, written together by :meth:`flush`.
+    """Frames of publishes on one channel, kept in the connection's outbox and written together by :meth:`flush`.
 
     Parameters:
         connection: the py-amqp connection; only its owner thread may use the buffer.
@@ -92,12 +95,12 @@ class PublishBuffer:
     def __init__(self, connection: Connection, channel_id: int) -> None:
         self.connection = connection
         self.channel_id = channel_id
-        self._frames: list[bytes] = []
-        self._size = 0
+        self._outbox = outbox(connection)
+        self._frames = self._outbox.frames  # the outbox's own list: in order with its other frames
 
     def __len__(self) -> int:
-        """Buffered bytes."""
-        return self._size
+        """Publish bytes kept in the outbox, not written yet."""
+        return self._outbox.size
 
     def add(self, method: bytes, message: OutgoingMessage) -> None:
         """Buffer one publish: its method frame and its content frames.
@@ -112,7 +115,7 @@ class PublishBuffer:
         content = content_frames(self.channel_id, message, self.connection.frame_max)
         self._frames.append(method)
         self._frames.append(content)
-        self._size += len(method) + len(content)
+        self._outbox.size += len(method) + len(content)
 
     def add_job(self, method: bytes, template: tuple[bytes, bytes], message_id: str, body: bytes) -> int:
         """Buffer one publish whose properties are ``template`` around ``message_id``.
@@ -136,8 +139,9 @@ class PublishBuffer:
         if not 0 < size <= self.connection.frame_max - 8:  # no body frame, or several: as add
             content = _content(self.channel_id, before + shortstr(message_id) + after, body, self.connection.frame_max)
             self._frames += (method, content)
-            self._size += len(method) + len(content)
-            return self._size
+            box = self._outbox
+            box.size += len(method) + len(content)
+            return box.size
         # The common case, without joining anything: the pieces of the frames go to the buffer
         # as they are, and flush joins them all at once.
         raw_id = message_id.encode()
@@ -157,22 +161,17 @@ class PublishBuffer:
             body,
             _FRAME_END,
         )
-        self._size += len(method) + 20 + properties + 8 + size  # frame headers 7 + 7, their ends, 12 of header
-        return self._size
+        box = self._outbox
+        box.size += len(method) + 20 + properties + 8 + size  # frame headers 7 + 7, their ends, 12 of header
+        return box.size
 
     def flush(self) -> None:
-        """Write every buffered frame with one socket write.
+        """Write every frame the outbox keeps (these publishes and what came before them) with one socket write.
 
         Raises:
             OSError: the write failed; the frames are dropped (the connection is lost with them).
         """
-        if not self._frames:
-            return
-        data = b"".join(self._frames)
-        self._frames.clear()
-        self._size = 0
-        self.connection.transport.write(data)
-        self.connection.bytes_sent += 1  # heartbeats: something was sent
+        self._outbox.flush()
 
 
 __all__ = ["FLUSH_BYTES", "PublishBuffer", "content_frames", "method_frame"]

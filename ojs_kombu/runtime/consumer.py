@@ -6,12 +6,21 @@ per queue) and a publishing channel in confirm mode for the retry path.  Its
 loop runs in one thread, the only thread that touches the connection (AMQP-028),
 except while that thread lends it for a job it runs itself: then a stand-in thread
 runs the loop's passes (:meth:`Consumer.serve`, :mod:`~ojs_kombu.runtime.handover`),
-one thread at a time.  Handler threads settle deliveries through thread-safe requests
-(:meth:`Consumer.ack`, :meth:`Consumer.nack`, :meth:`Consumer.republish`) that
-the loop executes; a self-pipe wakes the loop at once when it waits in
-``select`` (a busy loop executes them before it waits again), so an ack never
-waits for a poll interval.  The acks and nacks of one pass over the requests
-leave in one socket write, each its own frame (:class:`~ojs_kombu.amqp.framing.WriteBatch`).
+one thread at a time.  This module is that I/O loop; its parts live beside it:
+
+* :mod:`~ojs_kombu.runtime.requests`: the typed settle requests (:class:`Ack`, :class:`Nack`,
+  :class:`Republish`) handler threads make through :meth:`Consumer.ack`, :meth:`Consumer.nack`
+  and :meth:`Consumer.republish`, carried out by the loop;
+* :mod:`~ojs_kombu.runtime.wakeup`: the self-pipe that wakes the loop at once when it waits in
+  ``select`` (a busy loop carries the requests out before it waits again), so an ack never
+  waits for a poll interval;
+* :mod:`~ojs_kombu.runtime.subscriptions`: pause, resume and the broker's ``Basic.Cancel``
+  (shared with the ``ojs://`` transport);
+* :mod:`~ojs_kombu.runtime.window`: the per-queue counters and the window gauges.
+
+Every frame the loop writes goes through the connection's
+:class:`~ojs_kombu.amqp.outbox.Outbox`: the acks and nacks of one pass over the requests
+leave in one socket write, each its own frame, in order with the republishes' frames.
 
 On a connection loss the loop reconnects with the back-off of DESIGN §9,
 re-declares the topology and re-registers its consumers with the same
@@ -20,18 +29,14 @@ redelivers them, flagged ``redelivered``).  A broker-initiated ``Basic.Cancel``
 (e.g. the queue was deleted) is logged, counted and followed by a re-consume
 after a delay.
 
-Pause and resume (``ControlReader.paused``): the loop compares the paused set with
-what it applied last, on every pass; a paused queue's consumer is cancelled
-(``Basic.Cancel``; its unsettled deliveries are still settled on the channel) and
-a resumed queue is consumed again with the same prefetch.  A queue paused at
-(re)connection is not consumed at all.
+Pause and resume (``ControlReader.paused``): the loop compares the paused set's version
+with what it applied last, on every pass (:meth:`Subscriptions.apply
+<ojs_kombu.runtime.subscriptions.Subscriptions.apply>`).  A queue paused at (re)connection
+is not consumed at all.
 
 Metrics: ``ojs_amqp_connections_active`` and ``ojs_amqp_channels_active`` (the
-consuming and the publishing channel) while connected;
-``ojs_amqp_messages_unacked{consumer}`` (label: the connection name) and
-``ojs_amqp_consumer_utilization{queue}`` (unsettled deliveries of the queue over
-the prefetch count) are updated once per loop pass, and drop to 0 when the
-connection is lost (the broker takes those deliveries back).
+consuming and the publishing channel) while connected; the window gauges once per
+loop pass (:mod:`~ojs_kombu.runtime.window`).
 
 Shutdown: :meth:`Consumer.close` releases the wake-up pipe.  A handler thread
 that settles a delivery after that (a job that outlived the grace period) only
@@ -42,16 +47,11 @@ the process may already have given to another file.
 from __future__ import annotations
 
 import logging
-import os
-import queue as queue_module
-import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from amqp import spec
 from amqp.basic_message import Message
 from amqp.channel import Channel
 from amqp.exceptions import RecoverableConnectionError
@@ -61,60 +61,22 @@ from ojs_kombu.amqp.connection import safe_url
 from ojs_kombu.amqp.delivery import RawDelivery
 from ojs_kombu.amqp.errors import raise_if_permanent
 from ojs_kombu.amqp.failover import Failover
-from ojs_kombu.amqp.framing import FrameReader, WriteBatch
-from ojs_kombu.amqp.framing import supports as framing_supports
-from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination, PublishTicket
+from ojs_kombu.amqp.framing import FrameReader, attach_reader, pump, read_available, socket_of, tls_pending
+from ojs_kombu.amqp.outbox import Outbox, outbox
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination
 from ojs_kombu.amqp.topology import Topology
-from ojs_kombu.errors import OjsError
-from ojs_kombu.observability.logs import message_log_extra
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.runtime.control import ControlReader
-from ojs_kombu.wire.codec import OutgoingMessage
-from ojs_kombu.wire.headers import strip_death_headers
+from ojs_kombu.runtime.delivery import Delivery
+from ojs_kombu.runtime.requests import Ack, Nack, Republish, SettleExecutor, SettleRequests
+from ojs_kombu.runtime.subscriptions import Subscription, Subscriptions
+from ojs_kombu.runtime.wakeup import Wakeup
+from ojs_kombu.runtime.window import Window
 
 logger = logging.getLogger(__name__)
 
-#: FrameReader's constructor is not annotated: calling it through this typed name keeps the
-#: module strict whether or not it ever is.
-_frame_reader: Callable[[Any], FrameReader] = FrameReader
-_write_batch: Callable[[Any], WriteBatch] = WriteBatch
-
 #: The consumer's two long-lived channels: consuming, and publishing (confirm mode).
 _CHANNELS = 2
-
-#: A settle request from a handler thread: ``("ack" | "nack", delivery)``, or
-#: ``("republish", delivery, destination, queue, prepare, then)`` (``then``: ``"ack"``, or
-#: ``"nack"`` for a nack that records the final failure first).
-_Request = (
-    tuple[str, "Delivery"]
-    | tuple[
-        str, "Delivery", Destination | Callable[[], Destination], str, Callable[[Any, Destination], None] | None, str
-    ]
-)
-
-
-@dataclass
-class Delivery:
-    """One message delivered to the consumer, as handed to a handler thread."""
-
-    body: bytes
-    properties: dict[str, Any]
-    headers: dict[str, Any]
-    delivery_tag: int
-    redelivered: bool
-    exchange: str
-    routing_key: str
-    queue: str
-    generation: int
-    received: float = field(default_factory=time.monotonic)
-
-    def outgoing(self, headers: dict[str, Any] | None = None) -> OutgoingMessage:
-        """This message for a republish: same body and properties, ``x-death*`` stripped."""
-        table = strip_death_headers(self.headers)
-        if headers:
-            table.update(headers)
-        properties = {k: v for k, v in self.properties.items() if k != "application_headers"}
-        return OutgoingMessage(self.body, properties, table)
 
 
 class Consumer:
@@ -168,29 +130,24 @@ class Consumer:
         )
         self._kombu = self._failover.connection()
         self.connection_name = connection_name
-        self._requests: queue_module.SimpleQueue[_Request] = queue_module.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe()
-        self._wake_pending = False  # a byte is (about to be) in the pipe: the loop will wake
-        self._idle = False  # the loop is about to wait (or waits) in select(): requests must wake it
-        self._pipe_lock = threading.Lock()  # guards writes to the pipe against close()
-        self._closed = False  # close() was called: never write to the pipe again
-        self._running = False  # run() is executing: it releases the pipe when it ends
-        self._unacked: dict[str, int] = dict.fromkeys(self.queues.values(), 0)  # per OJS queue
-        self._window_changed = True
-        self._metric_children: dict[tuple[Any, str], Any] = {}
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        #: The self-pipe that wakes a waiting loop (:mod:`~ojs_kombu.runtime.wakeup`).
+        self.wakeup = Wakeup()
+        #: The settle requests not carried out yet (:mod:`~ojs_kombu.runtime.requests`).
+        self.requests = SettleRequests(self.wakeup)
+        self.window = Window(connection_name, prefetch, list(self.queues.values()))
+        #: Carries the requests out on the consuming channel (:mod:`~ojs_kombu.runtime.requests`).
+        self.settling = SettleExecutor(self.requests, self.window)
         self._stop = threading.Event()
         self._consuming = threading.Event()
         self._cancel_wanted = threading.Event()
         self._generation = 0
         self._channel: Channel | None = None
         self._publisher: ConfirmedPublisher | None = None
-        self._consumer_tags: dict[str, str] = {}
-        self._queue_by_tag: dict[str, str] = {}  # consumer tag -> amqp queue (for deliveries)
+        self._subscriber = _Subscriber(self)
+        #: The job queues consumed on the current channel (a new set per connection).
+        self.subscriptions: Subscriptions[Subscription] = Subscriptions(self._subscriber)
         self._reader: FrameReader | None = None
-        self._writes: WriteBatch | None = None
-        self._recancelled: dict[str, float] = {}
+        self._outbox: Outbox | None = None
         self._paused_version = -1  # the version of control.paused the loop applied last
         self.reconnections = 0
         self.cancellations = 0
@@ -207,7 +164,7 @@ class Consumer:
 
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge ``delivery`` (``Basic.Ack``, ``multiple=False``)."""
-        self._request(("ack", delivery))
+        self.requests.put(Ack(delivery))
 
     def nack(
         self,
@@ -221,9 +178,9 @@ class Consumer:
         (after ``prepare``) and the nack follows; it follows a refused record too.
         """
         if record is None:
-            self._request(("nack", delivery))
+            self.requests.put(Nack(delivery))
         else:
-            self._request(("republish", delivery, record, delivery.queue, prepare, "nack"))
+            self.requests.put(Republish(delivery, record, delivery.queue, prepare, then="nack"))
 
     def republish(
         self,
@@ -241,17 +198,17 @@ class Consumer:
         request).  If the broker does not confirm the publish, ``delivery`` is nacked into
         its DLQ so the job is never lost.
         """
-        self._request(("republish", delivery, destination, queue, prepare, "ack"))
+        self.requests.put(Republish(delivery, destination, queue, prepare))
 
     def stop_consuming(self) -> None:
         """Cancel every consumer (no new deliveries); the loop keeps settling."""
         self._cancel_wanted.set()
-        self._wake()
+        self.wakeup.wake()
 
     def stop(self) -> None:
         """End the loop after it has executed the requests already made."""
         self._stop.set()
-        self._wake()
+        self.wakeup.wake()
 
     @property
     def stopped(self) -> bool:
@@ -260,7 +217,7 @@ class Consumer:
 
     def wake(self) -> None:
         """Make a pass waiting in ``select`` return now (thread-safe)."""
-        self._wake()
+        self.wakeup.wake()
 
     def leave_node(self, url: str, reason: str) -> None:
         """Move to the next node if connected to ``url`` (thread-safe; the loop does it at its next pass).
@@ -275,7 +232,7 @@ class Consumer:
             reason: what was seen, for the log.
         """
         self._leave = f"{url}\n{reason}"
-        self._wake()
+        self.wakeup.wake()
 
     def connection_factory(self) -> Connection:
         """A new, unconnected kombu connection with this consumer's settings."""
@@ -292,36 +249,11 @@ class Consumer:
         """Incremented on every (re)connection; deliveries of older generations cannot be settled."""
         return self._generation
 
-    def _request(self, item: _Request) -> None:
-        self._requests.put(item)
-        # Only a loop that waits in select() needs the pipe: a busy one executes every request
-        # made so far before it waits again.  _idle is set before the loop's last look at the
-        # queue, and read here after the put, so one of the two sees the other (see _wait).
-        if self._idle:
-            self._wake()
-
-    def _wake(self) -> None:
-        # One byte per wake-up, not per request: the loop clears the flag after it has read the
-        # pipe, then executes every request made so far (see _clear_wake and _loop).
-        if self._wake_pending:
-            return
-        with self._pipe_lock:
-            if self._closed:
-                return  # the loop has ended; the request is moot (the broker redelivers)
-            self._wake_pending = True
-            try:
-                os.write(self._wake_w, b"x")
-            except BlockingIOError:
-                pass  # the pipe is full: the loop is awake anyway
-
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
         """Consume until :meth:`stop`; reconnect on connection loss."""
-        with self._pipe_lock:
-            if self._closed:
-                raise OjsError("the consumer is closed")
-            self._running = True
+        self.wakeup.begin()
         try:
             while not self._stop.is_set():
                 try:
@@ -330,12 +262,9 @@ class Consumer:
                 except self._kombu.connection_errors + self._kombu.channel_errors as exc:
                     self._stop.wait(self._lost(exc))
         finally:
-            self._drain_requests_after_disconnect()
+            self.requests.drop_all()
             self._disconnect()
-            with self._pipe_lock:
-                self._running = False
-                if self._closed:
-                    self._release_pipe()
+            self.wakeup.end()
 
     def serve(self, until: Callable[[], bool], on_pass: Callable[[], None] | None = None) -> None:
         """Run the loop's passes in the calling thread until ``until()`` is true or :meth:`stop`.
@@ -371,7 +300,7 @@ class Consumer:
         """After a connection or channel error: disconnect; the back-off before connecting again
         (DESIGN §9), or re-raise when retrying cannot help or ``connect_retries`` is spent."""
         lost = safe_url(self._failover.current)
-        unsettled = sum(self._unacked.values())
+        unsettled = self.window.unsettled
         self._disconnect()
         raise_if_permanent(exc, url=self.url)  # 403 / 530: retrying cannot help
         if self._stop.is_set():
@@ -404,17 +333,7 @@ class Consumer:
         Safe at any time: if the loop is still running (it outlived a join timeout),
         the pipe is released when the loop ends instead.  Idempotent.
         """
-        with self._pipe_lock:
-            if self._closed:
-                return
-            self._closed = True
-            if not self._running:
-                self._release_pipe()
-
-    def _release_pipe(self) -> None:
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
-        self._wake_r = self._wake_w = -1
+        self.wakeup.close()
 
     def _connect(self) -> None:
         if (wait := self._reconnect_at - time.monotonic()) > 0:
@@ -422,8 +341,8 @@ class Consumer:
         self._failover.connect(self._kombu)
         connection = self._kombu.connection
         # Plain TCP: buffered reads (framing.py).  TLS keeps py-amqp's read path.
-        self._reader = _frame_reader(connection) if framing_supports(connection) else None
-        self._writes = _write_batch(connection)
+        self._reader = attach_reader(connection)
+        self._outbox = outbox(connection)
         self._generation += 1
         self.topology.redeclare(connection)
         if self.declare:
@@ -435,46 +354,91 @@ class Consumer:
         channel.auto_decode = False
         channel.basic_qos(0, self.prefetch, False)
         self._channel = channel
+        self.settling.attach(channel, self._outbox, self._publisher, self._generation)
         if self._reader is not None:
             self._reader.decode_deliveries(channel.channel_id, self._on_raw_delivery)
-        self._consumer_tags.clear()
-        self._queue_by_tag.clear()
-        self._recancelled.clear()  # a new channel consumes every queue; a pending re-consume would double it
-        if not self._cancel_wanted.is_set():
-            for amqp_queue in self.queues:
-                if not self._paused(amqp_queue):
-                    self._consume(amqp_queue)
-        self._paused_version = -1
-        self._apply_pauses()  # logs what is paused; consumes nothing more
+        # A new channel consumes every queue: a re-consume pending on the old one would double it.
+        self.subscriptions = Subscriptions[Subscription](self._subscriber)
+        paused = self.control.paused if self.control is not None else ()
+        consume = not self._cancel_wanted.is_set()
+        for amqp_queue, ojs_queue in self.queues.items():
+            self.subscriptions.add(Subscription(amqp_queue, ojs_queue), paused, consume=consume)
+        if self.control is not None:
+            self._paused_version = self.control.paused.version
         self._attempt = 0
         self._failover.succeeded()  # after re-declaring and re-consuming: a node that fails those counts
         METRICS.connections_active.inc()
         METRICS.channels_opened(self._channel_count)
         self.connected.set()  # after the gauges: a caller woken by it reads them up to date
 
-    def _consume(self, amqp_queue: str) -> None:
+    # -- subscriptions -------------------------------------------------------------------------
+
+    def _consume(self, subscription: Subscription) -> str:
+        """``Basic.Consume`` ``subscription``'s queue on the consuming channel; its consumer tag."""
         assert self._channel is not None  # connected
-        tag = self._channel.basic_consume(
-            amqp_queue,
+        tag: str = self._channel.basic_consume(
+            subscription.amqp_queue,
             no_ack=False,
             callback=self._on_message,
-            on_cancel=lambda consumer_tag, q=amqp_queue: self._on_cancel(q, consumer_tag),
+            on_cancel=self._on_cancel,
         )
-        self._consumer_tags[amqp_queue] = tag
-        self._queue_by_tag[tag] = amqp_queue
         self._consuming.set()
+        return tag
+
+    def _cancel(self, subscription: Subscription) -> None:
+        """``Basic.Cancel`` ``subscription``'s consumer."""
+        assert self._channel is not None  # connected
+        self._channel.basic_cancel(subscription.tag)
+
+    def _on_cancel(self, consumer_tag: str) -> None:
+        then = f"re-consuming in {self.cancel_retry_delay:.1f}s"
+        if self.subscriptions.broker_cancelled(consumer_tag, self.cancel_retry_delay, then) is not None:
+            self.cancellations += 1
+
+    def _apply_pauses(self) -> None:
+        """Cancel the consumers of paused queues and consume resumed ones (when the state changed)."""
+        control = self.control
+        if control is None or control.paused.version == self._paused_version:
+            return
+        self._paused_version = control.paused.version
+        self.subscriptions.apply(control.paused, resume=not self._cancel_wanted.is_set())
+        if not self.subscriptions.consuming:
+            self._consuming.clear()
+
+    def _reconsume_cancelled(self) -> None:
+        if not self.subscriptions.retrying or self._cancel_wanted.is_set():
+            return
+        for subscription in self.subscriptions.due():
+            try:
+                self.topology.forget(subscription.ojs_queue)
+                if self.declare:
+                    self.declare(self._kombu.connection)
+                else:
+                    self.topology.ensure_queue(self._kombu.connection, subscription.ojs_queue)
+                self.subscriptions.start(subscription)
+                logger.info("re-consuming %s after a broker cancel", subscription.amqp_queue)
+            except self._kombu.channel_errors as exc:
+                logger.warning("re-consuming %s failed (%s); trying again", subscription.amqp_queue, exc)
+                raise
+
+    def _cancel_all(self) -> None:
+        self.subscriptions.cancel_all()
+        self._consuming.clear()
+
+    # -- passes --------------------------------------------------------------------------------
 
     def _disconnect(self) -> None:
         if self.connected.is_set():
             METRICS.connections_active.dec()
             METRICS.channels_closed(self._channel_count)
         self.connected.clear()
-        self._forget_window()  # the broker takes the unsettled deliveries of a lost channel back
+        self.window.forget()  # the broker takes the unsettled deliveries of a lost channel back
         self._consuming.clear()  # no consumer outlives its channel
         self._channel = None
         self._publisher = None
         self._reader = None
-        self._writes = None
+        self._outbox = None
+        self.settling.detach()
         try:
             self._kombu.collect()
         except Exception:  # noqa: BLE001 - the connection is already broken
@@ -492,8 +456,7 @@ class Consumer:
             self._finish()
 
     def _begin_passes(self) -> None:
-        connection = self._kombu.connection
-        self._sock = connection.sock
+        self._sock = socket_of(self._kombu.connection)
         self._interval = min(1.0, self.heartbeat / 4) if self.heartbeat else 1.0
         self._next_heartbeat_check = 0.0
 
@@ -509,7 +472,7 @@ class Consumer:
         reader = self._reader
         if self._cancel_wanted.is_set() and self._consuming.is_set():
             self._cancel_all()
-        self._execute_requests()
+        self.settling.execute()
         self._reconsume_cancelled()
         if self.control is not None:
             self.control.maintain(connection)
@@ -517,26 +480,24 @@ class Consumer:
         if reader is not None:
             # Frames may already be buffered (read by a drain_events, e.g. while waiting for
             # confirms): they do not make the socket readable, so do not wait in select then.
-            if not reader.has_frame() and sock in self._wait(sock, self._interval):
+            if not reader.has_frame() and self.wakeup.wait(sock, self._interval, self.requests.empty):
                 reader.fill()
             reader.dispatch()
         else:
-            if not self._has_buffered(sock):
-                self._wait(sock, self._interval)
-            self._read_available(connection)
+            if not tls_pending(sock):
+                self.wakeup.wait(sock, self._interval, self.requests.empty)
+            read_available(connection)
         # Once per interval, not per pass (a busy loop makes thousands): py-amqp's tick wants
         # about two per heartbeat, and the loop never waits longer than the interval.
         if self.heartbeat and (now := time.monotonic()) >= self._next_heartbeat_check:
             self._kombu.heartbeat_check()
             self._next_heartbeat_check = now + self._interval
-        if self._window_changed:
-            self._record_window()
+        if self.window.changed:
+            self.window.record()
 
     def _finish(self) -> None:
         """The end of consuming: execute the last requests, wait for republishes to settle."""
-        self._execute_requests()
-        if self._publisher is not None:
-            self._publisher.wait_all(timeout=10)  # republishes settle (ack or nack) before we go
+        self.settling.finish(timeout=10)
 
     def shutdown(self) -> None:
         """After :meth:`stop`, from the thread that holds the connection when the loop's own thread
@@ -550,62 +511,17 @@ class Consumer:
             finally:
                 self._disconnect()
 
-    def _wait(self, sock: Any, interval: float) -> list[Any]:
-        """Wait in ``select`` until the socket is readable, a request or :meth:`_wake` arrives, or
-        ``interval`` passes; return what is readable."""
-        self._idle = True
-        try:
-            # A request made before _idle was set did not wake us: do not wait for it.
-            timeout = 0.0 if not self._requests.empty() else interval
-            readable, _, _ = select.select([sock, self._wake_r], [], [], timeout)
-        finally:
-            self._idle = False
-        if self._wake_r in readable:
-            self._clear_wake()
-        readable_list: list[Any] = readable
-        return readable_list
-
     def _pump(self, timeout: float) -> None:
         """Read and dispatch what arrives within ``timeout`` seconds (the buffered reader when there is one)."""
-        reader = self._reader
-        if reader is None:
-            try:
-                self._kombu.connection.drain_events(timeout=timeout)
-            except TimeoutError:
-                pass
-            return
-        if not reader.has_frame():
-            readable, _, _ = select.select([self._kombu.connection.sock], [], [], timeout)
-            if readable:
-                reader.fill()
-        reader.dispatch()
+        pump(self._kombu.connection, self._reader, timeout)
 
-    @staticmethod
-    def _has_buffered(sock: Any) -> bool:
-        pending = getattr(sock, "pending", None)  # TLS sockets buffer decrypted bytes
-        return bool(pending and pending())
-
-    def _read_available(self, connection: Any) -> None:
-        while True:
-            try:
-                connection.drain_events(timeout=0)
-            except TimeoutError:
-                return
-
-    def _clear_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        # Only now: a byte written before this point may just have been read.  A request made
-        # while the flag was still set is executed by the loop's next _execute_requests.
-        self._wake_pending = False
+    # -- deliveries ----------------------------------------------------------------------------
 
     def _on_message(self, message: Message) -> None:
         """A delivery read by py-amqp (TLS, or what the direct decoder leaves to it)."""
         info = message.delivery_info
-        amqp_queue = self._queue_by_tag.get(info["consumer_tag"], "")
+        subscription = self.subscriptions.by_tag.get(info["consumer_tag"])
+        amqp_queue = subscription.amqp_queue if subscription is not None else ""
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
         self._deliver(
             amqp_queue,
@@ -619,11 +535,17 @@ class Consumer:
 
     def _on_raw_delivery(self, raw: RawDelivery) -> bool:
         """A delivery decoded by the frame reader; False (left to py-amqp) for a consumer tag we do not know."""
-        amqp_queue = self._queue_by_tag.get(raw.consumer_tag)
-        if amqp_queue is None:
+        subscription = self.subscriptions.by_tag.get(raw.consumer_tag)
+        if subscription is None:
             return False
         self._deliver(
-            amqp_queue, raw.properties, raw.body, raw.delivery_tag, raw.redelivered, raw.exchange, raw.routing_key
+            subscription.amqp_queue,
+            raw.properties,
+            raw.body,
+            raw.delivery_tag,
+            raw.redelivered,
+            raw.exchange,
+            raw.routing_key,
         )
         return True
 
@@ -640,9 +562,7 @@ class Consumer:
         """Count one delivery of ``amqp_queue`` and hand it to ``on_delivery`` (``properties`` is ours to change)."""
         headers = dict(properties.pop("application_headers", None) or {})
         queue = self.queues.get(amqp_queue, amqp_queue)
-        self._metric(METRICS.messages_consumed, queue).inc()
-        self._unacked[queue] = self._unacked.get(queue, 0) + 1
-        self._window_changed = True
+        self.window.delivered(queue)
         self.on_delivery(
             Delivery(
                 body=body,
@@ -657,197 +577,20 @@ class Consumer:
             )
         )
 
-    def _on_cancel(self, amqp_queue: str, consumer_tag: str) -> None:
-        self._consumer_tags.pop(amqp_queue, None)
-        self._queue_by_tag.pop(consumer_tag, None)
-        self.cancellations += 1
-        METRICS.consumer_cancellations.labels(self.queues.get(amqp_queue, amqp_queue)).inc()
-        logger.warning(
-            "the broker cancelled the consumer of %s (Basic.Cancel); re-consuming in %.1fs",
-            amqp_queue,
-            self.cancel_retry_delay,
-        )
-        self._recancelled[amqp_queue] = time.monotonic() + self.cancel_retry_delay
 
-    def _paused(self, amqp_queue: str) -> bool:
-        return self.control is not None and self.queues[amqp_queue] in self.control.paused
+class _Subscriber:
+    """The consumer's channel as a :class:`~ojs_kombu.runtime.subscriptions.Subscriber`."""
 
-    def _apply_pauses(self) -> None:
-        """Cancel the consumers of paused queues and consume resumed ones (when the state changed)."""
-        if self.control is None or self.control.paused.version == self._paused_version:
-            return
-        assert self._channel is not None  # connected
-        self._paused_version = self.control.paused.version
-        for amqp_queue, ojs_queue in self.queues.items():
-            if self._paused(amqp_queue):
-                self._recancelled.pop(amqp_queue, None)  # a broker cancel is re-consumed on resume instead
-                tag = self._consumer_tags.pop(amqp_queue, None)
-                if tag is not None:
-                    self._channel.basic_cancel(tag)
-                    self._queue_by_tag.pop(tag, None)
-                    logger.info("queue %s paused: stopped consuming %s", ojs_queue, amqp_queue)
-                else:
-                    logger.info("queue %s is paused: not consuming %s", ojs_queue, amqp_queue)
-            elif (
-                amqp_queue not in self._consumer_tags
-                and amqp_queue not in self._recancelled
-                and not self._cancel_wanted.is_set()
-            ):
-                self._consume(amqp_queue)
-                logger.info("queue %s resumed: consuming %s again", ojs_queue, amqp_queue)
-        if not self._consumer_tags:
-            self._consuming.clear()
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
 
-    def _reconsume_cancelled(self) -> None:
-        if not self._recancelled or self._cancel_wanted.is_set():
-            return
-        now = time.monotonic()
-        for amqp_queue, due in list(self._recancelled.items()):
-            if due > now:
-                continue
-            del self._recancelled[amqp_queue]
-            ojs_queue = self.queues[amqp_queue]
-            try:
-                self.topology.forget(ojs_queue)
-                if self.declare:
-                    self.declare(self._kombu.connection)
-                else:
-                    self.topology.ensure_queue(self._kombu.connection, ojs_queue)
-                self._consume(amqp_queue)
-                logger.info("re-consuming %s after a broker cancel", amqp_queue)
-            except self._kombu.channel_errors as exc:
-                logger.warning("re-consuming %s failed (%s); trying again", amqp_queue, exc)
-                raise
+    def consume(self, subscription: Subscription) -> str:
+        """``Basic.Consume`` on the consumer's channel."""
+        return self._consumer._consume(subscription)
 
-    def _cancel_all(self) -> None:
-        assert self._channel is not None  # connected
-        for amqp_queue, tag in list(self._consumer_tags.items()):
-            self._channel.basic_cancel(tag)
-            del self._consumer_tags[amqp_queue]
-            self._queue_by_tag.pop(tag, None)
-        self._consuming.clear()
-
-    # -- settling ------------------------------------------------------------------------------
-
-    def _execute_requests(self) -> None:
-        """Carry out the settle requests made so far.
-
-        The acks and nacks of one pass leave in one socket write (:class:`WriteBatch`),
-        each its own frame; a republish first sends what is held, since publishing
-        may wait for confirms.
-        """
-        writes = self._writes
-        try:
-            while True:
-                try:
-                    item = self._requests.get_nowait()
-                except queue_module.Empty:
-                    return
-                kind, delivery = item[0], item[1]
-                if delivery.generation != self._generation:
-                    continue  # its channel is gone; the broker redelivers it
-                if kind == "ack" or kind == "nack":
-                    if writes is not None:
-                        writes.hold()
-                    if kind == "ack":
-                        self._ack(delivery)
-                    else:
-                        self._nack(delivery)
-                else:
-                    if writes is not None:
-                        writes.flush()
-                    self._execute_republish(item)
-        finally:
-            if writes is not None:
-                writes.flush()
-
-    def _execute_republish(self, item: _Request) -> None:
-        delivery = item[1]
-        if len(item) == 6:
-            _, _, destination, queue, prepare, then = item
-            assert self._publisher is not None  # connected
-            self._publisher.publish_when_ready(
-                destination, queue=queue, prepare=prepare, on_done=self._republished(delivery, then)
-            )
-
-    def _republished(self, delivery: Delivery, then: str) -> Callable[[PublishTicket], None]:
-        return lambda ticket: self._after_republish(delivery, ticket, then)
-
-    def _after_republish(self, delivery: Delivery, ticket: PublishTicket, then: str = "ack") -> None:
-        if delivery.generation != self._generation:
-            return
-        if ticket.error is None:
-            if then == "ack":
-                self._ack(delivery)
-            else:
-                self._nack(delivery)
-            return
-        if then == "nack":
-            logger.error(
-                "recording the final failure of job %s failed (%s); dead-lettering it without the record",
-                delivery.properties.get("message_id"),
-                ticket.error,
-                extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
-            )
-            self._nack(delivery)
-            return
-        logger.error(
-            "republishing job %s failed (%s); sending it to its dead letter queue",
-            ticket.job_id,
-            ticket.error,
-            extra=message_log_extra(ticket.job_id, delivery.queue),
-        )
-        self._nack(delivery)
-
-    def _ack(self, delivery: Delivery) -> None:
-        self._send_settle(spec.Basic.Ack, delivery)
-        self._metric(METRICS.messages_acked, delivery.queue).inc()
-        self._settled(delivery.queue)
-
-    def _nack(self, delivery: Delivery) -> None:
-        # Basic.Nack(requeue=False): dead-lettered (py-amqp has no basic_nack).
-        self._send_settle(spec.Basic.Nack, delivery)
-        self._metric(METRICS.messages_nacked, delivery.queue).inc()
-        self._settled(delivery.queue)
-
-    def _send_settle(self, method: tuple[int, int], delivery: Delivery) -> None:
-        """One ``Basic.Ack`` / ``Basic.Nack(requeue=False)`` frame, ``multiple=False`` (binding §5.3)."""
-        channel = self._channel
-        assert channel is not None  # only settled while connected (same generation)
-        if self._writes is not None and channel.is_open:
-            self._writes.settle(channel.channel_id, method, delivery.delivery_tag)
-        else:  # py-amqp raises what a closed channel raises
-            channel.send_method(method, "Lbb", (delivery.delivery_tag, False, False))
-
-    def _settled(self, queue: str) -> None:
-        self._unacked[queue] = max(0, self._unacked.get(queue, 0) - 1)
-        self._window_changed = True
-
-    def _forget_window(self) -> None:
-        for queue in self._unacked:
-            self._unacked[queue] = 0
-        self._record_window()
-
-    def _record_window(self) -> None:
-        """Publish the unacked and utilization gauges (once per loop pass, not per message)."""
-        self._window_changed = False
-        METRICS.unacked(self.connection_name, sum(self._unacked.values()))
-        for queue, count in self._unacked.items():
-            METRICS.utilization(queue, min(1.0, count / self.prefetch) if self.prefetch > 0 else 0.0)
-
-    def _metric(self, family: Any, queue: str) -> Any:  # prometheus_client children are untyped
-        """``family.labels(queue)``, cached: labels() costs more than the increment."""
-        child = self._metric_children.get((family, queue))
-        if child is None:
-            child = self._metric_children[(family, queue)] = family.labels(queue)
-        return child
-
-    def _drain_requests_after_disconnect(self) -> None:
-        while True:
-            try:
-                self._requests.get_nowait()
-            except queue_module.Empty:
-                return
+    def cancel(self, subscription: Subscription) -> None:
+        """``Basic.Cancel`` on the consumer's channel."""
+        self._consumer._cancel(subscription)
 
 
 __all__ = [

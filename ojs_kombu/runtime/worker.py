@@ -50,6 +50,7 @@ A job that waits (I/O, sleep) or runs longer sends the next jobs to the handler 
 connection to a stand-in thread, which serves it (heartbeats, cancels, acks, new
 deliveries, to the handler threads) until the job returns
 (:mod:`~ojs_kombu.runtime.handover`).  ``inline=False`` runs every job on a handler thread.
+That choice and the handler threads are the worker's :class:`~ojs_kombu.runtime.dispatch.Dispatch`.
 
 ``async def`` handlers run as tasks of one event loop on a thread of the worker's own
 (:mod:`~ojs_kombu.runtime.coroutines`), at most ``concurrency`` at once (the prefetch):
@@ -88,11 +89,9 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import queue as queue_module
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
 from types import FrameType
@@ -123,7 +122,7 @@ from ojs_kombu.runtime.control import (
     record_cancelled,
 )
 from ojs_kombu.runtime.coroutines import CoroutineRunner
-from ojs_kombu.runtime.handover import Handover
+from ojs_kombu.runtime.dispatch import Dispatch
 from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler, failure_error
@@ -135,14 +134,6 @@ logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-#: A job run on the consumer thread is short if it waited (wall-clock time beyond its thread's
-#: CPU time) less than this many seconds and did not outlast the hand-over's patience.
-INLINE_MAX_WAIT = 0.001
-
-#: Seconds the jobs go to the handler threads after a job that was not short; then one runs
-#: on the consumer thread again, to look, once no handler thread runs a job.
-POOL_SPELL = 0.1
 
 #: What ``signal.signal`` takes and returns.
 _SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -331,16 +322,11 @@ class Worker:
         self._async_types: set[str] = set()  # job types whose handler is an ``async def``
         self._runner: CoroutineRunner | None = None  # their event loop, made for the first one
         self._runner_lock = threading.Lock()
-        self._work: queue_module.SimpleQueue[Delivery | None] = queue_module.SimpleQueue()  # cheaper hand-off
-        self.inline = inline
-        self._ready: deque[Delivery] = deque()  # delivered in this pass of the loop, not started
-        self._inline_off_until = 0.0  # monotonic: until then, jobs go to the handler threads
-        self._long_jobs = 0  # jobs in a row that were not short, run on the consumer thread
+        self._inline = inline
         self._draining = threading.Event()
         self._in_flight = 0
         self._unsettled = 0  # received and not yet settled (acked, republished, handed back ...)
         self._in_flight_lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
         self._consumer_thread: threading.Thread | None = None
         # Lifecycle: _shutdown wakes run(); _stopping / _stopped bracket stop().
         self._lifecycle = threading.Lock()
@@ -380,7 +366,8 @@ class Worker:
             transport_options=self._transport_options,
             on_pass=self._run_ready,
         )
-        self._handover = Handover(self.consumer, self._to_pool)
+        #: Where each delivered job runs: the consumer thread or a handler thread.
+        self.dispatch = Dispatch(self.consumer, self._handle, lambda: self._in_flight, inline=self._inline)
         self._slots = threading.Semaphore(self.concurrency)  # jobs running at once, on any thread
         self.settler = Settler(
             self.consumer,
@@ -483,6 +470,15 @@ class Worker:
         return self._paused.queues & frozenset(self.queues)
 
     @property
+    def inline(self) -> bool:
+        """Whether short jobs run on the consumer thread (see :mod:`~ojs_kombu.runtime.dispatch`)."""
+        return self.dispatch.inline
+
+    @inline.setter
+    def inline(self, value: bool) -> None:
+        self._inline = self.dispatch.inline = value
+
+    @property
     def error(self) -> WorkerError | None:
         """Why the worker stopped on its own (its consumer ended unasked), else ``None``."""
         return self._error
@@ -502,7 +498,7 @@ class Worker:
             if self.metrics_port is not None:
                 self.metrics_server = serve_metrics(self.metrics_port, self.metrics_host)
             self._add_handler_threads()
-            self._handover.start()
+            self.dispatch.handover.start()
             self._consumer_thread = threading.Thread(target=self._run_consumer, name="ojs-consumer", daemon=True)
             self._consumer_thread.start()
             self._beacon = Beacon(
@@ -579,14 +575,12 @@ class Worker:
             logger.warning(
                 "%d job(s) still running after %.1fs; the broker will redeliver them", self._in_flight, grace
             )
-        for _ in self._threads:
-            self._work.put(None)
+        self.dispatch.release_threads()
         self.consumer.stop()  # a stand-in serving for a job outliving the grace period closes the connection
-        if not self._handover.lent:  # else the consumer thread runs that job: it ends when the job returns
+        if not self.dispatch.handover.lent:  # else the consumer thread runs that job: it ends when it returns
             consumer_thread.join(timeout=max(5.0, deadline - time.monotonic()))
-        self._handover.stop()
-        for thread in self._threads:
-            thread.join(timeout=0.5)
+        self.dispatch.handover.stop()
+        self.dispatch.join_threads(timeout=0.5)
         if self._runner is not None:  # coroutines still running past the grace period: left to the broker
             self._runner.stop()
         self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
@@ -677,60 +671,10 @@ class Worker:
     def _receive(self, delivery: Delivery) -> None:
         with self._in_flight_lock:
             self._unsettled += 1
-        self._ready.append(delivery)  # run or handed out after the pass (_run_ready)
+        self.dispatch.receive(delivery)  # run or handed out after the pass (_run_ready)
 
     def _run_ready(self) -> None:
-        """After each pass of the consumer loop, in the consumer thread: run the pass's
-        deliveries here while jobs are short, else hand them to the handler threads."""
-        ready = self._ready
-        while ready:
-            if not self.inline or (self._inline_off_until and not self._may_look()):
-                self._to_pool()
-                return
-            try:
-                delivery = ready.popleft()
-            except IndexError:  # stop() handed it back meanwhile
-                return
-            self._run_inline(delivery)
-
-    def _run_inline(self, delivery: Delivery) -> None:
-        """Run ``delivery``'s job in the consumer thread, the connection lent to the stand-in meanwhile."""
-        handover = self._handover
-        started, cpu = time.monotonic(), time.thread_time()
-        handover.lend()
-        try:
-            self._handle(delivery)
-        finally:
-            handover.reclaim()
-        took = time.monotonic() - started
-        if took <= handover.patience and took - (time.thread_time() - cpu) <= INLINE_MAX_WAIT:
-            self._long_jobs = 0
-        else:
-            # Two in a row: one alone may have waited for the CPU (another process, the GIL).
-            self._long_jobs += 1
-            if self._long_jobs >= 2 or took > handover.patience:
-                self._inline_off_until = started + took + POOL_SPELL
-                self._long_jobs = 0
-
-    def _may_look(self) -> bool:
-        """After the spell of a job that was not short: whether a job may run here again, to look.
-
-        Only with no job running on a handler thread: a job here would wait for the GIL
-        meanwhile, and look like one that waits.
-        """
-        if time.monotonic() < self._inline_off_until or self._in_flight:
-            return False
-        self._inline_off_until = 0.0
-        return True
-
-    def _to_pool(self) -> None:
-        """Hand every delivery not started yet to the handler threads (the stand-in's pass, too)."""
-        ready = self._ready
-        while ready:
-            try:
-                self._work.put(ready.popleft())
-            except IndexError:
-                return
+        self.dispatch.run_ready()  # the consumer's on_pass: the dispatch is made after the consumer
 
     def _settled(self) -> None:
         with self._in_flight_lock:
@@ -743,15 +687,7 @@ class Worker:
         jobs run on the worker's event loop, the thread only starts those handed to it.
         """
         handlers = self._handlers
-        wanted = 1 if handlers and self._async_types.issuperset(handlers) else self.concurrency
-        while len(self._threads) < wanted:
-            thread = threading.Thread(target=self._work_loop, name=f"ojs-handler-{len(self._threads)}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def _work_loop(self) -> None:
-        while (delivery := self._work.get()) is not None:
-            self._handle(delivery)
+        self.dispatch.add_threads(1 if handlers and self._async_types.issuperset(handlers) else self.concurrency)
 
     def _handle(self, delivery: Delivery) -> None:
         """Run ``delivery``'s job and settle it (or hand it back unstarted when draining), in one
@@ -785,15 +721,7 @@ class Worker:
 
     def _hand_back_waiting(self) -> None:
         """At shutdown: hand back every delivery no thread has started yet."""
-        self._to_pool()  # the consumer thread's unstarted ones join the handler threads' queue, drained here
-        while True:
-            try:
-                delivery = self._work.get_nowait()
-            except queue_module.Empty:
-                return
-            if delivery is None:  # a concurrent stop()'s sentinel: leave it for its thread
-                self._work.put(None)
-                return
+        for delivery in self.dispatch.unstarted():
             try:
                 self._hand_back(delivery)
             finally:

@@ -11,18 +11,25 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import amqp
-from amqp import spec
-from amqp.exceptions import ConsumerCancelled, MessageNacked, RecoverableConnectionError
+from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import pyamqp
 
 from ojs_kombu.amqp.delivery import RawDelivery
+from ojs_kombu.amqp.outbox import defer_ack
+from ojs_kombu.amqp.passthrough import (
+    consumer_cancelled,
+    decode_deliveries,
+    publish_plain,
+    publishes_through_basic_publish,
+    send_nack,
+    without_confirm_wrapper,
+)
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
 from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.job import Job
@@ -30,6 +37,8 @@ from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.runtime.subscriptions import Subscription, Subscriptions
+from ojs_kombu.runtime.window import QueueCounters
 from ojs_kombu.transport.message import DecodedMessage
 from ojs_kombu.transport.queues import ExchangeDeclaration
 from ojs_kombu.transport.settlement import ChannelSettlement, delivery_from, delivery_of, is_envelope
@@ -63,21 +72,54 @@ class _Unsettled:
     failure: Failure | None = None  # what the framework said failed, for a reject (note_failure)
 
 
-@dataclass
-class _JobConsumer:
-    """A consumer of a job queue: what it takes to consume it again after a pause."""
+@dataclass(eq=False, kw_only=True)
+class _JobConsumer(Subscription):
+    """A consumer of a job queue: what it takes to consume it again after a pause.
 
-    ojs_queue: str
-    amqp_queue: str
+    Its ``tag`` is the framework's consumer tag: it stays valid across a pause and resume.
+    """
+
     deliver: Callable[[amqp.Message], Any]
     on_cancel: Callable[[str], Any]
+    no_local: bool
     no_ack: bool
+    exclusive: bool
+    nowait: bool
     arguments: dict[str, Any] | None
+    argsig: str
     framework_queue: str
     callback: Callable[[Any], Any]
-    paused: bool = False
 
 
+class _Subscriber:
+    """A channel's job queue consumers as a :class:`~ojs_kombu.runtime.subscriptions.Subscriber`."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+
+    def consume(self, consumer: _JobConsumer) -> str:
+        """``Basic.Consume`` ``ojs.queue.{q}`` with the framework's tag, callback and arguments."""
+        tag: str = pyamqp.Channel.basic_consume(
+            self._channel,
+            consumer.amqp_queue,
+            consumer.tag,
+            consumer.no_local,
+            consumer.no_ack,
+            consumer.exclusive,
+            consumer.nowait,
+            callback=consumer.deliver,
+            arguments=consumer.arguments,
+            on_cancel=consumer.on_cancel,
+            argsig=consumer.argsig,
+        )
+        return tag
+
+    def cancel(self, consumer: _JobConsumer) -> None:
+        """``Basic.Cancel`` the consumer (a pause: the framework's tag stays valid)."""
+        pyamqp.Channel.basic_cancel(self._channel, consumer.tag)
+
+
+@publishes_through_basic_publish  # py-amqp's confirm wrapper publishes through basic_publish too
 class Channel(pyamqp.Channel):
     """A py-amqp channel speaking the OJS binding for job queues (see :mod:`ojs_kombu.transport`)."""
 
@@ -85,13 +127,14 @@ class Channel(pyamqp.Channel):
         super().__init__(connection, *args, **kwargs)
         # py-amqp swaps in its one-at-a-time confirm wrapper per instance; our
         # basic_publish decides per message instead.
-        self.__dict__.pop("basic_publish", None)
-        self._job_consumers: dict[str, _JobConsumer] = {}  # consumer tag -> its job queue consumer
+        without_confirm_wrapper(self)
+        #: The job queue consumers (pause, resume, broker cancel), by the framework's tags.
+        self.subscriptions: Subscriptions[_JobConsumer] = Subscriptions(_Subscriber(self))
         self._unsettled: dict[int, _Unsettled] = {}
         # The type of an exchange declared since the last queue declaration or binding: kombu's
         # Queue.declare() declares its exchange right before its queue (see queue_declare).
         self._exchange_type: str | None = None
-        self._metrics: dict[tuple[Any, str], Any] = {}
+        self._metric = QueueCounters()
         state = self.ojs
         self.settler = Settler(
             ChannelSettlement(self),
@@ -142,13 +185,6 @@ class Channel(pyamqp.Channel):
             and not _OJS_NAME_RE.match(queue)
             and queue not in self.ojs.settings.passthrough_queues
         )
-
-    def _metric(self, family: Any, queue: str) -> Any:
-        """``family.labels(queue)``, cached: labels() costs more than the increment."""
-        child = self._metrics.get((family, queue))
-        if child is None:
-            child = self._metrics[(family, queue)] = family.labels(queue)
-        return child
 
     # -- declarations --------------------------------------------------------------------------
 
@@ -325,32 +361,12 @@ class Channel(pyamqp.Channel):
             state.ensure_queue(target)
         elif exchange in state.queues.deferred_exchanges:
             self._declare_deferred(exchange)
-        confirm = self.connection.confirm_publish
-        if confirm and not self._confirm_selected:  # type: ignore[has-type]  # py-amqp's attribute
-            self._confirm_selected = True
-            self.confirm_select()
-        result = amqp.Channel._basic_publish(
-            self, msg, exchange, routing_key, mandatory, immediate, timeout, argsig=argsig
-        )
-        if confirm:
-            self._wait_for_confirm(confirm_timeout or timeout)
-        return result
-
-    #: py-amqp's confirm wrapper calls ``_basic_publish``: every publish takes the OJS path.
-    _basic_publish = basic_publish
+        # Pass-through traffic: py-amqp's publish, confirmed one at a time when confirm_publish.
+        return publish_plain(self, msg, exchange, routing_key, mandatory, immediate, timeout, confirm_timeout, argsig)
 
     def basic_publish_confirm(self, *args: Any, **kwargs: Any) -> Any:
         """Same as :meth:`basic_publish` (which confirms pass-through traffic when ``confirm_publish``)."""
         return self.basic_publish(*args, **kwargs)
-
-    def _wait_for_confirm(self, timeout: float | None) -> None:
-        """py-amqp's confirm mode for pass-through traffic: one publish at a time, Nack raises."""
-
-        def on_confirm(method: Any, *args: Any) -> None:
-            if method == spec.Basic.Nack:
-                raise MessageNacked()
-
-        self.wait([spec.Basic.Ack, spec.Basic.Nack], callback=on_confirm, timeout=timeout)
 
     # -- consuming -----------------------------------------------------------------------------
 
@@ -386,50 +402,34 @@ class Channel(pyamqp.Channel):
         def deliver(raw: amqp.Message, q: str = queue, cb: Callable[[Any], Any] = callback) -> Any:
             return self._deliver(raw, q, cb)
 
-        def cancelled(tag: str, q: str = amqp_name) -> None:
-            self._on_broker_cancel(q, tag)
-
+        paused = state.control.paused
+        if not consumer_tag and ojs_queue in paused:
+            consumer_tag = f"ojs-paused-{uuid.uuid4().hex}"  # paused: remembered, consumed on resume
         consumer = _JobConsumer(
-            ojs_queue, amqp_name, deliver, on_cancel or cancelled, no_ack, arguments, queue, callback
+            amqp_name,
+            ojs_queue,
+            tag=consumer_tag,
+            deliver=deliver,
+            on_cancel=on_cancel or self._on_broker_cancel,
+            no_local=no_local,
+            no_ack=no_ack,
+            exclusive=exclusive,
+            nowait=nowait,
+            arguments=arguments,
+            argsig=argsig,
+            framework_queue=queue,
+            callback=callback,
         )
-        if ojs_queue in state.control.paused:
-            # Paused: remembered, consumed on resume (see apply_pauses).
-            tag = consumer_tag or f"ojs-paused-{uuid.uuid4().hex}"
-            consumer.paused = True
-            logger.info("queue %s is paused: not consuming it until it is resumed", ojs_queue)
-        else:
-            tag = super().basic_consume(
-                amqp_name,
-                consumer_tag,
-                no_local,
-                no_ack,
-                exclusive,
-                nowait,
-                callback=deliver,
-                arguments=arguments,
-                on_cancel=consumer.on_cancel,
-                argsig=argsig,
-            )
-        self._job_consumers[tag] = consumer
-        self._read_deliveries_directly()
-        return tag
-
-    def _read_deliveries_directly(self) -> None:
-        """Have the connection's frame reader decode this channel's deliveries (:meth:`_on_raw_delivery`).
-
-        One channel per connection can: the first that consumes a job queue, or the next one
-        once it has closed (a Celery worker consumes its tasks on one channel).
-        """
-        reader = self.connection.frame_reader
-        if reader is None:
-            return  # TLS: py-amqp reads every frame
-        current = self.connection.channels.get(reader.deliveries_channel)
-        if current is None or current is self or not getattr(current, "is_open", False):
-            reader.decode_deliveries(self.channel_id, self._on_raw_delivery)
+        self.subscriptions.add(consumer, paused)
+        # One channel per connection has the frame reader decode its deliveries (_on_raw_delivery):
+        # the first that consumes a job queue, or the next one once it has closed (a Celery worker
+        # consumes its tasks on one channel).
+        decode_deliveries(self, self.connection.frame_reader, self._on_raw_delivery)
+        return consumer.tag
 
     def basic_cancel(self, consumer_tag: str, nowait: bool = False, argsig: str = "sb") -> Any:
         """``Basic.Cancel``; a job queue consumer that is paused has nothing to cancel at the broker."""
-        consumer = self._job_consumers.pop(consumer_tag, None)
+        consumer = self.subscriptions.remove(consumer_tag)
         if consumer is not None and consumer.paused:
             return None
         return super().basic_cancel(consumer_tag, nowait, argsig)
@@ -445,23 +445,8 @@ class Channel(pyamqp.Channel):
         Parameters:
             paused: the OJS queues paused now.
         """
-        for tag, consumer in list(self._job_consumers.items()):
-            pause = consumer.ojs_queue in paused
-            if pause == consumer.paused or not self.is_open:
-                continue
-            if pause:
-                super().basic_cancel(tag)
-            else:
-                super().basic_consume(
-                    consumer.amqp_queue,
-                    tag,
-                    no_ack=consumer.no_ack,
-                    callback=consumer.deliver,
-                    arguments=consumer.arguments,
-                    on_cancel=consumer.on_cancel,
-                )
-            consumer.paused = pause
-            logger.info("queue %s %s by a control message", consumer.ojs_queue, "paused" if pause else "resumed")
+        if self.is_open:
+            self.subscriptions.apply(paused)
 
     def basic_get(self, queue: str = "", no_ack: bool = False, argsig: str = "Bsb") -> Any:
         """``Basic.Get`` from ``ojs.queue.{q}`` for a job queue, converted like a delivery."""
@@ -495,13 +480,10 @@ class Channel(pyamqp.Channel):
         unsettled = self._unsettled.get(delivery_tag)
         return None if unsettled is None else unsettled.job
 
-    def _on_broker_cancel(self, amqp_queue: str, consumer_tag: str) -> None:
-        METRICS.consumer_cancellations.labels(amqp_queue).inc()
-        logger.warning(
-            "the broker cancelled the consumer of %s (Basic.Cancel); the consumer restarts and re-consumes", amqp_queue
-        )
-        self._job_consumers.pop(consumer_tag, None)
-        raise ConsumerCancelled(consumer_tag, spec.Basic.Cancel)
+    def _on_broker_cancel(self, consumer_tag: str) -> None:
+        self.subscriptions.broker_cancelled(consumer_tag, None, "the consumer restarts and re-consumes")
+        self.subscriptions.remove(consumer_tag)
+        raise consumer_cancelled(consumer_tag)
 
     def _deliver(self, raw: amqp.Message, queue: str, callback: Callable[[Any], Any]) -> Any:
         """Convert a delivery from job queue ``queue`` and pass it on, or settle it here (the Settler)."""
@@ -517,9 +499,9 @@ class Channel(pyamqp.Channel):
         py-amqp message in between (and its body stays bytes); anything else is left to
         py-amqp (False), which reads it as it reads every other frame.
         """
-        consumer = self._job_consumers.get(raw.consumer_tag)
+        consumer = self.subscriptions.by_tag.get(raw.consumer_tag)
         properties = raw.properties
-        if consumer is None or consumer.paused or not self.is_open or not is_envelope(properties):
+        if consumer is None or not self.is_open or not is_envelope(properties):
             return False
         delivery_info = {  # what py-amqp's Channel._on_basic_deliver makes of Basic.Deliver
             "consumer_tag": raw.consumer_tag,
@@ -589,10 +571,7 @@ class Channel(pyamqp.Channel):
     def basic_ack(self, delivery_tag: int, multiple: bool = False, argsig: str = "Lb") -> Any:
         """``Basic.Ack``; a job delivery is forgotten and counted."""
         self._forget(delivery_tag, multiple, METRICS.messages_acked)
-        connection = self.connection
-        batch = getattr(connection, "settle_batch", None)
-        if batch is not None and not multiple and threading.get_ident() == connection.loop_thread:
-            batch.defer_settle(self.channel_id, spec.Basic.Ack, delivery_tag)
+        if not multiple and defer_ack(self, delivery_tag):  # kombu's event loop writes it before it polls
             return None
         return super().basic_ack(delivery_tag, multiple, argsig)
 
@@ -622,7 +601,7 @@ class Channel(pyamqp.Channel):
         if not requeue and not multiple and self._dead_letter_noted(delivery_tag):
             return
         self._forget(delivery_tag, multiple, METRICS.messages_nacked)
-        self.send_method(spec.Basic.Nack, "Lbb", (delivery_tag, multiple, requeue))
+        send_nack(self, delivery_tag, multiple, requeue)
 
     def note_failure(self, delivery_tag: int, failure: Failure) -> None:
         """What failed in the job of ``delivery_tag``: a reject that follows dead-letters it with
@@ -669,7 +648,7 @@ class Channel(pyamqp.Channel):
     def collect(self) -> None:
         """Tear down this channel (py-amqp), dropping the per-delivery state."""
         self._unsettled.clear()
-        self._job_consumers.clear()
+        self.subscriptions.clear()
         super().collect()
 
 

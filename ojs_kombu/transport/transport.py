@@ -11,8 +11,8 @@ from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import TRANSPORT_ALIASES, pyamqp
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, transport_tls_options
-from ojs_kombu.amqp.framing import FrameReader, WriteBatch
-from ojs_kombu.amqp.framing import supports as framing_supports
+from ojs_kombu.amqp.framing import FrameReader, attach_reader
+from ojs_kombu.amqp.outbox import outbox
 from ojs_kombu.amqp.urls import split_urls
 from ojs_kombu.transport.channel import Channel
 from ojs_kombu.transport.queues import QueueMap, queue_map
@@ -38,10 +38,6 @@ class Connection(pyamqp.Connection):
         self.ojs = ConnectionState(self, ojs_settings, ojs_queues)
         #: Buffered frame reading (plain TCP), attached by the transport once connected.
         self.frame_reader: FrameReader | None = None
-        #: The acks and nacks of the event loop's thread, written once per tick (see
-        #: :meth:`Transport.register_with_event_loop`); None outside kombu's event loop.
-        self.settle_batch: WriteBatch | None = None
-        self.loop_thread = 0
 
 
 class _LoopWaker:
@@ -132,9 +128,7 @@ class Transport(pyamqp.Transport):
         conn = self.Connection(ojs_settings=self.settings, ojs_queues=self.queue_map, **opts)
         conn.client = self.client
         conn.connect()
-        if framing_supports(conn):
-            make_reader: Any = FrameReader  # amqp.framing is not annotated for mypy yet
-            conn.frame_reader = make_reader(conn)
+        conn.frame_reader = attach_reader(conn)
         return conn
 
     def register_with_event_loop(self, connection: _OjsConnection, loop: Any) -> None:
@@ -148,8 +142,10 @@ class Transport(pyamqp.Transport):
         """
         super().register_with_event_loop(connection, loop)  # type: ignore[no-untyped-call]
         reader = connection.frame_reader
-        batch = connection.settle_batch = connection.settle_batch or WriteBatch(connection)
-        connection.loop_thread = threading.get_ident()
+        # The acks this thread makes are kept in the connection's outbox and written once per
+        # tick, right before the loop polls (see Channel.basic_ack).
+        batch = outbox(connection)
+        batch.defer_from(threading.get_ident())
 
         waker = _LoopWaker(loop)
 
@@ -189,8 +185,7 @@ class Transport(pyamqp.Transport):
             # follows: from now on acks are written at once, and what is held goes now.
             loop.on_close.discard(closing)
             waker.close()
-            if connection.settle_batch is batch:
-                connection.settle_batch = None
+            batch.defer_from(None)
             if connection.connected:
                 try:
                     batch.flush()

@@ -72,8 +72,8 @@ def test_the_acks_of_one_pass_go_in_one_write_without_waking_the_loop(amqp_url, 
     try:
         wait_until(lambda: len(deliveries) == COUNT, message="five deliveries")
         wakes: list[int] = []
-        wake = consumer._wake
-        consumer._wake = lambda: (wakes.append(1), wake())[1]  # type: ignore[method-assign]
+        wake = consumer.wakeup.wake
+        consumer.wakeup.wake = lambda: (wakes.append(1), wake())[1]  # type: ignore[method-assign]
         for delivery in deliveries[:COUNT]:
             consumer.ack(delivery)
         assert wakes == []  # the busy loop is not woken through the pipe
@@ -84,7 +84,7 @@ def test_the_acks_of_one_pass_go_in_one_write_without_waking_the_loop(amqp_url, 
         assert sorted(ack_frames(with_acks[0])) == sorted(d.delivery_tag for d in deliveries[:COUNT])
         # One more delivery (the window has room again); the loop then waits in select() and
         # only the pipe can wake it for the ack (heartbeat=0: nothing else arrives for 1 s).
-        wait_until(lambda: len(deliveries) == COUNT + 1 and consumer._idle, message="the loop waiting")
+        wait_until(lambda: len(deliveries) == COUNT + 1 and consumer.wakeup.idle, message="the loop waiting")
         consumer.ack(deliveries[-1])
         assert wakes == [1]
         wait_until(lambda: sum(len(ack_frames(w)) for w in writes) == COUNT + 1, timeout=0.9, message="ack written")

@@ -306,7 +306,7 @@ def test_broker_cancel_then_connection_loss_leaves_one_consumer(amqp_url, client
         assert worker.wait_until_ready(15)
         # Exact state instead of waiting for it to fall due: the reconnect dropped the pending
         # re-consume, so nothing can add a second consumer later.
-        assert worker.consumer._recancelled == {}
+        assert not worker.consumer.subscriptions.retrying
         with raw_channel(amqp_url) as channel:
             assert channel.queue_declare(names.job_queue("default"), passive=True).method.consumer_count == 1
 

@@ -16,6 +16,7 @@ from support import ojs_url, wait_until
 
 import ojs_celery  # noqa: F401  registers the Celery codec: the jobs below reach kombu as Celery task messages
 from ojs_kombu.amqp.delivery import RawDelivery
+from ojs_kombu.amqp.outbox import outbox
 from ojs_kombu.model.job import Job
 from ojs_kombu.transport.channel import _JobConsumer
 
@@ -93,8 +94,7 @@ def test_acks_of_one_loop_pass_leave_in_one_write_each_its_own_frame(amqp_url, p
     client.enqueue_many([Job.create("t.ack", [i], queue=queue_name) for i in range(count)])
     conn, hub, channel, queue = _job_loop(amqp_url, prefix, queue_name, prefetch=count)
     writes: list[bytes] = []
-    batch = conn.connection.settle_batch
-    assert batch is not None  # the event loop's acks are batched
+    batch = outbox(conn.connection)  # the event loop's acks are batched in the connection's outbox
     write = batch._write
     batch._write = lambda data: (writes.append(bytes(data)), write(data))[1]
     received: list[int] = []
@@ -199,9 +199,23 @@ def test_the_frame_reader_and_py_amqp_convert_a_job_delivery_alike(amqp_url, pre
             "routing_key": raw.delivery_info["routing_key"],
         }
         got: list = []
-        channel._job_consumers["ctag"] = _JobConsumer(
-            queue_name, amqp_queue, got.append, lambda tag: None, True, None, queue_name, got.append
+        consumer = _JobConsumer(
+            amqp_queue,
+            queue_name,
+            tag="ctag",
+            deliver=got.append,
+            on_cancel=lambda tag: None,
+            no_local=False,
+            no_ack=True,
+            exclusive=False,
+            nowait=False,
+            arguments=None,
+            argsig="BssbbbbF",
+            framework_queue=queue_name,
+            callback=got.append,
+            consuming=True,
         )
+        channel.subscriptions.by_tag["ctag"] = consumer  # as if consumed with that tag
         assert channel._on_raw_delivery(delivery) is True
         channel._unsettled.clear()
         channel._deliver(raw, queue_name, got.append)
@@ -221,8 +235,7 @@ def test_acks_the_closing_event_loop_runs_are_written_before_it_returns(amqp_url
     client.enqueue_many([Job.create("t.close", [i], queue=queue_name) for i in range(3)])
     conn, hub, channel, queue = _job_loop(amqp_url, prefix, queue_name, prefetch=3)
     writes: list[bytes] = []
-    batch = conn.connection.settle_batch
-    assert batch is not None
+    batch = outbox(conn.connection)
     write = batch._write
     batch._write = lambda data: (writes.append(bytes(data)), write(data))[1]
     received: list[int] = []

@@ -488,13 +488,13 @@ def test_amqp_028_only_the_consumer_thread_touches_the_channel(client, worker_fa
     """inline=False: every job runs on a handler thread; every ack is written by the consumer thread."""
     worker = worker_factory(concurrency=8, inline=False)
     threads = set()
-    original = worker.consumer._ack
+    original = worker.consumer.settling.ack
 
     def recording_ack(delivery):
         threads.add(threading.current_thread().name)
         original(delivery)
 
-    monkeypatch.setattr(worker.consumer, "_ack", recording_ack)
+    monkeypatch.setattr(worker.consumer.settling, "ack", recording_ack)
     done = Recorder()
     handler_threads = set()
 
@@ -547,7 +547,7 @@ def test_amqp_028_one_thread_at_a_time_uses_the_connection_when_jobs_run_inline(
         return wrapper
 
     monkeypatch.setattr(worker.consumer, "_pass", exclusive(worker.consumer._pass))
-    monkeypatch.setattr(worker.consumer, "_ack", exclusive(worker.consumer._ack))
+    monkeypatch.setattr(worker.consumer.settling, "ack", exclusive(worker.consumer.settling.ack))
     done = Recorder()
     job_threads: set[str] = set()
 
@@ -567,4 +567,4 @@ def test_amqp_028_one_thread_at_a_time_uses_the_connection_when_jobs_run_inline(
     assert most[0] == 1  # never two threads in the loop's passes or acks at once
     assert "ojs-consumer" in job_threads  # the first job ran inline
     assert users <= {"ojs-consumer", "ojs-stand-in"} and "ojs-stand-in" in users
-    assert worker._handover.takeovers >= 1
+    assert worker.dispatch.handover.takeovers >= 1

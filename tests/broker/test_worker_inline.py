@@ -57,7 +57,7 @@ def test_jobs_that_wait_for_each_other_run_at_once(client, worker_factory):
     wait_until(lambda: running.done == 3, timeout=20, message="the three jobs to meet")
     assert running.most == 3
     assert "ojs-consumer" in running.threads  # the first one ran inline
-    assert worker._handover.takeovers >= 1
+    assert worker.dispatch.handover.takeovers >= 1
 
 
 def test_jobs_delivered_while_the_stand_in_serves_go_to_the_handler_threads(client, worker_factory):
@@ -66,7 +66,7 @@ def test_jobs_delivered_while_the_stand_in_serves_go_to_the_handler_threads(clie
     worker = worker_factory(concurrency=3)
     running = started_meeting(worker)
     client.enqueue("meet.all", [0])
-    wait_until(lambda: worker._handover.serving, message="the stand-in to serve for the first job")
+    wait_until(lambda: worker.dispatch.handover.serving, message="the stand-in to serve for the first job")
     assert running.threads == {"ojs-consumer"}
     for i in (1, 2):
         client.enqueue("meet.all", [i])
@@ -119,4 +119,4 @@ def test_inline_false_runs_every_job_on_a_handler_thread(client, worker_factory)
     worker = worker_factory(concurrency=4, inline=False)
     running = run_quick_jobs(client, worker, 50)
     assert running.threads and all(name.startswith("ojs-handler") for name in running.threads)
-    assert worker._handover.takeovers == 0
+    assert worker.dispatch.handover.takeovers == 0

@@ -127,7 +127,7 @@ def test_a_job_outliving_the_grace_period_never_writes_to_a_reused_descriptor(cl
         assert worker.wait_until_ready()
         client.enqueue("slow.job", [])
         assert started.wait(15)
-        wake_fd = worker.consumer._wake_w  # the write end of the consumer's wake-up pipe
+        wake_fd = worker.consumer.wakeup.write_fd  # the write end of the consumer's wake-up pipe
         worker.stop()  # the job still runs after the 0.2 s grace period; the pipe is closed
         # Give the freed descriptor number to a file of our own, as any later open() in the
         # process would get it.
@@ -135,7 +135,7 @@ def test_a_job_outliving_the_grace_period_never_writes_to_a_reused_descriptor(cl
             assert len(held) < 1000, "the wake-up descriptor number was not reused"
             held.append(os.open(tmp_path / f"file{len(held)}", os.O_WRONLY | os.O_CREAT))
         release.set()  # the late handler returns and acks
-        wait_until(lambda: not any(t.is_alive() for t in worker._threads), message="the handler thread to end")
+        wait_until(lambda: not any(t.is_alive() for t in worker.dispatch.threads), message="the handler thread to end")
         assert os.fstat(wake_fd).st_size == 0  # no wake-up byte went into our file
     finally:
         release.set()
@@ -163,7 +163,7 @@ def test_an_inline_job_outliving_the_grace_period_is_left_to_the_broker(client, 
         client.enqueue("slow.job", [])
         assert started.wait(15)
         assert ran_on == ["ojs-consumer"]  # the first job runs inline
-        wait_until(lambda: worker._handover.serving, message="the stand-in to serve the connection")
+        wait_until(lambda: worker.dispatch.handover.serving, message="the stand-in to serve the connection")
         begun = time.monotonic()
         worker.stop()
         assert time.monotonic() - begun < 3.0  # not held up by the job

@@ -18,7 +18,10 @@ from amqp.method_framing import frame_handler, frame_writer
 from amqp.serialization import dumps
 from amqp.transport import TCPTransport
 
-from ojs_kombu.amqp.framing import FrameReader, WriteBatch
+from ojs_kombu.amqp.framing import FrameReader
+from ojs_kombu.amqp.outbox import outbox
+from ojs_kombu.amqp.publish_buffer import PublishBuffer, method_frame
+from ojs_kombu.wire.codec import OutgoingMessage
 
 
 class Sink:
@@ -223,7 +226,7 @@ def test_reentrant_read_from_a_handler(harness):
     assert harness.methods == want
 
 
-# -- WriteBatch ---------------------------------------------------------------------------------
+# -- Outbox -------------------------------------------------------------------------------------
 
 
 class CountingSink(Sink):
@@ -244,11 +247,21 @@ def ack_frame(tag: int):
 
 def batched_connection(frame_max=4096):
     sink = CountingSink()
-    connection = SimpleNamespace(frame_max=frame_max, bytes_sent=0, transport=sink, frame_writer_cls=frame_writer)
-    return connection, sink, WriteBatch(connection)
+    reads = []
+    connection = SimpleNamespace(
+        frame_max=frame_max,
+        bytes_sent=0,
+        transport=sink,
+        frame_writer_cls=frame_writer,
+        blocking_read=lambda timeout=None: reads.append(sink.writes),  # how many writes came before the read
+    )
+    connection.reads = reads
+    box = outbox(connection)
+    assert outbox(connection) is box  # one per connection
+    return connection, sink, box
 
 
-def test_write_batch_holds_frames_until_flush_and_sends_them_in_one_write():
+def test_outbox_holds_frames_until_flush_and_sends_them_in_one_write():
     connection, sink, batch = batched_connection()
     frames = [ack_frame(tag) for tag in (1, 2, 3)]
     batch.hold()
@@ -261,7 +274,7 @@ def test_write_batch_holds_frames_until_flush_and_sends_them_in_one_write():
     assert connection.bytes_sent == 3  # counted for heartbeats as before
 
 
-def test_write_batch_writes_through_when_not_holding():
+def test_outbox_writes_through_when_not_holding():
     connection, sink, batch = batched_connection()
     connection.frame_writer(1, *ack_frame(1)[:3], None)
     assert sink.writes == 1
@@ -274,7 +287,7 @@ def test_write_batch_writes_through_when_not_holding():
     assert bytes(sink.data) == encode([ack_frame(1), ack_frame(2)])
 
 
-def test_write_batch_copies_py_amqps_reused_buffer():
+def test_outbox_copies_py_amqps_reused_buffer():
     # py-amqp hands each frame over as a view of one buffer it reuses: a held frame must be a copy.
     connection, sink, batch = batched_connection()
     frames = [ack_frame(7), deliver(8, b"body")]
@@ -286,7 +299,7 @@ def test_write_batch_copies_py_amqps_reused_buffer():
 
 
 @pytest.mark.parametrize("tag", [1, 255, 2**32 + 7, 2**64 - 1])
-def test_write_batch_settle_writes_py_amqps_ack_and_nack_frames(tag):
+def test_outbox_settle_writes_py_amqps_ack_and_nack_frames(tag):
     connection, sink, batch = batched_connection()
     batch.hold()
     batch.settle(5, spec.Basic.Ack, tag)
@@ -306,7 +319,7 @@ def test_write_batch_settle_writes_py_amqps_ack_and_nack_frames(tag):
     assert sink.writes == 2
 
 
-def test_write_batch_deferred_settles_wait_for_a_flush_or_go_first_with_the_next_frame():
+def test_outbox_deferred_settles_wait_for_a_flush_or_go_first_with_the_next_frame():
     connection, sink, batch = batched_connection()
     batch.defer_settle(5, spec.Basic.Ack, 1)
     batch.defer_settle(5, spec.Basic.Ack, 2)
@@ -325,3 +338,39 @@ def test_write_batch_deferred_settles_wait_for_a_flush_or_go_first_with_the_next
             ack_frame(4),
         ]
     )
+
+
+def test_outbox_keeps_acks_and_publishes_in_the_order_they_were_made():
+    connection, sink, box = batched_connection()
+    args = dumps("Bssbb", (0, "", "q", True, False))
+    message = OutgoingMessage(b"{}", {"message_id": "m"}, {})
+    buffer = PublishBuffer(connection, channel_id=2)
+    box.defer_settle(5, spec.Basic.Ack, 1)
+    buffer.add(method_frame(2, args), message)
+    box.defer_settle(5, spec.Basic.Ack, 2)
+    assert sink.writes == 0 and len(buffer) > 0
+    connection.frame_writer(1, *ack_frame(3)[:3], None)  # py-amqp's own frame: after all of them, one write
+    assert sink.writes == 1 and len(buffer) == 0
+    publish = PublishBuffer(
+        SimpleNamespace(
+            frame_max=4096, bytes_sent=0, transport=Sink(), frame_writer_cls=frame_writer, blocking_read=None
+        ),
+        2,
+    )
+    publish.add(method_frame(2, args), message)
+    expected_publish = b"".join(publish._frames)
+    acks = encode([(5, spec.Basic.Ack, dumps("Lb", (1, False)), None)])
+    assert bytes(sink.data) == acks + expected_publish + encode(
+        [(5, spec.Basic.Ack, dumps("Lb", (2, False)), None), ack_frame(3)]
+    )
+
+
+def test_outbox_sends_what_it_keeps_before_any_blocking_read():
+    connection, sink, box = batched_connection()
+    box.hold()
+    box.settle(5, spec.Basic.Ack, 1)
+    connection.frame_writer(1, *ack_frame(2)[:3], None)  # e.g. a synchronous method's request: held too
+    assert sink.writes == 0
+    connection.blocking_read(1.0)  # its reply: read only after what is kept was sent
+    assert connection.reads == [1]
+    assert bytes(sink.data) == encode([(5, spec.Basic.Ack, dumps("Lb", (1, False)), None), ack_frame(2)])

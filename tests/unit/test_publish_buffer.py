@@ -24,9 +24,13 @@ class Wire:
         self.bytes_recv = 0
         self.writes: list[bytes] = []
         self.transport = self
+        self.frame_writer_cls = frame_writer  # the outbox builds py-amqp's writer over itself
 
     def write(self, data: bytes | memoryview) -> None:
         self.writes.append(bytes(data))
+
+    def blocking_read(self, timeout: float | None = None) -> None:
+        raise AssertionError("nothing reads")
 
 
 def py_amqp_bytes(messages: list[OutgoingMessage], channel: int, args: bytes, frame_max: int) -> bytes:
