@@ -243,6 +243,7 @@ class CompletedLog:
         self.ssl = ssl
         self.transport_options = transport_options
         self.connection_name = connection_name
+        self.started = 0.0  # monotonic time of start()
         self.ready = threading.Event()
         """Set once caught up with every stream (after each (re)connection's replay)."""
         self.replayed = 0  # ids read during the last catch-up
@@ -278,6 +279,7 @@ class CompletedLog:
             Whether it caught up in time (it goes on trying in the background either way).
         """
         if self._thread is None:
+            self.started = time.monotonic()
             self._thread = threading.Thread(target=self._run, name="ojs-completed-ids", daemon=True)
             self._thread.start()
         return self.ready.wait(self.replay_timeout if timeout is None else timeout)

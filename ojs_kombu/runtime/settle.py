@@ -4,7 +4,8 @@
 adapter's consumer) do with a delivery besides ``Basic.Ack``:
 
 * :meth:`Settler.triage` decodes a delivery and settles the ones that must not
-  run: undecodable (to the DLQ with the reason in the headers), redelivered
+  run: undecodable (to the DLQ with the reason in the headers), completed already
+  (``deduplicate=True``: acked, not run, counted), redelivered
   (a worker died running it: a failed attempt, ``worker_lost``), cancelled
   (acked, not run: state ``cancelled``), expired
   (acked, not run) and early (back into the scheduling cascade);
@@ -52,6 +53,7 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
+from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure, replay_count
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
 from ojs_kombu.runtime.consumer import Delivery
@@ -179,6 +181,10 @@ class Settler:
         discard_expired: whether :meth:`triage` acks an expired job without
             running it (the ``ojs://`` transport leaves that to the framework,
             which records the task as revoked).
+        completed: tells whether a job id completed already (``Worker(deduplicate=True)``,
+            :class:`~ojs_kombu.runtime.completed.CompletedLog`): :meth:`triage` acks such a
+            delivery without running it (counted in :attr:`deduplicated`), whatever else holds
+            (redelivered, scheduled ...).  ``None``: no de-duplication.
         cancelled: tells whether a job id was cancelled (``Client.cancel``):
             :meth:`triage` acks such a job without running it, whatever else
             holds (redelivered, scheduled ...).  ``None``: no cancels known.
@@ -196,6 +202,7 @@ class Settler:
         early_tolerance_ms: int = 0,
         discard_expired: bool = True,
         cancelled: Callable[[str], bool] | None = None,
+        completed: Callable[[str], bool] | None = None,
         lifecycle: Lifecycle | None = None,
     ):
         self.consumer = consumer
@@ -206,6 +213,8 @@ class Settler:
         self.early_tolerance_ms = early_tolerance_ms
         self.discard_expired = discard_expired
         self.cancelled = cancelled
+        self.completed = completed
+        self.deduplicated = 0  # deliveries acked without running: their job had completed
         self.lifecycle = lifecycle
 
     def _emit(self, event: JobEventName, job: Job, attempt: int, failure: Failure | None = None) -> None:
@@ -227,6 +236,17 @@ class Settler:
             record_cancelled(job, "pending", attempt)
             self.consumer.ack(delivery)
             self._emit("cancelled", job, attempt)
+            return None
+        if self.completed is not None and self.completed(job.id):
+            self.deduplicated += 1
+            METRICS.deduplicated(job.queue)
+            logger.info(
+                "job %s completed already; acknowledged without running it (a duplicate delivery%s)",
+                job.id,
+                ", redelivered" if delivery.redelivered else "",
+                extra=job_log_extra(job, attempt),
+            )
+            self.consumer.ack(delivery)
             return None
         if delivery.redelivered:
             logger.warning(

@@ -112,6 +112,7 @@ from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.activity import worker_lifecycle
+from ojs_kombu.runtime.completed import CompletedLog
 from ojs_kombu.runtime.consumer import Consumer, Delivery
 from ojs_kombu.runtime.control import (
     Cancellations,
@@ -126,6 +127,7 @@ from ojs_kombu.runtime.dispatch import Dispatch
 from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler, failure_error
+from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions, QueueType
 from ojs_kombu.wire.events import EventsOptions
@@ -254,6 +256,11 @@ class Worker:
         metrics_host: the interface the metrics endpoint binds (default loopback only).
         inline: run short jobs on the consumer thread (see the module's "Threads"); ``False``
             hands every job to a handler thread.
+        deduplicate: execution de-duplication (DESIGN §19, ``docs/reliability.md``): record the
+            id of every completed job in the stream ``ojs.stream.completed.{q}`` (confirmed,
+            then the ack) and ack without running a delivery whose job id completed already,
+            here or in another worker of the queue (:class:`~ojs_kombu.runtime.completed.CompletedLog`).
+        completed_options: bounds of what ``deduplicate`` remembers (age, size, ids in memory).
 
     Raises:
         ValidationError: a queue name, the concurrency, ``dead_letter_mode`` or ``metrics_port`` is invalid.
@@ -284,6 +291,8 @@ class Worker:
         metrics_port: int | None = None,
         metrics_host: str = DEFAULT_METRICS_HOST,
         inline: bool = True,
+        deduplicate: bool = False,
+        completed_options: CompletedOptions | None = None,
     ):
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
@@ -336,6 +345,10 @@ class Worker:
         self._run_active = False
         self._error: WorkerError | None = None
         self._handler_exit: BaseException | None = None
+        self.deduplicate = deduplicate
+        self.completed_options = completed_options or CompletedOptions()
+        self.completed_log: CompletedLog | None = None
+        """The completed job ids (``deduplicate=True``)."""
         self._build_consumer()
 
     def _init_activity(self) -> None:
@@ -344,6 +357,8 @@ class Worker:
         self.worker_id = self.lifecycle.worker_id
 
     def _build_consumer(self) -> None:
+        if self.deduplicate:
+            self._build_completed_log()
         self.consumer = Consumer(
             self.url,
             {self.names.job_queue(q): q for q in self.queues},
@@ -376,8 +391,29 @@ class Worker:
             self.cascade,
             dead_letter_mode=self.dead_letter_mode,
             cancelled=self.cancellations.is_cancelled,
+            completed=self.completed_log.is_completed if self.completed_log is not None else None,
             lifecycle=self.lifecycle,
         )
+
+    def _build_completed_log(self) -> None:
+        if self.completed_log is not None:
+            self.completed_log.stop()  # configure(): never started, its pipe closed
+        self.completed_log = CompletedLog(
+            self.url,
+            self.queues,
+            names=self.names,
+            topology=self.topology,
+            options=self.completed_options,
+            heartbeat=self._heartbeat,
+            ssl=self._ssl,
+            transport_options=self._transport_options,
+            connection_name=f"{self._consumer_name()} completed",
+        )
+
+    @property
+    def deduplicated(self) -> int:
+        """Deliveries acked without running because their job had completed already (``deduplicate=True``)."""
+        return self.settler.deduplicated
 
     def _consumer_name(self) -> str:
         return self._connection_name or f"ojs_kombu worker {','.join(self.queues)}"
@@ -497,6 +533,8 @@ class Worker:
                 raise OjsError("the worker is already started")
             if self.metrics_port is not None:
                 self.metrics_server = serve_metrics(self.metrics_port, self.metrics_host)
+            if self.completed_log is not None:
+                self.completed_log.start(timeout=0)  # the consumer thread waits for its catch-up
             self._add_handler_threads()
             self.dispatch.handover.start()
             self._consumer_thread = threading.Thread(target=self._run_consumer, name="ojs-consumer", daemon=True)
@@ -575,6 +613,9 @@ class Worker:
             logger.warning(
                 "%d job(s) still running after %.1fs; the broker will redeliver them", self._in_flight, grace
             )
+        if self.completed_log is not None:
+            # Its confirms ack the last completed jobs: before the consumer stops.
+            self.completed_log.stop(timeout=max(1.0, deadline - time.monotonic()))
         self.dispatch.release_threads()
         self.consumer.stop()  # a stand-in serving for a job outliving the grace period closes the connection
         if not self.dispatch.handover.lent:  # else the consumer thread runs that job: it ends when it returns
@@ -648,6 +689,7 @@ class Worker:
     def _run_consumer(self) -> None:
         cause: BaseException | None = None
         try:
+            self._wait_for_completed_ids()
             self.consumer.run()
         except BaseException as exc:  # noqa: BLE001 - reported by run() / error, never lost
             cause = exc
@@ -661,6 +703,22 @@ class Worker:
             elif cause is not None:
                 logger.error("the consumer failed while stopping: %r", cause, exc_info=cause)
             self._shutdown.set()
+
+    def _wait_for_completed_ids(self) -> None:
+        """Before the first job queue is consumed: wait until the completed ids are replayed."""
+        log = self.completed_log
+        if log is None:
+            return
+        while not log.ready.wait(1.0):
+            if self._stopping.is_set():
+                return
+            if time.monotonic() - log.started > log.replay_timeout:
+                logger.warning(
+                    "the completed job ids were not replayed within %.0fs; consuming without them meanwhile "
+                    "(a duplicate delivery of a job completed before may run again)",
+                    log.replay_timeout,
+                )
+                return
 
     def _declare(self, connection: Connection) -> None:
         for queue in self.queues:
@@ -831,6 +889,10 @@ class Worker:
         if exc is None:
             if self.cancellations.is_cancelled(job.id):
                 self._cancelled(delivery, job, attempt)
+            elif self.completed_log is not None:
+                # Recorded (confirmed), then acked: see ojs_kombu.runtime.completed for the crash windows.
+                self.completed_log.record(job.id, delivery.queue, partial(self._recorded, delivery))
+                self.lifecycle.emit("succeeded", job, attempt)
             else:
                 self.consumer.ack(delivery)
                 self.lifecycle.emit("succeeded", job, attempt)
@@ -855,6 +917,10 @@ class Worker:
                 extra=extra,
             )
             self._exit_requested(exc)
+
+    def _recorded(self, delivery: Delivery, ok: bool) -> None:
+        """A completed job's record is confirmed (or given up): ack its delivery (in the log's thread)."""
+        self.consumer.ack(delivery)
 
     def _failed(self, job: Job, attempt: int, failure: Failure) -> None:
         """Emit ``failed`` for a handler's failure (the Settler then emits ``retried`` / ``dead-lettered``)."""

@@ -1,0 +1,152 @@
+"""The broker-kill drill: duplicate executions and lost jobs when RabbitMQ is SIGKILLed mid-stream.
+
+    python benchmarks/broker_kill.py [--total 4000] [--kill-at 0.4] [--deduplicate] [--queue-type quorum]
+
+A private RabbitMQ node of its own (never the session's broker).  A ``Client`` enqueues
+``--total`` jobs one after the other (each confirmed; a publish that is not confirmed is
+published again with the same id until it is), a quarter of them scheduled 0-3 s ahead; a
+``Worker`` (``--concurrency`` 8, ``deduplicate=--deduplicate``) runs them and counts how often
+each id ran.  When ``--kill-at`` of the jobs are confirmed, the node's Erlang VM is SIGKILLed
+and started again (same data).  Once every confirmed job has run and nothing has run for
+``--quiet`` seconds, it prints: confirmed, lost (confirmed and never run), duplicate executions
+(runs beyond the first) as a share of the confirmed jobs, and, with ``--deduplicate``, how many
+deliveries were acked without running.  ``--json`` prints one JSON line instead.
+
+DESIGN §19 / issue 30: without de-duplication our first drill counted 719 of 4,000 (18 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+
+from ojs_kombu import Client, Job, OjsError, Worker, current_job
+from ojs_kombu.testing.broker import PrivateNode
+from ojs_kombu.wire.entities import QueueOptions
+
+QUEUE = "drill"
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--total", type=int, default=4000)
+    parser.add_argument(
+        "--kill-at", type=float, default=0.4, help="share of the jobs confirmed when the node is killed"
+    )
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--deduplicate", action="store_true", help="Worker(deduplicate=True)")
+    parser.add_argument("--queue-type", choices=["classic", "quorum"], default=None)
+    parser.add_argument("--work-ms", type=float, default=1.0, help="each job's run time")
+    parser.add_argument("--quiet", type=float, default=10.0, help="seconds without a run that end the drill")
+    parser.add_argument("--rabbitmq", default=None, help="the release of the private node (default 4.3)")
+    parser.add_argument("--json", action="store_true")
+    return parser.parse_args()
+
+
+def drill(args: argparse.Namespace) -> dict[str, object]:
+    """Run the drill; return what it measured."""
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+    confirmed: set[str] = set()
+    prefix = f"drill{uuid.uuid4().hex[:6]}"
+    with tempfile.TemporaryDirectory(prefix="ojs-drill-") as base, PrivateNode(base, rabbitmq=args.rabbitmq) as node:
+        options = {"deduplicate": True} if args.deduplicate else {}
+        worker = Worker(
+            node.url,
+            queues=[QUEUE],
+            prefix=prefix,
+            concurrency=args.concurrency,
+            grace_period=5,
+            queue_options=QueueOptions(queue_type=args.queue_type) if args.queue_type else None,
+            **options,  # type: ignore[arg-type]
+        )
+
+        @worker.handler("drill.job")
+        def run(_: int) -> None:
+            with lock:
+                runs[current_job().id] += 1
+            time.sleep(args.work_ms / 1000)
+
+        worker.start()
+        assert worker.wait_until_ready(60), "the worker did not start"
+        killed = threading.Event()
+        rng = random.Random(7)
+        with Client(node.url, prefix=prefix, connect_retries=10, publish_timeout=None, confirm_timeout=15) as client:
+            client.declare_queue(QUEUE)
+            kill_after = int(args.total * args.kill_at)
+
+            def kill() -> None:
+                node.kill()
+                node.start()
+                killed.set()
+
+            started = time.monotonic()
+            for i in range(args.total):
+                scheduled = timedelta(seconds=rng.uniform(0, 3)) if i % 4 == 0 else None
+                job = Job.create("drill.job", [i], queue=QUEUE, scheduled_at=scheduled)
+                while True:
+                    try:
+                        client.enqueue_job(job)
+                    except OjsError:  # not confirmed: the same job again
+                        time.sleep(0.2)
+                        continue
+                    confirmed.add(job.id)
+                    break
+                if len(confirmed) == kill_after:
+                    threading.Thread(target=kill, name="drill-kill", daemon=True).start()
+            killed.wait(180)
+            deadline = time.monotonic() + 300
+            last, last_change = -1, time.monotonic()
+            while time.monotonic() < deadline:
+                with lock:
+                    total_runs = sum(runs.values())
+                    done = confirmed <= runs.keys()
+                if total_runs != last:
+                    last, last_change = total_runs, time.monotonic()
+                elif done and time.monotonic() - last_change >= args.quiet:
+                    break
+                time.sleep(0.2)
+            elapsed = time.monotonic() - started
+        deduplicated = getattr(worker, "deduplicated", None)
+        worker.stop(timeout=10)
+    with lock:
+        duplicates = sum(count - 1 for count in runs.values())
+        lost = len(confirmed - runs.keys())
+        twice = sum(1 for count in runs.values() if count > 1)
+    return {
+        "deduplicate": args.deduplicate,
+        "queue_type": args.queue_type or "default",
+        "total": args.total,
+        "confirmed": len(confirmed),
+        "lost": lost,
+        "duplicate_executions": duplicates,
+        "jobs_run_more_than_once": twice,
+        "duplicates_pct": round(100 * duplicates / max(1, len(confirmed)), 2),
+        "deduplicated": deduplicated,
+        "seconds": round(elapsed, 1),
+    }
+
+
+def main() -> None:
+    args = _args()
+    result = drill(args)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(
+        f"deduplicate={result['deduplicate']} queue={result['queue_type']}: {result['confirmed']} confirmed, "
+        f"{result['lost']} lost, {result['duplicate_executions']} duplicate executions "
+        f"({result['duplicates_pct']} % of confirmed; {result['jobs_run_more_than_once']} jobs ran more than once), "
+        f"deduplicated deliveries: {result['deduplicated']}, {result['seconds']} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
