@@ -37,8 +37,14 @@ QUEUE = "drill"
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--total", type=int, default=4000)
+    parser.add_argument("--kill-at", type=float, default=0.4, help="share of the jobs when the node is killed")
     parser.add_argument(
-        "--kill-at", type=float, default=0.4, help="share of the jobs confirmed when the node is killed"
+        "--kill-when",
+        choices=["ran", "confirmed"],
+        default="ran",
+        help="ran: every job is enqueued first and the node is killed once --kill-at of them ran (a backlog); "
+        "confirmed: jobs are enqueued one by one while the worker runs them, the node killed once --kill-at "
+        "are confirmed",
     )
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--deduplicate", action="store_true", help="Worker(deduplicate=True)")
@@ -55,6 +61,7 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
     runs: Counter[str] = Counter()
     lock = threading.Lock()
     confirmed: set[str] = set()
+    scheduled_ids: set[str] = set()
     prefix = f"drill{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory(prefix="ojs-drill-") as base, PrivateNode(base, rabbitmq=args.rabbitmq) as node:
         options = {"deduplicate": True} if args.deduplicate else {}
@@ -68,8 +75,12 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
             **options,  # type: ignore[arg-type]
         )
 
+        paused = threading.Event()
+
         @worker.handler("drill.job")
         def run(_: int) -> None:
+            while paused.is_set():
+                time.sleep(0.01)
             with lock:
                 runs[current_job().id] += 1
             time.sleep(args.work_ms / 1000)
@@ -87,10 +98,7 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
                 node.start()
                 killed.set()
 
-            started = time.monotonic()
-            for i in range(args.total):
-                scheduled = timedelta(seconds=rng.uniform(0, 3)) if i % 4 == 0 else None
-                job = Job.create("drill.job", [i], queue=QUEUE, scheduled_at=scheduled)
+            def enqueue(job: Job) -> None:
                 while True:
                     try:
                         client.enqueue_job(job)
@@ -98,19 +106,42 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
                         time.sleep(0.2)
                         continue
                     confirmed.add(job.id)
-                    break
-                if len(confirmed) == kill_after:
-                    threading.Thread(target=kill, name="drill-kill", daemon=True).start()
+                    return
+
+            jobs = []
+            for i in range(args.total):
+                scheduled = timedelta(seconds=rng.uniform(0, 3)) if i % 4 == 0 else None
+                jobs.append(Job.create("drill.job", [i], queue=QUEUE, scheduled_at=scheduled))
+                if scheduled is not None:
+                    scheduled_ids.add(jobs[-1].id)
+            started = time.monotonic()
+            if args.kill_when == "ran":
+                paused.set()  # the backlog first: the worker's handlers wait
+                for result in client.enqueue_many(jobs):
+                    assert result.ok, result
+                confirmed.update(job.id for job in jobs)
+                paused.clear()
+                while True:
+                    with lock:
+                        if sum(runs.values()) >= kill_after:
+                            break
+                    time.sleep(0.001)
+                kill()
+            else:
+                for job in jobs:
+                    enqueue(job)
+                    if len(confirmed) == kill_after:
+                        threading.Thread(target=kill, name="drill-kill", daemon=True).start()
             killed.wait(180)
-            deadline = time.monotonic() + 300
             last, last_change = -1, time.monotonic()
-            while time.monotonic() < deadline:
+            while True:
                 with lock:
                     total_runs = sum(runs.values())
                     done = confirmed <= runs.keys()
+                quiet = time.monotonic() - last_change
                 if total_runs != last:
                     last, last_change = total_runs, time.monotonic()
-                elif done and time.monotonic() - last_change >= args.quiet:
+                elif (done and quiet >= args.quiet) or quiet >= 60:  # all ran, or nothing more will
                     break
                 time.sleep(0.2)
             elapsed = time.monotonic() - started
@@ -118,14 +149,17 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
         worker.stop(timeout=10)
     with lock:
         duplicates = sum(count - 1 for count in runs.values())
-        lost = len(confirmed - runs.keys())
+        lost_ids = confirmed - runs.keys()
+        lost = len(lost_ids)
         twice = sum(1 for count in runs.values() if count > 1)
     return {
         "deduplicate": args.deduplicate,
         "queue_type": args.queue_type or "default",
+        "kill_when": args.kill_when,
         "total": args.total,
         "confirmed": len(confirmed),
         "lost": lost,
+        "lost_scheduled": len(lost_ids & scheduled_ids),
         "duplicate_executions": duplicates,
         "jobs_run_more_than_once": twice,
         "duplicates_pct": round(100 * duplicates / max(1, len(confirmed)), 2),
@@ -141,8 +175,9 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(
-        f"deduplicate={result['deduplicate']} queue={result['queue_type']}: {result['confirmed']} confirmed, "
-        f"{result['lost']} lost, {result['duplicate_executions']} duplicate executions "
+        f"deduplicate={result['deduplicate']} queue={result['queue_type']} kill_when={result['kill_when']}: "
+        f"{result['confirmed']} confirmed, {result['lost']} lost ({result['lost_scheduled']} of them scheduled), "
+        f"{result['duplicate_executions']} duplicate executions "
         f"({result['duplicates_pct']} % of confirmed; {result['jobs_run_more_than_once']} jobs ran more than once), "
         f"deduplicated deliveries: {result['deduplicated']}, {result['seconds']} s"
     )

@@ -61,11 +61,13 @@ from ojs_kombu.model.naming import job_type_for
 from ojs_kombu.model.policies import RetryPolicy
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, ladder_ms
 from ojs_kombu.runtime.activity import worker_lifecycle
+from ojs_kombu.runtime.completed import CompletedLog
 from ojs_kombu.runtime.consumer import Consumer as AmqpConsumer
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.entities import QueueOptions
 
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
@@ -132,6 +134,10 @@ class OjsBroker(dramatiq.Broker):
       events: also publish the job lifecycle events to the events stream (``Client.events``);
         the worker presence (``Client.workers``) is always published, every ``presence_interval`` s.
       presence_interval: seconds between two presences of a booted worker.
+      deduplicate: execution de-duplication, as ``Worker(deduplicate=True)`` (``docs/reliability.md``):
+        each consumer records the id of every message it acks in ``ojs.stream.completed.{q}``
+        (confirmed, then the ack) and acks without running a delivery whose id completed already.
+      completed_options: bounds of what ``deduplicate`` remembers (:class:`ojs_kombu.CompletedOptions`).
       **options: ``RabbitmqBroker``'s pika keyword arguments ``host``, ``port``,
         ``virtual_host``, ``credentials`` (``pika.PlainCredentials``) and ``heartbeat``, instead
         of ``url`` (translated into an AMQP URL by :func:`ojs_dramatiq.parameters.url_for_parameters`;
@@ -195,8 +201,12 @@ class OjsBroker(dramatiq.Broker):
         cancel_running: CancelRunning = "interrupt",
         events: bool = False,
         presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
+        deduplicate: bool = False,
+        completed_options: CompletedOptions | None = None,
         **options: Any,
     ):
+        self.deduplicate = deduplicate
+        self.completed_options = completed_options
         self._running: OjsRunning | None = None
         super().__init__(middleware=middleware)
         self.cancellations = Cancellations(cancel_running)
@@ -708,6 +718,23 @@ class _OjsConsumer(Consumer):
             ssl=broker.ssl,
             transport_options=broker.transport_options,
         )
+        self.completed: CompletedLog | None = None
+        if broker.deduplicate:
+            self.completed = CompletedLog(
+                broker.client.url,
+                [ojs_queue],
+                names=broker.names,
+                topology=topology,
+                options=broker.completed_options,
+                heartbeat=broker.heartbeat,
+                ssl=broker.ssl,
+                transport_options=broker.transport_options,
+                connection_name=f"ojs_dramatiq completed {queue_name}",
+            )
+            if not self.completed.start():
+                logger.warning(
+                    "the completed ids of %s were not replayed in time; consuming without them meanwhile", queue_name
+                )
         self.settler = Settler(
             self.consumer,
             broker.names,
@@ -715,6 +742,7 @@ class _OjsConsumer(Consumer):
             cascade,
             dead_letter_mode=broker.dead_letter_mode,
             cancelled=broker.cancellations.is_cancelled,
+            completed=self.completed.is_completed if self.completed is not None else None,
             lifecycle=broker.lifecycle,
         )
         self._thread = threading.Thread(target=self._run, name=f"ojs-dramatiq-{queue_name}", daemon=True)
@@ -801,7 +829,11 @@ class _OjsConsumer(Consumer):
             return
         origin = message.origin
         if origin._settled(message):
-            origin.consumer.ack(message.ojs_delivery)
+            if origin.completed is not None:  # recorded (confirmed), then acked
+                delivery = message.ojs_delivery
+                origin.completed.record(message.ojs_job.id, delivery.queue, lambda ok: origin.consumer.ack(delivery))
+            else:
+                origin.consumer.ack(message.ojs_delivery)
 
     def nack(self, message: MessageProxy) -> None:
         """Into ``ojs.queue.dlx.{q}`` (from any thread), as the broker's ``dead_letter_mode`` says."""
@@ -851,6 +883,8 @@ class _OjsConsumer(Consumer):
                 break
             self.settler.hand_back(delivery)
             self._settled()
+        if self.completed is not None:
+            self.completed.stop()  # its confirms ack the last messages: before the consumer stops
         self.consumer.stop()
         self._thread.join(timeout=30)
         self.consumer.close()
