@@ -146,6 +146,8 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
                 time.sleep(0.2)
             elapsed = time.monotonic() - started
         deduplicated = getattr(worker, "deduplicated", None)
+        # Where the jobs that never ran are: messages still held by the prefix's queues.
+        left = {q["name"]: q.get("messages") for q in node.management().queues(prefix) if q.get("messages")}
         worker.stop(timeout=10)
     with lock:
         duplicates = sum(count - 1 for count in runs.values())
@@ -164,6 +166,7 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
         "jobs_run_more_than_once": twice,
         "duplicates_pct": round(100 * duplicates / max(1, len(confirmed)), 2),
         "deduplicated": deduplicated,
+        "left_in_queues": left,
         "seconds": round(elapsed, 1),
     }
 
@@ -179,7 +182,8 @@ def main() -> None:
         f"{result['confirmed']} confirmed, {result['lost']} lost ({result['lost_scheduled']} of them scheduled), "
         f"{result['duplicate_executions']} duplicate executions "
         f"({result['duplicates_pct']} % of confirmed; {result['jobs_run_more_than_once']} jobs ran more than once), "
-        f"deduplicated deliveries: {result['deduplicated']}, {result['seconds']} s"
+        f"deduplicated deliveries: {result['deduplicated']}, {result['seconds']} s; "
+        f"messages left in queues: {result['left_in_queues']}"
     )
 
 

@@ -112,7 +112,7 @@ from ojs_kombu.observability.tracing import job_span
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.activity import worker_lifecycle
-from ojs_kombu.runtime.completed import CompletedLog
+from ojs_kombu.runtime.completed import CompletedLog, dedupe_prefetch
 from ojs_kombu.runtime.consumer import Consumer, Delivery
 from ojs_kombu.runtime.control import (
     Cancellations,
@@ -260,6 +260,9 @@ class Worker:
             id of every completed job in the stream ``ojs.stream.completed.{q}`` (confirmed,
             then the ack) and ack without running a delivery whose job id completed already,
             here or in another worker of the queue (:class:`~ojs_kombu.runtime.completed.CompletedLog`).
+            The prefetch count grows to :func:`~ojs_kombu.runtime.completed.dedupe_prefetch`
+            (``concurrency`` + 64): completed jobs stay unacked until their record is confirmed,
+            and must not hold back the next deliveries meanwhile.
         completed_options: bounds of what ``deduplicate`` remembers (age, size, ids in memory).
 
     Raises:
@@ -362,7 +365,7 @@ class Worker:
         self.consumer = Consumer(
             self.url,
             {self.names.job_queue(q): q for q in self.queues},
-            self.concurrency,
+            dedupe_prefetch(self.concurrency) if self.deduplicate else self.concurrency,
             self._receive,
             topology=self.topology,
             declare=self._declare,
