@@ -43,7 +43,7 @@ lint: setup
 VERSIONED_TESTS := tests/broker/test_dead_letters.py tests/broker/test_worker_conformance.py \
 	tests/broker/test_transport_settle.py tests/broker/test_quorum.py tests/broker/test_control.py \
 	tests/broker/test_pause.py tests/broker/test_info.py tests/broker/test_presence.py \
-	tests/broker/test_topology.py tests/broker/test_cron_leader.py tests/broker/test_unique_locks.py tests/celery tests/dramatiq tests/cluster
+	tests/broker/test_topology.py tests/broker/test_cron_leader.py tests/broker/test_unique_locks.py tests/broker/test_fan_in.py tests/broker/test_permits.py tests/celery tests/dramatiq tests/cluster
 PEER_SUITES := --ignore=tests/celery/test_celery_suite.py --ignore=tests/dramatiq/test_dramatiq_peer_suite.py
 
 test: lint docs

@@ -19,7 +19,9 @@ wherever it is (queued, delayed, waiting for a retry, or running: see
 ``broker.resume(queue_name)`` stop and restart its consumers in every worker.
 """
 
-from .broker import OjsBroker, OjsMessageProxy
+from .broker import OjsBroker
+from .consumer import OjsMessageProxy
+from .cron import cron, cron_job
 from .encoder import (
     OjsEncoder,
     job_id_for,
@@ -36,6 +38,8 @@ __all__ = [
     "OjsMessageProxy",
     "OjsRunning",
     "RunningMessage",
+    "cron",
+    "cron_job",
     "current_cancelled",
     "job_id_for",
     "job_to_message",

@@ -35,18 +35,17 @@ What changes against ``RabbitmqBroker`` (the actors do not):
 from __future__ import annotations
 
 import logging
-import queue as queue_module
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import dramatiq
 from amqp.channel import Channel
 from amqp.exceptions import NotFound
 from dramatiq.broker import Consumer, MessageProxy
-from dramatiq.errors import ConnectionClosed, QueueJoinTimeout
+from dramatiq.errors import QueueJoinTimeout
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware, Retries
 from kombu.connection import Connection
@@ -55,26 +54,23 @@ from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.urls import BrokerUrls
 from ojs_kombu.client import Client
-from ojs_kombu.errors import DecodeError, UnroutableError
+from ojs_kombu.errors import UnroutableError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for
 from ojs_kombu.model.policies import RetryPolicy
-from ojs_kombu.policy.retry import Decision, Failure, Outcome, ladder_ms
-from ojs_kombu.runtime.activity import worker_lifecycle
-from ojs_kombu.runtime.completed import CompletedLog
-from ojs_kombu.runtime.consumer import Consumer as AmqpConsumer
-from ojs_kombu.runtime.consumer import Delivery
-from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues, record_cancelled
-from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
-from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.policy.retry import ladder_ms
+from ojs_kombu.runtime.assembly import Assembly
+from ojs_kombu.runtime.control import CancelRunning
+from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
 from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.entities import QueueOptions
 
-from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for, updated_job
+from .consumer import OjsConsumer, OjsMessageProxy
+from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for
 from .errors import dramatiq_error, dramatiq_errors
 from .parameters import PIKA_KEYWORDS, refuse_untranslatable, url_for_parameters
 from .presence import OjsPresence
-from .running import OjsRunning, RunningMessage
+from .running import OjsRunning
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +131,9 @@ class OjsBroker(dramatiq.Broker):
         the worker presence (``Client.workers``) is always published, every ``presence_interval`` s.
       presence_interval: seconds between two presences of a booted worker.
       deduplicate: execution de-duplication, as ``Worker(deduplicate=True)`` (``docs/reliability.md``):
-        each consumer records the id of every message it acks in ``ojs.stream.completed.{q}``
-        (confirmed, then the ack) and acks without running a delivery whose id completed already.
+        each consumer records the id of every message whose actor succeeded in
+        ``ojs.stream.completed.{q}`` (confirmed, then the ack) and acks without running a
+        delivery whose job completed already.
       completed_options: bounds of what ``deduplicate`` remembers (:class:`ojs_kombu.CompletedOptions`).
       **options: ``RabbitmqBroker``'s pika keyword arguments ``host``, ``port``,
         ``virtual_host``, ``credentials`` (``pika.PlainCredentials``) and ``heartbeat``, instead
@@ -205,40 +202,16 @@ class OjsBroker(dramatiq.Broker):
         completed_options: CompletedOptions | None = None,
         **options: Any,
     ):
-        self.deduplicate = deduplicate
-        self.completed_options = completed_options
         self._running: OjsRunning | None = None
         super().__init__(middleware=middleware)
-        self.cancellations = Cancellations(cancel_running)
-        self.paused = PausedQueues()
-        self.lifecycle, self.activity = worker_lifecycle()
-        self.presence_interval = check_presence_interval(presence_interval)
-        self._presence = OjsPresence(self._beacon_for)
-        if events:
-            self.lifecycle.subscribe(self._presence.offer)
-        self.add_middleware(self._presence)
-        self._running = OjsRunning(self.cancellations, self.lifecycle, self.activity)
-        self.add_middleware(self._running)
         if max_priority is not None and not 0 < max_priority <= 255:
             raise ValueError("max_priority must be a value between 0 and 255")
-        if dead_letter_mode not in ("nack", "republish"):
-            raise ValueError("dead_letter_mode must be 'nack' or 'republish'")
         self.dead_letter_mode = dead_letter_mode
-        unknown = set(options) - CLIENT_OPTIONS - KOMBU_OPTIONS - PIKA_KEYWORDS
-        if unknown:
-            raise TypeError(f"OjsBroker() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
-        url, heartbeat = _connection(url, parameters, options)
-        kombu_options = {k: v for k, v in options.items() if k in KOMBU_OPTIONS}
-        if heartbeat is not None:
-            kombu_options["heartbeat"] = heartbeat
+        url, kombu_options, client_options = _split_options(url, parameters, options, max_priority)
         self.max_priority = max_priority
         self.heartbeat: float = kombu_options.get("heartbeat", DEFAULT_HEARTBEAT)
         self.ssl = kombu_options.get("ssl")
         self.transport_options = kombu_options.get("transport_options")
-        client_options = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
-        client_options.setdefault("pool_size", 64)  # one pooled connection per publishing worker thread
-        if max_priority is not None and "queue_options" not in client_options:
-            client_options["queue_options"] = QueueOptions(max_priority=max_priority)
         self.client = Client(
             url,
             prefix=prefix,
@@ -250,11 +223,36 @@ class OjsBroker(dramatiq.Broker):
         self.names = self.client.names
         self.topology = self.client.topology
         self.cascade = self.client.cascade
+        #: The parts of this broker's consumers (as an ``ojs_kombu.Worker``'s): control readers,
+        #: settlers, presence, and what they share.
+        self.assembly = Assembly(
+            self.client.url,
+            self.names,
+            self.topology,
+            self.cascade,
+            dead_letter_mode=dead_letter_mode,
+            cancel_running=cancel_running,
+            heartbeat=self.heartbeat,
+            ssl=self.ssl,
+            transport_options=self.transport_options,
+            presence_interval=presence_interval,
+            deduplicate=deduplicate,
+            completed_options=completed_options,
+        )
+        self.cancellations, self.paused = self.assembly.cancellations, self.assembly.paused
+        self.lifecycle, self.activity = self.assembly.lifecycle, self.assembly.activity
+        self.presence_interval = self.assembly.presence_interval
+        self._presence = OjsPresence(self._beacon_for)
+        if events:
+            self.lifecycle.subscribe(self._presence.offer)
+        self.add_middleware(self._presence)
+        self._running = OjsRunning(self.cancellations, self.lifecycle, self.activity)
+        self.add_middleware(self._running)
         #: The Dramatiq queue names declared so far (canonical names only: there are no delay queues).
         self.queues: set[str] = set()
         self._ojs_queues: dict[str, str] = {}
         self._actor_names: dict[str, str] = {}
-        self._consumers: dict[str, weakref.WeakSet[_OjsConsumer]] = {}
+        self._consumers: dict[str, weakref.WeakSet[OjsConsumer]] = {}
         self._admin: Connection | None = None
         self._admin_lock = threading.Lock()
         self._admin_failover = Failover(
@@ -424,20 +422,7 @@ class OjsBroker(dramatiq.Broker):
 
     def _retry(self, message: OjsMessageProxy, delay: int) -> Message[Any]:
         self.emit_before("enqueue", message, delay)
-        exception = message._exception
-        failure = (
-            Failure.from_exception(exception)
-            if exception is not None
-            else Failure("handler_error", "Retry", "retry requested")
-        )
-        try:
-            job = updated_job(message.ojs_job, message._message)
-        except Exception:
-            # Middleware put something JSON cannot carry into the options: without this the
-            # worker would ack a message that was never retried.
-            message.fail()
-            raise
-        message.origin.retry(message, job, failure, ladder_ms(delay))
+        message.origin.retry(message, ladder_ms(delay))
         self.emit_after("enqueue", message, delay)
         return message._message
 
@@ -493,7 +478,14 @@ class OjsBroker(dramatiq.Broker):
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> Consumer:
         """A consumer of ``queue_name`` on its own connection (``Basic.Qos(prefetch)``)."""
         self.declare_queue(queue_name)
-        consumer = _OjsConsumer(self, queue_name, prefetch, timeout)
+        consumer = OjsConsumer(
+            self.assembly,
+            queue_name,
+            self.ojs_queue(queue_name),
+            prefetch,
+            timeout,
+            lambda job: self._message_for(job, queue_name),
+        )
         self._consumers.setdefault(queue_name, weakref.WeakSet()).add(consumer)
         return consumer
 
@@ -515,10 +507,10 @@ class OjsBroker(dramatiq.Broker):
         def count(conn: Connection) -> tuple[int, int, int]:
             self.topology.ensure_scheduling(conn.connection, ojs_queue, self.cascade)
             channel = conn.default_channel
-            ready = self._count(channel, self.names.job_queue(ojs_queue))
-            delayed = sum(self._count(channel, q) for q in retry_queues)
-            delayed += sum(self._count(channel, self.cascade.queue(k)) for k in range(self.cascade.levels))
-            return ready, delayed, self._count(channel, self.names.dead_letter_queue(ojs_queue))
+            ready = _count(channel, self.names.job_queue(ojs_queue))
+            delayed = sum(_count(channel, q) for q in retry_queues)
+            delayed += sum(_count(channel, self.cascade.queue(k)) for k in range(self.cascade.levels))
+            return ready, delayed, _count(channel, self.names.dead_letter_queue(ojs_queue))
 
         return self._with_admin(count)
 
@@ -530,14 +522,14 @@ class OjsBroker(dramatiq.Broker):
             self.names.dead_letter_queue(ojs_queue),
             *self._retry_queues(ojs_queue),
         ]
-        self._with_admin(lambda conn: [self._purge(conn, q) for q in names])
+        self._with_admin(lambda conn: _purge(conn, names))
 
     def flush_all(self) -> None:
         """Drop every message of every declared queue, and every scheduled message of this prefix."""
         for queue_name in self.queues:
             self.flush(queue_name)
         levels = [self.cascade.queue(k) for k in range(self.cascade.levels)]
-        self._with_admin(lambda conn: [self._purge(conn, q) for q in levels])
+        self._with_admin(lambda conn: _purge(conn, levels))
 
     def join(
         self, queue_name: str, min_successes: int = 10, idle_time: int = 100, *, timeout: int | None = None
@@ -566,19 +558,10 @@ class OjsBroker(dramatiq.Broker):
     def _beacon_for(self, worker: Any) -> Beacon:
         """The presence beacon of a booted Dramatiq worker (:class:`~ojs_dramatiq.presence.OjsPresence`)."""
         queues = worker.consumer_whitelist or self.get_declared_queues()
-        return Beacon(
-            self.client.url,
-            self.names,
-            self.topology,
-            worker_id=self.lifecycle.worker_id,
-            queues=sorted({self.ojs_queue(q) for q in queues}),
-            concurrency=worker.worker_threads,
-            active=self.activity.active_jobs,
-            interval=self.presence_interval,
-            heartbeat=self.heartbeat,
-            ssl=self.ssl,
-            transport_options=self.transport_options,
-            connection_name=f"ojs_dramatiq worker {self.lifecycle.worker_id} events",
+        return self.assembly.beacon(
+            sorted({self.ojs_queue(q) for q in queues}),
+            worker.worker_threads,
+            connection_name=f"ojs_dramatiq worker {self.assembly.worker_id} events",
         )
 
     def in_flight(self, queue_name: str) -> int:
@@ -594,20 +577,6 @@ class OjsBroker(dramatiq.Broker):
     def _retry_queues(self, ojs_queue: str) -> list[str]:
         head = self.names.retry_queue(ojs_queue, 0)[:-1]
         return [q for q in self.topology.declared_queues() if q.startswith(head) and q[len(head) :].isdigit()]
-
-    @staticmethod
-    def _count(channel: Channel, queue: str) -> int:
-        return int(channel.queue_declare(queue, passive=True).message_count)
-
-    @staticmethod
-    def _purge(conn: Connection, queue: str) -> None:
-        channel = conn.connection.channel()
-        try:
-            channel.queue_purge(queue)
-        except NotFound:
-            pass  # never declared: nothing to purge
-        finally:
-            close_quietly(channel)  # closed by the broker after a 404
 
     def _with_admin(self, operation: Callable[[Connection], T]) -> T:
         """Run ``operation(conn)`` on the inspection connection, reconnecting (to the next node of a
@@ -637,6 +606,44 @@ class OjsBroker(dramatiq.Broker):
             self._admin = None
 
 
+def _count(channel: Channel, queue: str) -> int:
+    return int(channel.queue_declare(queue, passive=True).message_count)
+
+
+def _purge(conn: Connection, queues: Iterable[str]) -> None:
+    for queue in queues:
+        channel = conn.connection.channel()
+        try:
+            channel.queue_purge(queue)
+        except NotFound:
+            pass  # never declared: nothing to purge
+        finally:
+            close_quietly(channel)  # closed by the broker after a 404
+
+
+def _split_options(
+    url: BrokerUrls | None, parameters: Sequence[Any] | None, options: dict[str, Any], max_priority: int | None
+) -> tuple[BrokerUrls | None, dict[str, Any], dict[str, Any]]:
+    """``OjsBroker``'s keyword arguments: the URL (or what ``parameters`` / the pika keywords in
+    ``options`` give), the kombu connection options and the :class:`~ojs_kombu.client.Client`'s.
+
+    Raises:
+      TypeError: an unknown keyword argument (or one :func:`_connection` refuses).
+    """
+    unknown = set(options) - CLIENT_OPTIONS - KOMBU_OPTIONS - PIKA_KEYWORDS
+    if unknown:
+        raise TypeError(f"OjsBroker() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    url, heartbeat = _connection(url, parameters, options)
+    kombu_options = {k: v for k, v in options.items() if k in KOMBU_OPTIONS}
+    if heartbeat is not None:
+        kombu_options["heartbeat"] = heartbeat
+    client_options = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
+    client_options.setdefault("pool_size", 64)  # one pooled connection per publishing worker thread
+    if max_priority is not None and "queue_options" not in client_options:
+        client_options["queue_options"] = QueueOptions(max_priority=max_priority)
+    return url, kombu_options, client_options
+
+
 def _connection(
     url: BrokerUrls | None, parameters: Sequence[Any] | None, options: dict[str, Any]
 ) -> tuple[BrokerUrls | None, float | None]:
@@ -656,238 +663,6 @@ def _connection(
     if heartbeat is not None and translation.heartbeat not in (None, heartbeat):
         raise ValueError(f"heartbeat={heartbeat} differs from the parameters' heartbeat {translation.heartbeat}")
     return translation.url, translation.heartbeat
-
-
-class OjsMessageProxy(RunningMessage):
-    """A message delivered by :class:`OjsBroker`: the Dramatiq message, plus the OJS job
-    (``ojs_job``, ``attempt`` = executions before this one), the AMQP delivery and the
-    consumer that received it (``origin``), which settles it."""
-
-    def __init__(self, message: Message[Any], job: Job, delivery: Delivery, origin: _OjsConsumer):
-        super().__init__(message, job, delivery)
-        self.origin = origin
-        self.settled = False
-
-    def settle_cancelled(self, state: Literal["pending", "running"]) -> None:
-        """Ack the cancelled message (once), count it and emit ``cancelled``."""
-        self.origin.settle_cancelled(self.ojs_delivery, self.ojs_job, state, self)
-
-
-class _OjsConsumer(Consumer):
-    """Consumes one Dramatiq queue through an :class:`ojs_kombu.runtime.consumer.Consumer`.
-
-    The AMQP consumer loop runs in its own thread and hands deliveries over
-    through a queue; acks, nacks and republishes from Dramatiq's worker threads
-    are marshalled to that loop (the only user of its connection), which
-    reconnects, re-declares and re-consumes by itself (DESIGN §9).  On every
-    (re)connection it first replays the queue's control stream into the broker's
-    cancellations and paused queues.
-
-    Before it consumes it declares what consuming needs, not the scheduling cascade
-    (:meth:`Topology.ensure_consumable <ojs_kombu.amqp.topology.Topology.ensure_consumable>`):
-    whoever schedules a job (``delay=``, a retry, an early delivery) declares the cascade first.
-    """
-
-    def __init__(self, broker: OjsBroker, queue_name: str, prefetch: int, timeout: int):
-        self.broker = broker
-        self.queue_name = queue_name
-        self.timeout = timeout / 1000
-        ojs_queue = broker.ojs_queue(queue_name)
-        self._deliveries: queue_module.SimpleQueue[Delivery] = queue_module.SimpleQueue()
-        self._lock = threading.Lock()
-        self._unsettled = 0
-        self._error: BaseException | None = None
-        topology, cascade = broker.topology, broker.cascade
-        self.consumer = AmqpConsumer(
-            broker.client.url,
-            {broker.names.job_queue(ojs_queue): ojs_queue},
-            prefetch,
-            self._on_delivery,
-            topology=topology,
-            declare=lambda conn: topology.ensure_consumable(conn, ojs_queue, cascade),
-            control=ControlReader(
-                broker.names,
-                topology,
-                [ojs_queue],
-                broker.cancellations,
-                paused=broker.paused,
-                info=broker.activity.lookup,
-            ),
-            heartbeat=broker.heartbeat,
-            connection_name=f"ojs_dramatiq consumer {queue_name}",
-            ssl=broker.ssl,
-            transport_options=broker.transport_options,
-        )
-        self.completed: CompletedLog | None = None
-        if broker.deduplicate:
-            self.completed = CompletedLog(
-                broker.client.url,
-                [ojs_queue],
-                names=broker.names,
-                topology=topology,
-                options=broker.completed_options,
-                heartbeat=broker.heartbeat,
-                ssl=broker.ssl,
-                transport_options=broker.transport_options,
-                connection_name=f"ojs_dramatiq completed {queue_name}",
-            )
-            if not self.completed.start():
-                logger.warning(
-                    "the completed ids of %s were not replayed in time; consuming without them meanwhile", queue_name
-                )
-        self.settler = Settler(
-            self.consumer,
-            broker.names,
-            topology,
-            cascade,
-            dead_letter_mode=broker.dead_letter_mode,
-            cancelled=broker.cancellations.is_cancelled,
-            completed=self.completed.is_completed if self.completed is not None else None,
-            lifecycle=broker.lifecycle,
-        )
-        self._thread = threading.Thread(target=self._run, name=f"ojs-dramatiq-{queue_name}", daemon=True)
-        self._thread.start()
-
-    @property
-    def unsettled(self) -> int:
-        """Deliveries received and not yet acked, nacked or republished."""
-        return self._unsettled
-
-    def _run(self) -> None:
-        try:
-            self.consumer.run()
-        except BaseException as exc:  # noqa: BLE001 - reported to the ConsumerThread by __next__
-            logger.error("the consumer of %s stopped: %s", self.queue_name, exc)
-            self._error = exc
-
-    def _on_delivery(self, delivery: Delivery) -> None:
-        with self._lock:
-            self._unsettled += 1
-        self._deliveries.put(delivery)
-
-    def _settled(self, proxy: OjsMessageProxy | None = None) -> bool:
-        if proxy is not None:
-            if proxy.settled:
-                return False
-            proxy.settled = True
-        with self._lock:
-            self._unsettled -= 1
-        return True
-
-    def __next__(self) -> OjsMessageProxy | None:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                delivery = self._deliveries.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue_module.Empty:
-                if self._error is not None:
-                    raise dramatiq_error(ConnectionClosed, self._error) from self._error
-                return None
-            proxy = self._proxy(delivery)
-            if proxy is not None:
-                return proxy
-
-    def _proxy(self, delivery: Delivery) -> OjsMessageProxy | None:
-        if delivery.generation != self.consumer.generation:
-            self._settled()  # its channel is gone and the broker redelivers it: do not run it twice
-            return None
-        job = self.settler.triage(delivery)
-        if job is None:
-            self._settled()
-            return None
-        try:
-            message = self.broker._message_for(job, self.queue_name)
-        except DecodeError as exc:
-            self.settler.reject_invalid(delivery, exc.code, str(exc))
-            self._settled()
-            return None
-        if self.broker.cancellations.is_cancelled(message.message_id):  # by OjsBroker.cancel (triage knows job ids)
-            self.settle_cancelled(delivery, job, "pending")
-            return None
-        return OjsMessageProxy(message, job, delivery, self)
-
-    def settle_cancelled(
-        self, delivery: Delivery, job: Job, state: Literal["pending", "running"], proxy: OjsMessageProxy | None = None
-    ) -> None:
-        """A cancelled message: ``Basic.Ack`` (never retried, never dead-lettered), counted, logged, an event.
-
-        Parameters:
-          delivery: its delivery.
-          job: its job.
-          state: ``"pending"`` (it never ran) or ``"running"`` (its actor ran).
-          proxy: the message, once a worker thread has it (settled once only).
-        """
-        if self._settled(proxy):
-            record_cancelled(job, state, job.attempt + 1)
-            self.consumer.ack(delivery)
-            self.broker.lifecycle.emit("cancelled", job, job.attempt + 1)
-
-    def ack(self, message: MessageProxy) -> None:
-        """``Basic.Ack`` (from any thread), unless the message was already retried."""
-        if not isinstance(message, OjsMessageProxy):
-            logger.warning("ignoring an ack of %r: it was not consumed from an OjsBroker", message)
-            return
-        origin = message.origin
-        if origin._settled(message):
-            if origin.completed is not None:  # recorded (confirmed), then acked
-                delivery = message.ojs_delivery
-                origin.completed.record(message.ojs_job.id, delivery.queue, lambda ok: origin.consumer.ack(delivery))
-            else:
-                origin.consumer.ack(message.ojs_delivery)
-
-    def nack(self, message: MessageProxy) -> None:
-        """Into ``ojs.queue.dlx.{q}`` (from any thread), as the broker's ``dead_letter_mode`` says."""
-        if not isinstance(message, OjsMessageProxy):
-            logger.warning("ignoring a nack of %r: it was not consumed from an OjsBroker", message)
-            return
-        origin = message.origin
-        if not origin._settled(message):
-            return
-        exception = message._exception
-        failure = (
-            Failure.from_exception(exception)
-            if exception is not None
-            else Failure("handler_error", "MessageFailed", "the message failed")
-        )
-        job = updated_job(message.ojs_job, message._message)
-        origin.settler.fail(
-            message.ojs_delivery, job, job.attempt + 1, failure, Decision(Outcome.DEAD_LETTER, reason="failed")
-        )
-
-    def retry(self, message: OjsMessageProxy, job: Job, failure: Failure, delay_ms: int) -> None:
-        """Publish ``job`` to its retry queue (attempt+1, error headers), then ack the delivery."""
-        if self._settled(message):
-            self.settler.retry(message.ojs_delivery, job, job.attempt + 1, failure, delay_ms)
-
-    def requeue(self, messages: Iterable[MessageProxy]) -> None:
-        """Hand unstarted messages back unchanged (confirmed republish, then ack): no attempt is spent."""
-        for message in messages:
-            if not isinstance(message, OjsMessageProxy):
-                logger.warning("ignoring a requeue of %r: it was not consumed from an OjsBroker", message)
-                continue
-            origin = message.origin
-            if origin._settled(message):
-                origin.settler.hand_back(message.ojs_delivery)
-
-    def close(self) -> None:
-        """Stop consuming, hand back what was received but never started, settle, close."""
-        if self._thread.is_alive():
-            self.consumer.stop_consuming()
-            deadline = time.monotonic() + 5
-            while self.consumer.consuming and self._thread.is_alive() and time.monotonic() < deadline:
-                time.sleep(0.01)
-        while True:
-            try:
-                delivery = self._deliveries.get_nowait()
-            except queue_module.Empty:
-                break
-            self.settler.hand_back(delivery)
-            self._settled()
-        if self.completed is not None:
-            self.completed.stop()  # its confirms ack the last messages: before the consumer stops
-        self.consumer.stop()
-        self._thread.join(timeout=30)
-        self.consumer.close()
 
 
 __all__ = ["OjsBroker", "OjsMessageProxy"]

@@ -16,9 +16,11 @@ delivers it
   ``TimeLimit`` does; the same caveats: a thread blocked in C is interrupted when the call
   returns).  The message is then acked whatever the actor did, counted as cancelled, never
   retried by ``Retries`` and never dead-lettered; the worker thread goes on;
-* emits the ``started``, ``succeeded``, ``failed`` and ``cancelled`` events of the broker's
-  :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` (a message another middleware skips, such as
-  ``AgeLimit``, never started: it has none).
+* emits the ``started`` event of the broker's :class:`~ojs_kombu.runtime.lifecycle.Lifecycle`
+  (a message another middleware skips, such as ``AgeLimit``, never started: it has none) and
+  notes what the actor did (:attr:`RunningMessage.ran`, :attr:`RunningMessage.result`); the
+  outcome's event (``succeeded``, ``failed`` then ``retried`` / ``dead-lettered``, ``cancelled``)
+  is the :class:`~ojs_kombu.runtime.settle.Settler`'s, when the consumer settles the message.
 
 An actor that must not be cut short uses ``cancel_running="cooperative"`` and polls::
 
@@ -44,7 +46,6 @@ from dramatiq.middleware import Middleware, SkipMessage
 
 from ojs_kombu.errors import OjsError
 from ojs_kombu.model.job import Job
-from ojs_kombu.policy.retry import Failure
 from ojs_kombu.runtime.activity import Activity
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import Cancellations, RunningEntry
@@ -81,6 +82,10 @@ class RunningMessage(MessageProxy):
         self.ojs_job = job
         self.ojs_delivery = delivery
         self.running: RunningEntry | None = None  # while a worker thread runs it
+        #: Whether its actor ran to the end, not cancelled (returned or raised): set after it ran.
+        self.ran = False
+        #: What its actor returned (``None`` until it has).
+        self.result: Any = None
         self._cancellations: Cancellations | None = None  # the broker's, while a worker thread runs it
         self._run_token: contextvars.Token[RunningEntry | None] | None = None
 
@@ -146,23 +151,19 @@ class OjsRunning(Middleware):
     def after_process_message(
         self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
     ) -> None:
-        """Unregister the thread; settle a cancelled message (ack) before ``Retries`` sees it."""
+        """Unregister the thread; settle a cancelled message (ack) before ``Retries`` sees it, else note
+        that the actor ran and what it returned (its consumer settles it)."""
         if not isinstance(message, RunningMessage) or not self._leave(message):
             return
         assert message.running is not None
-        job, execution = message.ojs_job, message.execution
         if message.running.is_cancelled:
             message.settle_cancelled("running")
             if exception is not None:
                 # Dramatiq's own way to say "do not retry this": Retries fails the message instead
                 # (a no-op nack: it is acked already) and sends no on_retry_exhausted message.
                 message.options["throws"] = BaseException
-        elif exception is None:
-            self.lifecycle.emit("succeeded", job, execution)
-        else:
-            failure = Failure.from_exception(exception)
-            error = {"code": failure.code, "type": failure.type, "message": failure.message}
-            self.lifecycle.emit("failed", job, execution, error=error)
+            return
+        message.ran, message.result = True, result  # settled (and its event emitted) by the ack or nack
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         """Unregister the thread; settle a message skipped because it was cancelled."""

@@ -21,6 +21,7 @@ Importing the package registers the ``ojs://`` and ``ojss://`` kombu transports.
 
 from typing import TYPE_CHECKING
 
+from ojs_kombu.amqp.permits import Permit, Permits, PermitState
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.client import Client, EnqueueResult, JobOptions
 from ojs_kombu.errors import (
@@ -34,27 +35,34 @@ from ojs_kombu.errors import (
     DecodeError,
     Discard,
     DuplicateJobError,
+    InvalidWorkflowError,
     ManagementError,
     MetricsServerError,
     NotFoundError,
     OjsError,
+    PermitLostError,
     PublishError,
     PublishNackedError,
     PublishTimeoutError,
     QueueArgumentRefusedError,
+    ResultTooLargeError,
     TlsVerificationError,
     TopologyConflictError,
     TopologyError,
     UnroutableError,
     ValidationError,
     WorkerError,
+    WorkflowStateError,
 )
 from ojs_kombu.lazy import lazy_exports
 from ojs_kombu.model.info import JobInfo, JobState
 from ojs_kombu.model.job import Job, JobError
 from ojs_kombu.model.naming import Names, job_type_for
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
+from ojs_kombu.model.ratelimit import RateLimitPolicy, RateWindow
+from ojs_kombu.model.workflow import Batch, Chain, Group, batch, chain, group
 from ojs_kombu.observability.server import MetricsServer, serve_metrics
+from ojs_kombu.runtime.cron import CronRegistry, CronScheduler, RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
 from ojs_kombu.runtime.worker import Worker, current_job
 from ojs_kombu.transport import register_aliases
@@ -79,6 +87,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CONTENT_TYPE",
+    "CronRegistry",
+    "CronScheduler",
+    "RegisteredCron",
+    "Batch",
+    "Chain",
+    "Group",
+    "batch",
+    "chain",
+    "group",
     "AccessRefusedError",
     "ActiveJob",
     "ArgumentDifference",
@@ -95,6 +112,9 @@ __all__ = [
     "DecodeError",
     "Discard",
     "DuplicateJobError",
+    "InvalidWorkflowError",
+    "ResultTooLargeError",
+    "WorkflowStateError",
     "EnqueueResult",
     "EventsOptions",
     "Header",
@@ -115,6 +135,12 @@ __all__ = [
     "PublishTimeoutError",
     "QueueArgumentRefusedError",
     "QueueOptions",
+    "Permit",
+    "PermitLostError",
+    "PermitState",
+    "Permits",
+    "RateLimitPolicy",
+    "RateWindow",
     "RetryPolicy",
     "Topology",
     "TlsVerificationError",

@@ -5,7 +5,9 @@ catch the whole family with one ``except``.  The tree::
 
     OjsError
     ├── ValidationError          bad argument / envelope (also a ValueError)
-    │   └── DecodeError          a received message is not a usable OJS job
+    │   ├── DecodeError          a received message is not a usable OJS job
+    │   ├── InvalidWorkflowError  a workflow definition breaks the workflows spec
+    │   └── ResultTooLargeError  a result over what a workflow carries (workflows spec §7.5)
     ├── TopologyError            declaring exchanges / queues failed
     │   ├── TopologyConflictError  406 PRECONDITION_FAILED: inequivalent arguments
     │   └── QueueArgumentRefusedError  (also a BrokerRefusedError) an argument the broker does not accept
@@ -13,6 +15,7 @@ catch the whole family with one ``except``.  The tree::
     │   ├── UnroutableError      Basic.Return: no queue bound for the routing key
     │   ├── PublishNackedError   the broker answered Basic.Nack to our publish
     │   └── PublishTimeoutError  no confirm arrived in time (outcome unknown)
+    ├── WorkflowStateError       a workflow state transition the workflows spec does not list
     ├── DuplicateJobError        a unique job's key is held by another job (on_conflict="reject")
     ├── BrokerConnectionError    the broker could not be reached within the retry budget
     │   └── TlsVerificationError  (also a BrokerRefusedError) the TLS certificate failed verification
@@ -245,6 +248,11 @@ class ClientClosedError(OjsError):
     waiting when it closed (an enqueue that had not started publishing is not published)."""
 
 
+class PermitLostError(OjsError):
+    """A concurrency permit could not be given back because its connection was lost: the broker
+    took it back already (:class:`ojs_kombu.amqp.permits.Permits`), or the Permits was closed."""
+
+
 class WorkerError(OjsError):
     """The worker stopped on its own: its consumer ended without being asked to.
 
@@ -280,6 +288,46 @@ class MetricsServerError(OjsError, OSError):
     this host's, a privileged port ...).  ``__cause__`` is the ``OSError``."""
 
 
+class InvalidWorkflowError(ValidationError):
+    """A workflow definition breaks the workflows spec (``invalid_workflow``, ojs-workflows.md §11.1).
+
+    Raised when the workflow is built, before anything is enqueued (§10.2: a workflow too deep is
+    refused at creation).  ``field`` is a path such as ``"steps[1].jobs[0].type"``.
+    """
+
+    code = "invalid_workflow"
+
+
+class WorkflowStateError(OjsError):
+    """A workflow or step state transition the spec does not list (ojs-workflows.md §8.2).
+
+    Attributes:
+        current: the state it is in.
+        requested: the state it was asked to move to.
+    """
+
+    def __init__(self, message: str, *, current: str, requested: str):
+        super().__init__(message)
+        self.current = current
+        self.requested = requested
+
+
+class ResultTooLargeError(ValidationError):
+    """A job's result is bigger than a workflow carries (ojs-workflows.md §7.5; ``result_too_large``).
+
+    Attributes:
+        size: the result's size, UTF-8 bytes of its compact JSON.
+        limit: the limit it is over.
+    """
+
+    code = "result_too_large"
+
+    def __init__(self, message: str, *, size: int, limit: int, field: str | None = "result"):
+        super().__init__(message, field=field)
+        self.size = size
+        self.limit = limit
+
+
 __all__ = [
     "AccessRefusedError",
     "ArgumentDifference",
@@ -295,6 +343,7 @@ __all__ = [
     "MetricsServerError",
     "NotFoundError",
     "OjsError",
+    "PermitLostError",
     "PublishError",
     "PublishNackedError",
     "PublishTimeoutError",
@@ -305,4 +354,7 @@ __all__ = [
     "UnroutableError",
     "ValidationError",
     "WorkerError",
+    "InvalidWorkflowError",
+    "ResultTooLargeError",
+    "WorkflowStateError",
 ]

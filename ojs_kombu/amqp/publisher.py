@@ -86,6 +86,11 @@ class ConfirmedPublisher:
         self.window = window
         self._unconfirmed: dict[int, PublishTicket] = {}
         self._buffered: dict[str, int] = {}  # queue -> publishes in the buffer, counted when written
+        #: A wait for confirms expired on this publisher: its node may confirm nothing more (a
+        #: minority partition, a memory alarm), so its owner should drop the connection.
+        self.timed_out = False
+        #: Called when a wait for confirms has read nothing for a second (the broker stalls).
+        self.on_stall: Callable[[], None] | None = None
         self._open_channel()
 
     def _open_channel(self) -> None:
@@ -322,11 +327,14 @@ class ConfirmedPublisher:
             try:
                 self.connection.drain_events(timeout=min(remaining, 1.0))
             except TimeoutError:
+                if self.on_stall is not None:
+                    self.on_stall()
                 continue
 
     def _expire_all(self, timeout: float) -> None:
         expired = list(self._unconfirmed.values())
         self._unconfirmed.clear()
+        self.timed_out = self.timed_out or bool(expired)
         for ticket in expired:
             ticket.settle(
                 PublishTimeoutError(

@@ -88,6 +88,7 @@ from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.control import ControlOptions
+from ojs_kombu.wire.cron import cron_stream_arguments
 from ojs_kombu.wire.entities import (
     DEAD_LETTER_DELIVERY_LIMIT,
     BindingSpec,
@@ -444,6 +445,20 @@ class Topology:
             QueueSpec(n.events_stream, frozen_arguments(self.events.arguments())),
             BindingSpec(n.events_stream, n.events_exchange, "#"),
         ]
+
+    def cron_specs(self) -> list[Spec]:
+        """The cron stream ``ojs.stream.cron`` (definitions and ticks, DESIGN §20; published to
+        through the default exchange)."""
+        return [QueueSpec(self.names.cron_stream, frozen_arguments(cron_stream_arguments()))]
+
+    def ensure_cron(self, connection: Connection) -> None:
+        """Lazily declare the cron stream (:meth:`cron_specs`).
+
+        Raises:
+            TopologyConflictError: it exists with other arguments (e.g. not as a stream).
+            AccessRefusedError: the user may not declare it (403).
+        """
+        self.declare(connection, self.cron_specs())
 
     def events_is_stream(self) -> bool:
         """Whether ``ojs.stream.events`` is our stream (False: degraded, see the module docstring)."""

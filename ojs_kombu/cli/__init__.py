@@ -19,6 +19,10 @@
     ojs-amqp declare email --max-priority 10
     ojs-amqp dashboard [--port 8787] [--host 127.0.0.1] [--read-only] [--auth-token T]
     ojs-amqp worker myapp.jobs:worker [--queues email,sms] [--concurrency 20] [--log-level debug]
+    ojs-amqp cron run [--log-level info]
+    ojs-amqp cron list [--enabled|--disabled] [--json]
+    ojs-amqp cron add daily-report '0 9 * * *' report.generate '[{"kind": "daily"}]' --queue reports --timezone Europe/Paris
+    ojs-amqp cron remove daily-report
 
 Every command but ``worker`` takes ``--url`` (default ``$OJS_AMQP_URL``) and
 ``--prefix``; the worker takes them from its :class:`~ojs_kombu.Worker`.
@@ -62,6 +66,7 @@ import click
 
 from ojs_kombu.cli.common import error_line, since_arg
 from ojs_kombu.cli.control import cancel, events, info, pause, resume, workers
+from ojs_kombu.cli.cron import cron
 from ojs_kombu.cli.dashboard import dashboard
 from ojs_kombu.cli.dlq import dlq
 from ojs_kombu.cli.jobs import declare, enqueue, load_worker, worker
@@ -74,7 +79,22 @@ def cli() -> None:
     """Operate OJS jobs on RabbitMQ (the ojs-amqp command)."""
 
 
-for _command in (status, top, dlq, workers, events, info, cancel, pause, resume, enqueue, declare, worker, dashboard):
+for _command in (
+    status,
+    top,
+    dlq,
+    workers,
+    events,
+    info,
+    cancel,
+    pause,
+    resume,
+    enqueue,
+    declare,
+    worker,
+    dashboard,
+    cron,
+):
     cli.add_command(_command)
 
 

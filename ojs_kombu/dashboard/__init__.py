@@ -1,12 +1,15 @@
 """``ojs-amqp dashboard``: a small web dashboard over the control plane (needs the ``dashboard`` extra).
 
-Pages: the overview (queues, depth sparklines, rates, totals), a queue, its dead letters (filter,
-select, replay or purge after a confirmation), the workers (pause / resume a queue) and a job
-lookup (INFO, cancel).  :mod:`ojs_kombu.dashboard.app` builds the Starlette application;
+Pages: the overview (jobs per minute / hour, wait and run times, queues, depth sparklines, rates,
+totals), a queue, its dead letters (filter, select, replay or purge after a confirmation), the workers
+(pause / resume a queue) and a job's story (timeline, INFO, cancel).
+:mod:`ojs_kombu.dashboard.app` builds the Starlette application;
 :mod:`ojs_kombu.dashboard.security` holds its token, CSRF and read-only checks;
 :mod:`ojs_kombu.dashboard.overview` the queue rows it shares with ``ojs-amqp status``;
 :mod:`ojs_kombu.dashboard.render` how values and times read; :mod:`ojs_kombu.dashboard.replays` the
-replays it made.  An open page updates itself by fetch polling (``static/live.js``, served by the
-package; docs/operations.md, "Live updates").
+replays it made; :mod:`ojs_kombu.dashboard.stats` the charts' history, read from the events stream;
+:mod:`ojs_kombu.dashboard.story` a job's timeline; :mod:`ojs_kombu.dashboard.svg` the charts.
+An open page updates itself by fetch polling (``static/live.js``, served by the package;
+docs/operations.md, "Live updates").
 This package's ``__init__`` imports nothing, so ``overview`` works without Starlette.
 """

@@ -30,10 +30,14 @@ from ojs_kombu.dashboard.overview import Snapshot, snapshot
 from ojs_kombu.dashboard.render import describe_error, error_runs, queue_state, show, when
 from ojs_kombu.dashboard.replays import Replays, predates
 from ojs_kombu.dashboard.security import CSRF_FIELD, CsrfError, Guard, csrf_token, posted_form
-from ojs_kombu.dashboard.svg import sparkline
+from ojs_kombu.dashboard.stats import CHARTED, LABELS, EventHistory, Series
+from ojs_kombu.dashboard.story import timeline
+from ojs_kombu.dashboard.svg import bars, sparkline
 from ojs_kombu.errors import NotFoundError, OjsError, ValidationError
+from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.timefmt import utcnow
-from ojs_kombu.runtime.deadletter import DeadLetterFilter
+from ojs_kombu.runtime.deadletter import DeadLetterEntry, DeadLetterFilter
+from ojs_kombu.wire.events import JobEventRecord
 
 _TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 _TEMPLATES.env.globals["sparkline"] = sparkline
@@ -43,6 +47,14 @@ _TEMPLATES.env.globals.update(
 )
 _STATIC = Path(__file__).parent / "static"
 
+
+def _chart(series: Series, title: str) -> Any:
+    stacks = [(event.replace("-", ""), LABELS[event], series.counts[event]) for event in CHARTED]
+    return bars(series.starts, stacks, title=title)
+
+
+_TEMPLATES.env.globals.update(chart=_chart, charted=CHARTED, labels=LABELS)
+
 #: INFO states in which a cancel still does something: running, or waiting for its next attempt
 #: (a job no worker knows may be waiting or scheduled: cancellable too).
 CANCELLABLE_STATES = frozenset({"active", "retryable"})
@@ -51,6 +63,10 @@ CANCELLABLE_STATES = frozenset({"active", "retryable"})
 DEFAULT_REFRESH = 5.0
 #: The request header of a live update (``static/live.js``).
 LIVE_HEADER = "x-ojs-live"
+#: Seconds a stream read of the dashboard's history may take to catch up (the first one reads the window).
+EVENTS_READ_TIMEOUT = 300.0
+#: Queues whose workers are asked INFO when a job is looked up without its queue.
+INFO_SEARCH_QUEUES = 5
 
 
 class Dashboard:
@@ -79,6 +95,7 @@ class Dashboard:
         self.refresh = refresh
         self.history = DepthHistory()
         self.replays = Replays()
+        self.events = EventHistory(lambda since, limit: client.events(since, limit=limit, timeout=EVENTS_READ_TIMEOUT))
         self._sample_every = sample_every
         self._stop = threading.Event()
         password = urlsplit(client.url.split(";")[0].strip()).password
@@ -110,19 +127,30 @@ class Dashboard:
             except OjsError:
                 pass  # the next page view shows the error; the sampler keeps going
 
+    def _follow(self) -> None:
+        """Read the events stream's window, then what comes (:class:`~ojs_kombu.dashboard.stats.EventHistory`)."""
+        every = self._sample_every if self._sample_every > 0 else DEFAULT_REFRESH
+        while not self._stop.is_set():
+            try:
+                self.events.refresh()
+            except OjsError:
+                pass  # events.error says it on the pages; the next round tries again
+            self._stop.wait(every)
+
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """Run the depth sampler thread while the application serves."""
-        sampler = None
+        """Run the depth sampler thread and the events reader while the application serves."""
+        threads = [threading.Thread(target=self._follow, name="ojs-dashboard-events", daemon=True)]
         if self.sampling:
-            sampler = threading.Thread(target=self._sample, name="ojs-dashboard-sampler", daemon=True)
-            sampler.start()
+            threads.append(threading.Thread(target=self._sample, name="ojs-dashboard-sampler", daemon=True))
+        for thread in threads:
+            thread.start()
         try:
             yield
         finally:
             self._stop.set()
-            if sampler is not None:
-                sampler.join(timeout=5)
+            for thread in threads:
+                thread.join(timeout=5)
 
     # -- rendering -------------------------------------------------------------------------
 
@@ -131,6 +159,7 @@ class Dashboard:
         e.g. a confirmation: it cannot be fetched again) and the CSRF token."""
         context.update(
             request=request, actions=not self.read_only, csrf=csrf_token(request), csrf_field=CSRF_FIELD,
+            events=self.events, events_error=self.redact(self.events.error),
             refresh=f"{self.refresh:g}" if self.refresh > 0 and request.method == "GET" else "",
         )  # fmt: skip
         return _TEMPLATES.TemplateResponse(request, template, context, status_code=status_code)
@@ -153,10 +182,18 @@ class Dashboard:
         """GET /: every OJS queue with its depth, sparkline, rates; the totals."""
         only = tuple(request.query_params.getlist("queue"))
         shot = self.snapshot(only, request)
+        week = request.query_params.get("span") == "week"
+        workers = self.client.workers()
+        busy, capacity = sum(len(w.active) for w in workers), sum(w.concurrency for w in workers)
         return self.page(
             request, "overview.html", shot=shot, totals=shot.totals()["totals"], history=self.history,
-            note=self.redact(shot.note),
+            note=self.redact(shot.note), week=week, series=self._series(None, week),
+            timings={q.queue: self.events.timings(q.queue) for q in shot.queues}, all_timings=self.events.timings(),
+            workers=workers, busy=busy, capacity=capacity,
         )  # fmt: skip
+
+    def _series(self, queue: str | None, week: bool) -> Series:
+        return self.events.series(queue, step=3600, buckets=168) if week else self.events.series(queue)
 
     def queue(self, request: Request) -> Response:
         """GET /queues/{queue}: its counts, retry queues and first dead letters."""
@@ -168,9 +205,11 @@ class Dashboard:
             retry = sorted(q["name"] for q in self.management.queues(head))
         counts = self.client.queue_counts(retry)
         letters = self.client.dead_letters(name, limit=10) if shot.queues[0].exists else []
+        week = request.query_params.get("span") == "week"
         return self.page(
             request, "queue.html", queue=name, row=shot.queues[0], history=self.history.of(name),
-            retry=[(q, counts[q]) for q in retry], letters=letters,
+            retry=[(q, counts[q]) for q in retry], letters=letters, week=week, series=self._series(name, week),
+            timing=self.events.timings(name),
         )  # fmt: skip
 
     def _filter(self, params: Any) -> DeadLetterFilter:
@@ -239,17 +278,58 @@ class Dashboard:
         return RedirectResponse("/workers", status_code=303)
 
     def job(self, request: Request) -> Response:
-        """GET /jobs?id=&queue=: the job's INFO from the workers; cancel offered while it can still act;
-        an outcome from before a replay made here said so (:mod:`~ojs_kombu.dashboard.replays`)."""
-        job_id, queue = request.query_params.get("id", ""), request.query_params.get("queue", "")
-        info = self.client.info(job_id, queue=queue) if job_id and queue else None
-        replayed_at = self.replays.last(info.job_id if info is not None else job_id) if job_id else None
+        """GET /jobs?id=[&queue=]: the job's story (:func:`~ojs_kombu.dashboard.story.timeline`) and its INFO.
+
+        The id (or a Dramatiq / Celery id) is searched in the events read, the dead letters (of ``queue``,
+        else of every queue holding some) and INFO (of ``queue``, else of the first queues that have
+        workers); cancel is offered while it can still act; an outcome from before a replay made here
+        said so (:mod:`~ojs_kombu.dashboard.replays`)."""
+        job_id = request.query_params.get("id", "").strip().lower()
+        queue = request.query_params.get("queue", "").strip()
+        info, letter, looked = None, None, bool(job_id)
+        story: list[JobEventRecord] = []
+        if job_id:
+            info, letter, story, queue = self._find(job_id, queue)
+        found_id = info.job_id if info is not None else letter.letter_id if letter is not None else job_id
+        replayed_at = self.replays.last(found_id) if job_id else None
         before_replay = predates(info, replayed_at)  # then the replayed job waits: a cancel drops it
+        steps = timeline(story, letter, info, replayed_at) if job_id else []
         return self.page(
-            request, "job.html", job_id=job_id, queue=queue, info=info, looked=bool(job_id and queue),
-            cancellable=info is None or info.state in CANCELLABLE_STATES or before_replay, replayed_at=replayed_at,
-            before_replay=before_replay,
+            request, "job.html", job_id=job_id, found_id=found_id, queue=queue, info=info, looked=looked,
+            cancellable=bool(queue) and (info is None or info.state in CANCELLABLE_STATES or before_replay),
+            replayed_at=replayed_at, before_replay=before_replay, steps=steps, letter=letter,
         )  # fmt: skip
+
+    def _find(
+        self, job_id: str, queue: str
+    ) -> tuple[JobInfo | None, DeadLetterEntry | None, list[JobEventRecord], str]:
+        """INFO, the dead letter and the events of ``job_id``, and its queue once known."""
+        story = self.events.story(job_id)
+        queue = queue or (story[-1].queue if story else "")
+        info = self.client.info(job_id, queue=queue, timeout=1.0) if queue else None
+        shot = None
+        if not queue:
+            shot = self.snapshot((), request=None)
+            for row in [r for r in shot.queues if r.consumers][:INFO_SEARCH_QUEUES]:
+                info = self.client.info(job_id, queue=row.queue, timeout=1.0)
+                if info is not None:
+                    queue = row.queue
+                    break
+        letter = None
+        select = DeadLetterFilter.of(ids=[job_id] + ([info.job_id] if info is not None else []))
+        searched = [queue] if queue else [r.queue for r in (shot.queues if shot else []) if r.dead != 0 and r.exists]
+        for name in searched:
+            try:
+                found = self.client.dead_letters(name, limit=1, select=select)
+            except NotFoundError:
+                continue
+            if found:
+                letter, queue = found[0], name
+                break
+        real_id = info.job_id if info is not None else letter.letter_id if letter is not None else job_id
+        if real_id != job_id:
+            story = self.events.story(real_id)
+        return info, letter, story, queue
 
     async def cancel(self, request: Request) -> Response:
         """POST /jobs/cancel: cancel the job ``id`` of ``queue``."""

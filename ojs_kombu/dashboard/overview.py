@@ -8,7 +8,7 @@ neither Starlette nor click, so the CLI imports it without the ``dashboard`` ext
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ojs_kombu.amqp.management import Management, ManagementClient, ManagementError, management_client
@@ -36,12 +36,28 @@ class QueueStatus:
 
 @dataclass
 class Snapshot:
-    """What ``status`` shows: the rows, the scheduling cascade's total, and where the numbers came from."""
+    """What ``status`` shows: the rows, the scheduling cascade's total, and where the numbers came from;
+    ``levels``: the jobs waiting in each cascade level (None: unknown), which bound when they come due."""
 
     queues: list[QueueStatus]
     scheduled: int | None
     management: bool
     note: str = ""
+    levels: list[int | None] = field(default_factory=list)
+
+    def coming_due(self) -> list[tuple[str, int]]:
+        """The scheduled jobs by when they come due at the latest: ``[(label, count)]`` for "1 min",
+        "1 h", "1 day" and "later".  A job in cascade level ``k`` has less than ``2**(k+1)`` ms left
+        (:mod:`ojs_kombu.policy.schedule`), so a level is counted under the first horizon it fits.
+        Empty when no level's count is known."""
+        if not any(n is not None for n in self.levels):
+            return []
+        horizons = [("1 min", 60_000), ("1 h", 3_600_000), ("1 day", 86_400_000), ("later", None)]
+        due = dict.fromkeys([label for label, _ in horizons], 0)
+        for level, count in enumerate(self.levels):
+            label = next(name for name, ms in horizons if ms is None or 2 ** (level + 1) <= ms)
+            due[label] += count or 0
+        return list(due.items())
 
     def totals(self) -> dict[str, Any]:
         """The totals line of ``status --json``."""
@@ -161,7 +177,8 @@ def snapshot(
             row.ack_rate = _rate(stats, "ack")
         rows.append(row)
     scheduled = sum(c.ready for level in cascade if (c := counts[level]) is not None)
-    return Snapshot(rows, scheduled, listed is not None, note)
+    levels = [c.ready if (c := counts[level]) is not None else None for level in cascade]
+    return Snapshot(rows, scheduled, listed is not None, note, levels)
 
 
 __all__ = ["Management", "QueueStatus", "Snapshot", "management_client", "snapshot"]

@@ -5,8 +5,8 @@ Pure Python and pydantic: nothing here imports kombu or py-amqp.  Modules, botto
 ``jsonvalue`` (JSON-native values, JSON text in and out), ``ids`` (UUIDv7 job ids),
 ``naming`` (job type and queue name rules, AMQP entity names), ``body`` (an envelope's
 JSON text), ``fields`` and ``base`` (the models' field types and machinery),
-``policies`` (retry and unique policies), ``job`` (the envelope), ``cron`` (cron job
-definitions and expressions).
+``policies`` (retry and unique policies), ``ratelimit`` (the rate limit policy), ``job`` (the envelope),
+``cron`` (cron job definitions and expressions), ``workflow`` (chain, group, batch: definitions, states, results).
 """
 
 from ojs_kombu.model.body import MAX_ENVELOPE_BYTES
@@ -27,9 +27,19 @@ from ojs_kombu.model.naming import (
     validate_queue_name,
 )
 from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy, UniquePolicy
+from ojs_kombu.model.ratelimit import RATE_LIMIT_KEY_PATTERN, RateLimitPolicy, RateWindow
 from ojs_kombu.model.timefmt import format_duration, format_timestamp, parse_duration, parse_timestamp, utcnow
+from ojs_kombu.model.workflow import Batch, Chain, Group, WorkflowContext, batch, chain, evaluate, group
 
 __all__ = [
+    "Batch",
+    "Chain",
+    "Group",
+    "WorkflowContext",
+    "batch",
+    "chain",
+    "evaluate",
+    "group",
     "JOB_ID_PATTERN",
     "JOB_TYPE_PATTERN",
     "MAX_ENVELOPE_BYTES",
@@ -38,6 +48,7 @@ __all__ = [
     "MAX_QUEUE_NAME_LENGTH",
     "MAX_SAFE_INTEGER",
     "QUEUE_NAME_PATTERN",
+    "RATE_LIMIT_KEY_PATTERN",
     "SPEC_VERSION",
     "CronExpression",
     "CronJob",
@@ -47,6 +58,8 @@ __all__ = [
     "JobState",
     "Names",
     "OverlapPolicy",
+    "RateLimitPolicy",
+    "RateWindow",
     "RetryPolicy",
     "UniquePolicy",
     "ensure_json_native",

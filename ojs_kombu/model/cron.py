@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import calendar
 import functools
+import hashlib
 import re
 import zoneinfo
 from collections.abc import Mapping
@@ -39,6 +40,8 @@ from typing import Any, Literal, cast, get_args
 from cronsim import CronSim, CronSimError
 
 from ojs_kombu.errors import ValidationError
+from ojs_kombu.model.ids import uuid7
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.jsonvalue import ensure_json_native
 from ojs_kombu.model.naming import validate_job_type, validate_queue_name
 from ojs_kombu.model.policies import RetryPolicy
@@ -437,6 +440,68 @@ class CronJob:
         }
 
 
+def tick_job_id(name: str, scheduled_time: datetime) -> str:
+    """The job id of one occurrence of a cron job: the same for every scheduler (DESIGN §20).
+
+    A UUIDv7 (the id format OJS requires) whose 48-bit timestamp is ``scheduled_time`` in
+    milliseconds since the epoch and whose 74 "random" bits (``rand_a``, ``rand_b``) are the
+    first bits of SHA-256 of ``name``.  Two leaders overlapping for a moment publish the same
+    id for the same tick, so a unique lock or a deduplicating worker drops the second; ids of
+    one cron job sort by their scheduled time, as UUIDv7 ids do.
+
+    Parameters:
+        name: the cron job's name.
+        scheduled_time: the occurrence's scheduled time (aware).
+
+    Returns:
+        A lowercase UUIDv7.
+
+    Raises:
+        ValidationError: a naive ``scheduled_time`` or one before 1970.
+
+    >>> tick_job_id("daily-report", datetime(2026, 2, 12, 14, tzinfo=zoneinfo.ZoneInfo("UTC")))
+    '019c5226-cb00-746f-b0bd-726d98dcd7d4'
+    """
+    if not isinstance(scheduled_time, datetime) or scheduled_time.utcoffset() is None:
+        raise ValidationError(
+            f"scheduled_time must be an aware datetime, got {scheduled_time!r}", field="scheduled_time"
+        )
+    unix_ms = (scheduled_time - datetime(1970, 1, 1, tzinfo=zoneinfo.ZoneInfo("UTC"))) // timedelta(milliseconds=1)
+    if unix_ms < 0:
+        raise ValidationError("scheduled_time must not be before 1970", field="scheduled_time")
+    digest = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:10], "big")  # 80 bits, 74 used
+    return uuid7(unix_ms, digest >> 62, digest)
+
+
+def job_options(job: Job) -> dict[str, Any]:
+    """The cron ``options`` whose ticks are copies of ``job``: its queue, ``meta``, retry policy, timeout and tags.
+
+    How a framework adapter turns one of its task messages into a cron template: it builds the
+    job it would publish (``type`` and ``args`` go to the definition's own fields), and each
+    tick is that job with a derived id and ``meta.cron_name`` / ``meta.cron_triggered_at``
+    added.  Envelope fields a cron's ``options`` do not carry (``priority``, ``scheduled_at``,
+    ``expires_at``) are left out: the caller decides whether to refuse them.
+
+    Parameters:
+        job: the job each tick should be.
+
+    Returns:
+        The ``options`` object (``queue`` always; ``meta``, ``retry``, ``timeout``, ``tags`` when set).
+    """
+    options: dict[str, Any] = {"queue": job.queue}
+    meta = {k: v for k, v in (job.meta or {}).items() if k != "tags"}
+    if meta:
+        options["meta"] = meta
+    if job.retry is not None:
+        options["retry"] = job.retry.model_dump(mode="json", exclude_none=True)
+    if job.timeout is not None:
+        options["timeout"] = job.timeout
+    tags = (job.meta or {}).get("tags")
+    if tags:
+        options["tags"] = list(tags)
+    return options
+
+
 __all__ = [
     "CRON_NAME_PATTERN",
     "DEFAULT_TIMEZONE",
@@ -447,6 +512,8 @@ __all__ = [
     "CronExpression",
     "CronJob",
     "OverlapPolicy",
+    "job_options",
     "nearest_weekday",
     "parse_timezone",
+    "tick_job_id",
 ]

@@ -44,6 +44,7 @@ from ojs_kombu.model.ids import EXAMPLE_JOB_ID, JOB_ID_RE, UUID_RE, job_id_argum
 from ojs_kombu.model.jsonvalue import MAX_SAFE_INTEGER, _walk, dumps
 from ojs_kombu.model.naming import check_job_type, check_new_queue_name, check_queue_name
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
+from ojs_kombu.model.ratelimit import RateLimitPolicy
 from ojs_kombu.model.timefmt import _aware, _check_timestamp, _format_ts, _timestamp, parse_timestamp
 
 SPEC_VERSION = "1.0"
@@ -123,6 +124,7 @@ class Job(OjsModel):
     expires_at: Timestamp | None = None
     retry: RetryPolicy | None = None
     unique: UniquePolicy | None = None
+    rate_limit: RateLimitPolicy | None = None
     schema_uri: str | None = Field(None, alias="schema", strict=True)
     state: JobState | None = None
     attempt: Int = int_field(0, ge=0)

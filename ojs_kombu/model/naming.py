@@ -65,6 +65,8 @@ EVENT_TYPE_WORKER = "ojs.event.worker"
 """``type`` property of a worker presence on the events stream (DESIGN §14)."""
 EVENT_TYPE_JOB_PREFIX = "ojs.event.job."
 """``type`` property of a job lifecycle event: this prefix and the event (``ojs.event.job.started``)."""
+EVENT_TYPE_CRON_PREFIX = "ojs.event.cron."
+"""``type`` property of a cron event (ojs-cron.md §9): this prefix and ``triggered`` or ``skipped``."""
 
 
 def check_job_type(value: Any) -> str:
@@ -249,6 +251,22 @@ class Names:
         """Routing key of a retry queue on the retry exchange: ``{queue}.{delay_ms}``."""
         return f"{queue}.{int(delay_ms)}"
 
+    def limit_permit_queue(self, key: str) -> str:
+        """The permit tokens of a concurrency limit key: ``ojs.limit.{key}.permits`` (DESIGN §21)."""
+        return self._name(f"ojs.limit.{key}.permits")
+
+    def limit_holder_queue(self, key: str, index: int) -> str:
+        """The exclusive queue that marks permit ``index`` of ``key`` as held: ``ojs.limit.{key}.held.{index}``."""
+        return self._name(f"ojs.limit.{key}.held.{int(index)}")
+
+    def limit_seed_lock(self, key: str) -> str:
+        """The exclusive queue held while permits of ``key`` are counted and minted: ``ojs.limit.{key}.seeding``."""
+        return self._name(f"ojs.limit.{key}.seeding")
+
+    def limit_window_queue(self, key: str, kind: str) -> str:
+        """The start tokens of a window rate (``kind`` ``"rate"`` or ``"throttle"``): ``ojs.limit.{key}.{kind}``."""
+        return self._name(f"ojs.limit.{key}.{kind}")
+
     def control_queue(self, queue: str) -> str:
         """``ojs.queue.control.{queue}``."""
         return self._name(f"ojs.queue.control.{queue}")
@@ -273,10 +291,27 @@ class Names:
         """The queue holding the id of the job that holds the lock of ``key``: ``ojs.lock.{key}.holder``."""
         return self._name(f"ojs.lock.{key}.holder")
 
+    def fan_in_stream(self, workflow_id: str) -> str:
+        """The stream counting a group's or batch's outcomes (DESIGN §21): ``ojs.workflow.{workflow_id}``.
+
+        Outside the ``ojs.queue.`` namespace, so no job queue name can collide with it.
+        """
+        return self._name(f"ojs.workflow.{workflow_id}")
+
+    @staticmethod
+    def fan_in_lock_key(workflow_id: str) -> str:
+        """The unique-lock key guarding a fan-in's callbacks: ``fanin.{workflow_id}`` (lock queue ``ojs.lock.fanin.{id}``)."""
+        return f"fanin.{workflow_id}"
+
     @property
     def cron_leader_queue(self) -> str:
         """The cron schedulers' leader lease (``ojs.queue.cron.leader``, DESIGN §20); ``cron.leader`` is reserved."""
         return self._name("ojs.queue.cron.leader")
+
+    @property
+    def cron_stream(self) -> str:
+        """The stream of cron job definitions and ticks (``ojs.stream.cron``, DESIGN §20)."""
+        return self._name("ojs.stream.cron")
 
     @property
     def events_exchange(self) -> str:
@@ -297,6 +332,11 @@ class Names:
     def worker_routing_key(worker_id: str) -> str:
         """Routing key of a worker's presence on the events exchange: ``worker.{worker_id}``."""
         return f"worker.{worker_id}"
+
+    @staticmethod
+    def cron_event_routing_key(event: str, name: str) -> str:
+        """Routing key of a cron event on the events exchange: ``cron.{event}.{name}``."""
+        return f"cron.{event}.{name}"
 
     @staticmethod
     def job_event_routing_key(event: str, queue: str) -> str:
@@ -325,6 +365,7 @@ __all__ = [
     "CONTROL_TYPE_INFO",
     "CONTROL_TYPE_PAUSE",
     "CONTROL_TYPE_RESUME",
+    "EVENT_TYPE_CRON_PREFIX",
     "EVENT_TYPE_JOB_PREFIX",
     "EVENT_TYPE_WORKER",
     "JOB_TYPE_PATTERN",

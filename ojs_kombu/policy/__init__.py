@@ -1,7 +1,9 @@
-"""Decisions without I/O: retry outcomes and the delay ladder, back-off, the scheduling cascade, cron fire times, unique keys."""
+"""Decisions without I/O: retry outcomes and the delay ladder, back-off, the scheduling cascade, cron fire times,
+unique keys, what follows a workflow job's end, rate limit windows."""
 
 from ojs_kombu.policy.backoff import reconnect_delay, retry_delay
 from ojs_kombu.policy.cron import Due, due, evaluation_delay, next_fire
+from ojs_kombu.policy.ratelimit import WindowSchedule
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, ladder_ms_until, record_failure
 from ojs_kombu.policy.schedule import Cascade, delay_ms_until
 from ojs_kombu.policy.unique import (
@@ -16,6 +18,17 @@ from ojs_kombu.policy.unique import (
     period_end,
     unique_key,
 )
+from ojs_kombu.policy.workflow import (
+    Enqueue,
+    Finished,
+    OpenFanIn,
+    Report,
+    WorkflowAction,
+    advance_workflow,
+    after_fan_in,
+    callbacks_fan_in_id,
+    start_workflow,
+)
 
 __all__ = [
     "Cascade",
@@ -24,9 +37,19 @@ __all__ = [
     "DEFAULT_STATES",
     "Decision",
     "Due",
+    "Enqueue",
+    "Finished",
+    "OpenFanIn",
+    "Report",
+    "WorkflowAction",
+    "advance_workflow",
+    "after_fan_in",
+    "callbacks_fan_in_id",
+    "start_workflow",
     "Failure",
     "Outcome",
     "canonical_json",
+    "WindowSchedule",
     "decide",
     "delay_ms_until",
     "due",

@@ -163,6 +163,29 @@ def due(
     return Due(fire_at, fire_at != next_run_at, following)
 
 
+def first_due(
+    expression: CronExpression, zone: tzinfo, registered_at: datetime, last_run_at: datetime | None
+) -> datetime | None:
+    """The occurrence a registered cron job waits for (spec §2.2 ``next_run_at``, CRON-07).
+
+    Parameters:
+        expression: the parsed ``cron`` field.
+        zone: the job's time zone.
+        registered_at: when the definition was registered.
+        last_run_at: the latest occurrence handled, or None.
+
+    Returns:
+        The first occurrence after ``last_run_at`` (after ``registered_at`` when it never ran);
+        for ``@every``, counted from that same instant.  It may lie in the past: :func:`due`
+        then fires it (or the latest missed one) once.
+
+    Raises:
+        ValidationError: a naive datetime.
+    """
+    since = last_run_at if last_run_at is not None else registered_at
+    return next_fire(expression, zone, since, anchor=since)
+
+
 def evaluation_delay(next_runs: list[datetime | None], now: datetime) -> float:
     """Seconds the evaluation loop sleeps: until the earliest next run, within 1 s and 60 s (CRON-24, §7.3).
 
@@ -184,5 +207,6 @@ __all__ = [
     "Due",
     "due",
     "evaluation_delay",
+    "first_due",
     "next_fire",
 ]

@@ -53,11 +53,11 @@ from amqp import Message as WireMessage
 from ojs_kombu.amqp.connection import close_quietly, safe_url
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.reconnect import Forever, Reconnector
 from ojs_kombu.amqp.topology import Topology
-from ojs_kombu.errors import DecodeError, OjsError, TopologyError, ValidationError
+from ojs_kombu.errors import BrokerRefusedError, DecodeError, OjsError, TopologyError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
-from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.events import (
     MARKER_ROUTING_KEY,
@@ -174,10 +174,11 @@ class Beacon:
             connection_name=connection_name,
         )
         self._connection = self._failover.connection()
+        # Transient failures only delay beacons; a permanent refusal ends the beacon (never retried forever).
+        self._reconnect = Reconnector(Forever(), self._failover, url=url, name="worker beacon connection")
         self._channel: Channel | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._failures = 0
         self._next_pump = 0.0
         self._drop_lock = threading.Lock()
         self._published_on_channel = 0  # the delivery tag of the channel's last publish
@@ -262,10 +263,12 @@ class Beacon:
                         self._publish(channel, presence_message(self.presence()), self._worker_key(), presence=True)
                         next_beat = time.monotonic() + self.interval
                     self._publish_pending(channel, wait=max(0.0, next_beat - time.monotonic()))
-                except self._errors as exc:  # a broker outage or refusal: only delays beacons
+                except self._errors as exc:  # a broker outage: only delays beacons
                     self._disconnect(graceful=False)
                     self._back_off(exc)
             self._goodbye()
+        except BrokerRefusedError as exc:
+            logger.error("worker beacon: the broker refused for good (%s); no more presences are published", exc)
         except Exception:
             logger.exception("the worker beacon failed; no more presences are published")
         finally:
@@ -291,10 +294,10 @@ class Beacon:
             self._published_on_channel = 0
             self._unconfirmed.clear()
             self._channel = channel
-        self._failover.succeeded()
-        if self._failures:
+        self._reconnect.succeeded()
+        if self._reconnect.failures:
             logger.info("worker beacon reconnected to %s", safe_url(self._failover.current))
-        self._failures = 0
+            self._reconnect.reset()
         return self._channel
 
     def _publish(self, channel: Channel, message: OutgoingMessage, routing_key: str, *, presence: bool = False) -> None:
@@ -386,11 +389,12 @@ class Beacon:
             connection.heartbeat_tick()
 
     def _back_off(self, exc: BaseException) -> None:
-        self._failures += 1
-        delay = self._failover.failed(self._connection)  # the next node; back-off once per full rotation
-        logger.warning("worker beacon: %s; reconnecting in %.1fs", exc, delay)
-        METRICS.reconnected()
-        self._stopping.wait(delay)
+        """Wait before reconnecting (to the next node).
+
+        Raises:
+            BrokerRefusedError: ``exc`` is permanent (a wrong password, a missing vhost or permission).
+        """
+        self._stopping.wait(self._reconnect.failed(exc, self._connection))
 
     def _goodbye(self) -> None:
         """At stop: publish the pending job events and the ``offline`` presence, if connected.

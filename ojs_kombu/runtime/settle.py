@@ -1,28 +1,35 @@
-"""Settling deliveries that are not simply acked: the outcomes of DESIGN §5, shared by every worker.
+"""Settling deliveries: every outcome of DESIGN §5, with its event and metric, shared by every worker.
 
 :class:`Settler` is what :class:`~ojs_kombu.runtime.worker.Worker` (and the Dramatiq
-adapter's consumer) do with a delivery besides ``Basic.Ack``:
+adapter's consumer) do with every delivery they take:
 
 * :meth:`Settler.triage` decodes a delivery and settles the ones that must not
   run: undecodable (to the DLQ with the reason in the headers), completed already
   (``deduplicate=True``: acked, not run, counted), redelivered
   (a worker died running it: a failed attempt, ``worker_lost``), cancelled
   (acked, not run: state ``cancelled``), expired
-  (acked, not run) and early (back into the scheduling cascade);
-* :meth:`Settler.fail` carries out a :class:`~ojs_kombu.policy.retry.Decision`:
+  (acked, not run) and early (back into the scheduling cascade); it is the one
+  place a delivery is judged before it runs;
+* :meth:`Settler.succeed`: the handler returned: ack, ``succeeded``;
+* :meth:`Settler.cancel`: a cancelled job (dropped on delivery, or stopped while it
+  ran): ack, counted (``ojs_job_cancelled_total``), ``cancelled``;
+* :meth:`Settler.fail_attempt`: an attempt failed: ``failed``, then
+  :meth:`Settler.fail` carries out the :class:`~ojs_kombu.policy.retry.Decision`:
   retry (confirmed publish to the retry queue, then ack), dead letter
   (the final failure recorded in the control stream, confirmed, then
   ``Basic.Nack(requeue=False)``; or a republish with it, then ack),
   discard (ack);
+* :meth:`Settler.skip`: a job the framework chose not to run (a Dramatiq middleware
+  skipped it): ack, no event;
 * :meth:`Settler.hand_back` returns an unstarted job at shutdown without
   spending an attempt.
 
 With a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` the Settler emits the
-lifecycle events of what it settles: ``cancelled`` (dropped on delivery),
-``expired``, ``failed`` (a redelivery counted as a lost attempt), and, for every
-failure it carries out, ``retried`` or ``dead-lettered`` (a discard adds nothing:
-the caller's ``failed`` alone means discarded).  The caller emits ``started``,
-``succeeded``, ``failed`` of its handlers and ``cancelled`` of running jobs.
+lifecycle events of what it settles (the job metrics and the activity behind INFO
+subscribe to them): ``succeeded``, ``cancelled``, ``expired``, ``failed`` (a handler's
+failure, a redelivery counted as a lost attempt), and, for every failure it carries
+out, ``retried`` or ``dead-lettered`` (a discard adds nothing: ``failed`` alone means
+discarded).  The caller emits ``started`` only.
 
 The Settler never touches a channel itself: it settles through a
 :class:`Settlement` (``ack``, ``nack``, ``republish``).  The Worker and the
@@ -44,6 +51,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Literal, Protocol
 
 from ojs_kombu.amqp.publisher import Destination
@@ -56,6 +64,7 @@ from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure, replay_count
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
+from ojs_kombu.runtime.completed import CompletedLog
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
@@ -181,10 +190,12 @@ class Settler:
         discard_expired: whether :meth:`triage` acks an expired job without
             running it (the ``ojs://`` transport leaves that to the framework,
             which records the task as revoked).
-        completed: tells whether a job id completed already (``Worker(deduplicate=True)``,
-            :class:`~ojs_kombu.runtime.completed.CompletedLog`): :meth:`triage` acks such a
-            delivery without running it (counted in :attr:`deduplicated`), whatever else holds
-            (redelivered, scheduled ...).  ``None``: no de-duplication.
+        completed: the completed job ids (``deduplicate=True``,
+            :class:`~ojs_kombu.runtime.completed.CompletedLog`): :meth:`triage` acks a
+            delivery whose job completed already without running it (counted in
+            :attr:`deduplicated`), whatever else holds (redelivered, scheduled ...), and
+            :meth:`succeed` records the job there, confirmed, before the ack.  ``None``: no
+            de-duplication.
         cancelled: tells whether a job id was cancelled (``Client.cancel``):
             :meth:`triage` acks such a job without running it, whatever else
             holds (redelivered, scheduled ...).  ``None``: no cancels known.
@@ -202,7 +213,7 @@ class Settler:
         early_tolerance_ms: int = 0,
         discard_expired: bool = True,
         cancelled: Callable[[str], bool] | None = None,
-        completed: Callable[[str], bool] | None = None,
+        completed: CompletedLog | None = None,
         lifecycle: Lifecycle | None = None,
     ):
         self.consumer = consumer
@@ -233,11 +244,9 @@ class Settler:
             return None
         attempt = job.attempt + 1
         if self.cancelled is not None and self.cancelled(job.id):
-            record_cancelled(job, "pending", attempt)
-            self.consumer.ack(delivery)
-            self._emit("cancelled", job, attempt)
+            self.cancel(delivery, job, attempt, "pending")
             return None
-        if self.completed is not None and self.completed(job.id):
+        if self.completed is not None and self.completed.is_completed(job.id):
             self.deduplicated += 1
             METRICS.deduplicated(job.queue)
             logger.info(
@@ -256,8 +265,7 @@ class Settler:
                 extra=job_log_extra(job, attempt),
             )
             failure = worker_lost(attempt)
-            self._emit("failed", job, attempt, failure)
-            self.fail(delivery, job, attempt, failure, decide(job, attempt, error_type="worker_lost"))
+            self.fail_attempt(delivery, job, attempt, failure, decide(job, attempt, error_type="worker_lost"))
             return None
         if job.expires_at is None and job.scheduled_at is None:
             return job  # most jobs: no clock to read
@@ -281,10 +289,58 @@ class Settler:
                 return None
         return job
 
+    def succeed(self, delivery: Delivery, job: Job, attempt: int, result: Any = None) -> None:
+        """Attempt ``attempt`` of ``job`` succeeded (its handler returned ``result``): ack, ``succeeded``.
+
+        Parameters:
+            delivery: the job's delivery.
+            job: the job as delivered.
+            attempt: this execution, 1-based.
+            result: what the handler returned (``None`` when the framework does not tell):
+                the outcome's, for what follows a success (a workflow's next step).
+        """
+        completed = self.completed
+        if completed is not None:
+            # Recorded (confirmed), then acked: see ojs_kombu.runtime.completed for the crash windows.
+            completed.record(job.id, delivery.queue, partial(self._recorded, delivery))
+        else:
+            self.consumer.ack(delivery)
+        lifecycle = self.lifecycle  # the hot path: no _emit
+        if lifecycle is not None:
+            lifecycle.emit("succeeded", job, attempt)
+
+    def _recorded(self, delivery: Delivery, ok: bool) -> None:
+        """A completed job's record is confirmed (or given up: at worst a duplicate later): ack it."""
+        self.consumer.ack(delivery)
+
+    def cancel(self, delivery: Delivery, job: Job, attempt: int, state: Literal["pending", "running"]) -> None:
+        """A cancelled job (``Client.cancel``): acked, never retried nor dead-lettered, counted, ``cancelled``.
+
+        Parameters:
+            delivery: the job's delivery.
+            job: the job.
+            attempt: the execution it was delivered for, 1-based.
+            state: ``"pending"`` (dropped on delivery, never run) or ``"running"`` (stopped while it ran).
+        """
+        record_cancelled(job, state, attempt)
+        self.consumer.ack(delivery)
+        self._emit("cancelled", job, attempt)
+
+    def skip(self, delivery: Delivery, job: Job, reason: str) -> None:
+        """A job the framework chose not to run (a Dramatiq middleware skipped it): acked, no event."""
+        logger.debug("job %s skipped: %s", job.id, reason, extra=job_log_extra(job))
+        self.consumer.ack(delivery)
+
+    def fail_attempt(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, decision: Decision) -> None:
+        """Attempt ``attempt`` of ``job`` failed with ``failure``: ``failed``, then :meth:`fail`."""
+        self._emit("failed", job, attempt, failure)
+        self.fail(delivery, job, attempt, failure, decision)
+
     def fail(self, delivery: Delivery, job: Job, attempt: int, failure: Failure, decision: Decision) -> None:
         """Carry out ``decision`` for attempt ``attempt`` of ``job`` that failed with ``failure``.
 
-        Emits ``retried`` or ``dead-lettered`` (nothing for a discard); the caller emits ``failed``.
+        Emits ``retried`` or ``dead-lettered`` (nothing for a discard); ``failed`` is
+        :meth:`fail_attempt`'s (the ``ojs://`` transport leaves it to the framework).
         """
         if decision.outcome is Outcome.RETRY:
             self.retry(delivery, job, attempt, failure, decision.delay_ms or 1)
@@ -383,6 +439,15 @@ class Settler:
             (delivery.outgoing(error_headers(code, message)), self.names.dead_letter_exchange, delivery.queue),
             delivery.queue,
         )
+
+    def reject_unexpected(self, delivery: Delivery) -> None:
+        """A bug of ours met ``delivery``: log it with the traceback being handled, ``Basic.Nack`` it
+        into its DLQ (nothing recorded: what records may be what failed).  Call it from an ``except``."""
+        logger.exception(
+            "unexpected error processing a delivery; sending it to the DLQ",
+            extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
+        )
+        self.consumer.nack(delivery)
 
     def hand_back(self, delivery: Delivery) -> None:
         """An unstarted job at shutdown: republish it unchanged to its queue, then ack (no attempt spent).

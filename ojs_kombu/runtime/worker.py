@@ -52,6 +52,14 @@ deliveries, to the handler threads) until the job returns
 (:mod:`~ojs_kombu.runtime.handover`).  ``inline=False`` runs every job on a handler thread.
 That choice and the handler threads are the worker's :class:`~ojs_kombu.runtime.dispatch.Dispatch`.
 
+How the worker is made: its consumer, control reader, settler and presence come from an
+:class:`~ojs_kombu.runtime.assembly.Assembly` (as the Dramatiq adapter's do); its handlers are
+a :class:`~ojs_kombu.runtime.handlers.Handlers` registry; running one job and turning its outcome
+into one call of the :class:`~ojs_kombu.runtime.settle.Settler` (which acks, retries,
+dead-letters or drops it, with its event and metric) is :mod:`~ojs_kombu.runtime.processing`.
+The Worker itself is the front: its keywords, registration, and the lifecycle (start, stop,
+signals).
+
 ``async def`` handlers run as tasks of one event loop on a thread of the worker's own
 (:mod:`~ojs_kombu.runtime.coroutines`), at most ``concurrency`` at once (the prefetch):
 200 jobs that each ``await`` I/O take one thread, not 200, and a worker whose handlers
@@ -85,48 +93,30 @@ How a worker ends:
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import inspect
 import logging
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from functools import partial
 from types import FrameType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
-
-from kombu.connection import Connection
-from pydantic import PrivateAttr
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url, safe_url
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.amqp.urls import BrokerUrls
-from ojs_kombu.errors import Cancelled, OjsError, ValidationError, WorkerError
-from ojs_kombu.model.job import Job
+from ojs_kombu.errors import OjsError, ValidationError, WorkerError
 from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
-from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.observability.server import DEFAULT_METRICS_HOST, MetricsServer, check_metrics_port, serve_metrics
-from ojs_kombu.observability.tracing import job_span
-from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.policy.schedule import Cascade
-from ojs_kombu.runtime.activity import worker_lifecycle
-from ojs_kombu.runtime.completed import CompletedLog, dedupe_prefetch
-from ojs_kombu.runtime.consumer import Consumer, Delivery
-from ojs_kombu.runtime.control import (
-    Cancellations,
-    CancelRunning,
-    ControlReader,
-    PausedQueues,
-    RunningEntry,
-    record_cancelled,
-)
-from ojs_kombu.runtime.coroutines import CoroutineRunner
+from ojs_kombu.runtime.assembly import Assembly
+from ojs_kombu.runtime.completed import CompletedLog
+from ojs_kombu.runtime.control import CancelRunning
+from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.dispatch import Dispatch
+from ojs_kombu.runtime.handlers import Handlers
 from ojs_kombu.runtime.lifecycle import JobEvent
-from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
-from ojs_kombu.runtime.settle import Settler, failure_error
+from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
+from ojs_kombu.runtime.processing import Processing, RunningJob, current_job
 from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions, QueueType
@@ -139,59 +129,6 @@ R = TypeVar("R")
 
 #: What ``signal.signal`` takes and returns.
 _SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
-
-
-class RunningJob(Job):
-    """The job a handler is running, as :func:`current_job` returns it: a :class:`Job` plus
-    :attr:`cancelled`."""
-
-    _run: RunningEntry | None = PrivateAttr(default=None)
-
-    @property
-    def cancelled(self) -> threading.Event:
-        """Set (within ~1 s of ``Client.cancel``) when the job has been cancelled; a handler may poll it."""
-        run = self._run
-        if run is None:  # made by hand, not by a Worker: nothing will cancel it
-            run = self._run = RunningEntry(self.id, self.queue, threading.get_ident())
-        return run.cancelled  # made when first asked for: most runs never look
-
-    @classmethod
-    def of(cls, job: Job, attempt: int, run: RunningEntry) -> RunningJob:
-        """``job`` at execution ``attempt``, in the Worker's ``run`` of it.
-
-        A copy of ``job``'s validated state, built the way pydantic's ``model_copy`` builds one
-        (no validation, no default factories: this runs per job).
-
-        Parameters:
-            job: the job as decoded.
-            attempt: this execution, 1-based.
-            run: the run's entry in :class:`~ojs_kombu.runtime.control.Cancellations` (its
-                ``cancelled`` event).
-
-        Returns:
-            The running job.
-        """
-        running = cls.__new__(cls)
-        object.__setattr__(running, "__dict__", {**job.__dict__, "attempt": attempt})
-        object.__setattr__(running, "__pydantic_fields_set__", job.__pydantic_fields_set__ | {"attempt"})
-        object.__setattr__(running, "__pydantic_extra__", dict(job.__pydantic_extra__ or {}))
-        object.__setattr__(running, "__pydantic_private__", {"_run": run})
-        return running
-
-
-_current_job: contextvars.ContextVar[RunningJob | None] = contextvars.ContextVar("ojs_current_job", default=None)
-
-
-def current_job() -> RunningJob:
-    """The job the calling handler is running (``attempt`` is this execution, 1-based), with its
-    ``cancelled`` event.
-
-    Raises :class:`~ojs_kombu.errors.OjsError` outside a handler.
-    """
-    job = _current_job.get()
-    if job is None:
-        raise OjsError("current_job() is only available inside a job handler")
-    return job
 
 
 def _queues(queues: Iterable[str]) -> list[str]:
@@ -257,13 +194,12 @@ class Worker:
         inline: run short jobs on the consumer thread (see the module's "Threads"); ``False``
             hands every job to a handler thread.
         deduplicate: execution de-duplication (DESIGN §19, ``docs/reliability.md``): record the
-            id of every completed job in the stream ``ojs.stream.completed.{q}`` (confirmed,
-            then the ack) and ack without running a delivery whose job id completed already,
-            here or in another worker of the queue (:class:`~ojs_kombu.runtime.completed.CompletedLog`).
-            The prefetch count grows to :func:`~ojs_kombu.runtime.completed.dedupe_prefetch`
-            (``concurrency`` + 64): completed jobs stay unacked until their record is confirmed,
-            and must not hold back the next deliveries meanwhile.
-        completed_options: bounds of what ``deduplicate`` remembers (age, size, ids in memory).
+            id of every completed job in the stream ``ojs.stream.completed.{q}`` (confirmed, then
+            the ack) and ack without running a delivery whose job id completed already, here or
+            in another worker of the queue (:class:`~ojs_kombu.runtime.completed.CompletedLog`,
+            :attr:`completed_log`; :attr:`deduplicated` counts them).  The prefetch count grows
+            by 64: completed jobs wait unacked for their record's confirm.
+        completed_options: bounds of what ``deduplicate`` remembers (age, stream size, ids in memory).
 
     Raises:
         ValidationError: a queue name, the concurrency, ``dead_letter_mode`` or ``metrics_port`` is invalid.
@@ -297,8 +233,6 @@ class Worker:
         deduplicate: bool = False,
         completed_options: CompletedOptions | None = None,
     ):
-        if dead_letter_mode not in ("nack", "republish"):
-            raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
         self.queues = _queues(queues)
         self.concurrency = _concurrency(concurrency)
         self.url = resolve_url(url)
@@ -313,32 +247,39 @@ class Worker:
             control=control,
             events=events_options,
         )
+        self.cascade = Cascade(self.names)
+        #: The parts every consumer of this worker is built from (they outlive configure()).
+        self.assembly = Assembly(
+            self.url,
+            self.names,
+            self.topology,
+            self.cascade,
+            dead_letter_mode=dead_letter_mode,
+            cancel_running=cancel_running,
+            heartbeat=heartbeat,
+            ssl=ssl,
+            transport_options=transport_options,
+            presence_interval=presence_interval,
+            deduplicate=deduplicate,
+            completed_options=completed_options,
+        )
+        self.completed_log: CompletedLog | None = None
+        """The completed job ids (``deduplicate=True``)."""
         self.events = events
-        self.presence_interval = check_presence_interval(presence_interval)
+        self.presence_interval = self.assembly.presence_interval
         self.metrics_port = None if metrics_port is None else check_metrics_port(metrics_port)
         self.metrics_host = metrics_host
         self.metrics_server: MetricsServer | None = None
         """The running metrics endpoint (between :meth:`start` and :meth:`stop` with ``metrics_port``)."""
-        self._init_activity()
+        self.lifecycle, self.activity = self.assembly.lifecycle, self.assembly.activity
+        self.worker_id = self.assembly.worker_id
+        self.cancellations = self.assembly.cancellations
         if events:
             self.lifecycle.subscribe(self._offer_event)
         self._beacon: Beacon | None = None
-        self.cancellations = Cancellations(cancel_running)
-        self._paused = PausedQueues()  # outlives configure(), like the cancels
-        self.cascade = Cascade(self.names)
-        self._heartbeat = heartbeat
         self._connection_name = connection_name
-        self._ssl = ssl
-        self._transport_options = transport_options
-        self._handlers: dict[str, Callable[..., object]] = {}
-        self._async_types: set[str] = set()  # job types whose handler is an ``async def``
-        self._runner: CoroutineRunner | None = None  # their event loop, made for the first one
-        self._runner_lock = threading.Lock()
+        self._handlers = Handlers()
         self._inline = inline
-        self._draining = threading.Event()
-        self._in_flight = 0
-        self._unsettled = 0  # received and not yet settled (acked, republished, handed back ...)
-        self._in_flight_lock = threading.Lock()
         self._consumer_thread: threading.Thread | None = None
         # Lifecycle: _shutdown wakes run(); _stopping / _stopped bracket stop().
         self._lifecycle = threading.Lock()
@@ -348,70 +289,33 @@ class Worker:
         self._run_active = False
         self._error: WorkerError | None = None
         self._handler_exit: BaseException | None = None
-        self.deduplicate = deduplicate
-        self.completed_options = completed_options or CompletedOptions()
-        self.completed_log: CompletedLog | None = None
-        """The completed job ids (``deduplicate=True``)."""
         self._build_consumer()
 
-    def _init_activity(self) -> None:
-        """The worker's lifecycle hub and the activity it feeds (both outlive configure())."""
-        self.lifecycle, self.activity = worker_lifecycle()
-        self.worker_id = self.lifecycle.worker_id
-
     def _build_consumer(self) -> None:
-        if self.deduplicate:
-            self._build_completed_log()
-        self.consumer = Consumer(
-            self.url,
-            {self.names.job_queue(q): q for q in self.queues},
-            dedupe_prefetch(self.concurrency) if self.deduplicate else self.concurrency,
+        parts = self.assembly.consuming(
+            self.queues,
+            self.concurrency,
             self._receive,
-            topology=self.topology,
-            declare=self._declare,
-            control=ControlReader(
-                self.names,
-                self.topology,
-                self.queues,
-                self.cancellations,
-                paused=self._paused,
-                info=self.activity.lookup,
-            ),
-            heartbeat=self._heartbeat,
-            connect_retries=self.connect_retries,
             connection_name=self._consumer_name(),
-            ssl=self._ssl,
-            transport_options=self._transport_options,
+            connect_retries=self.connect_retries,
             on_pass=self._run_ready,
         )
-        #: Where each delivered job runs: the consumer thread or a handler thread.
-        self.dispatch = Dispatch(self.consumer, self._handle, lambda: self._in_flight, inline=self._inline)
-        self._slots = threading.Semaphore(self.concurrency)  # jobs running at once, on any thread
-        self.settler = Settler(
-            self.consumer,
-            self.names,
-            self.topology,
-            self.cascade,
-            dead_letter_mode=self.dead_letter_mode,
-            cancelled=self.cancellations.is_cancelled,
-            completed=self.completed_log.is_completed if self.completed_log is not None else None,
-            lifecycle=self.lifecycle,
-        )
-
-    def _build_completed_log(self) -> None:
         if self.completed_log is not None:
             self.completed_log.stop()  # configure(): never started, its pipe closed
-        self.completed_log = CompletedLog(
-            self.url,
-            self.queues,
-            names=self.names,
-            topology=self.topology,
-            options=self.completed_options,
-            heartbeat=self._heartbeat,
-            ssl=self._ssl,
-            transport_options=self._transport_options,
-            connection_name=f"{self._consumer_name()} completed",
+        self.consumer, self.settler, self.completed_log = parts.consumer, parts.settler, parts.completed
+        #: Runs each job in a slot of the concurrency and settles it.
+        self.processing = Processing(
+            self.settler,
+            self._handlers,
+            self.cancellations,
+            self.lifecycle,
+            self.concurrency,
+            worker_id=self.worker_id,
+            on_exit=self._exit_requested,
         )
+        processing = self.processing
+        #: Where each delivered job runs: the consumer thread or a handler thread.
+        self.dispatch = Dispatch(self.consumer, processing.handle, lambda: processing.in_flight, inline=self._inline)
 
     @property
     def deduplicated(self) -> int:
@@ -486,11 +390,7 @@ class Worker:
 
         def register(func: Callable[P, R]) -> Callable[P, R]:
             with self._lifecycle:
-                self._handlers[job_type] = func
-                if inspect.iscoroutinefunction(func):
-                    self._async_types.add(job_type)
-                else:
-                    self._async_types.discard(job_type)
+                self._handlers.add(job_type, func)
                 if self._consumer_thread is not None and not self._stopping.is_set():
                     self._add_handler_threads()  # a plain handler registered after start()
             return func
@@ -506,7 +406,7 @@ class Worker:
         Known once :meth:`wait_until_ready` has returned (the control streams are
         replayed first); a paused queue is not consumed until it is resumed.
         """
-        return self._paused.queues & frozenset(self.queues)
+        return self.assembly.paused.queues & frozenset(self.queues)
 
     @property
     def inline(self) -> bool:
@@ -536,24 +436,13 @@ class Worker:
                 raise OjsError("the worker is already started")
             if self.metrics_port is not None:
                 self.metrics_server = serve_metrics(self.metrics_port, self.metrics_host)
-            if self.completed_log is not None:
-                self.completed_log.start(timeout=0)  # the consumer thread waits for its catch-up
             self._add_handler_threads()
             self.dispatch.handover.start()
             self._consumer_thread = threading.Thread(target=self._run_consumer, name="ojs-consumer", daemon=True)
             self._consumer_thread.start()
-            self._beacon = Beacon(
-                self.url,
-                self.names,
-                self.topology,
-                worker_id=self.worker_id,
-                queues=self.queues,
-                concurrency=self.concurrency,
-                active=self.activity.active_jobs,
-                interval=self.presence_interval,
-                heartbeat=self._heartbeat,
-                ssl=self._ssl,
-                transport_options=self._transport_options,
+            self._beacon = self.assembly.beacon(
+                self.queues,
+                self.concurrency,
                 connection_name=f"{self._consumer_name()} events",
                 # A node whose presences stay unconfirmed commits nothing (cut off from the
                 # majority): its queues deliver nothing either, so the consumer leaves it too.
@@ -604,17 +493,19 @@ class Worker:
             return
         grace = self.grace_period if timeout is None else timeout
         deadline = time.monotonic() + grace
+        processing = self.processing
         self.consumer.stop_consuming()
-        self._draining.set()
+        processing.draining.set()
         # Deliveries keep arriving until the broker has confirmed the cancel (Basic.CancelOk).
         while time.monotonic() < deadline and self.consumer.consuming and self.consumer.connected.is_set():
             time.sleep(0.01)
-        self._hand_back_waiting()
-        while time.monotonic() < deadline and self._unsettled:
+        for delivery in self.dispatch.unstarted():  # no thread has started them yet
+            processing.hand_back(delivery)
+        while time.monotonic() < deadline and processing.unsettled:
             time.sleep(0.01)
-        if self._in_flight:
+        if processing.in_flight:
             logger.warning(
-                "%d job(s) still running after %.1fs; the broker will redeliver them", self._in_flight, grace
+                "%d job(s) still running after %.1fs; the broker will redeliver them", processing.in_flight, grace
             )
         if self.completed_log is not None:
             # Its confirms ack the last completed jobs: before the consumer stops.
@@ -625,8 +516,7 @@ class Worker:
             consumer_thread.join(timeout=max(5.0, deadline - time.monotonic()))
         self.dispatch.handover.stop()
         self.dispatch.join_threads(timeout=0.5)
-        if self._runner is not None:  # coroutines still running past the grace period: left to the broker
-            self._runner.stop()
+        processing.stop_coroutines()  # coroutines still running past the grace period: left to the broker
         self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
         if self._beacon is not None:
             self._beacon.stop()  # after the last settle: its job events, then the offline presence
@@ -692,7 +582,6 @@ class Worker:
     def _run_consumer(self) -> None:
         cause: BaseException | None = None
         try:
-            self._wait_for_completed_ids()
             self.consumer.run()
         except BaseException as exc:  # noqa: BLE001 - reported by run() / error, never lost
             cause = exc
@@ -707,39 +596,14 @@ class Worker:
                 logger.error("the consumer failed while stopping: %r", cause, exc_info=cause)
             self._shutdown.set()
 
-    def _wait_for_completed_ids(self) -> None:
-        """Before the first job queue is consumed: wait until the completed ids are replayed."""
-        log = self.completed_log
-        if log is None:
-            return
-        while not log.ready.wait(1.0):
-            if self._stopping.is_set():
-                return
-            if time.monotonic() - log.started > log.replay_timeout:
-                logger.warning(
-                    "the completed job ids were not replayed within %.0fs; consuming without them meanwhile "
-                    "(a duplicate delivery of a job completed before may run again)",
-                    log.replay_timeout,
-                )
-                return
-
-    def _declare(self, connection: Connection) -> None:
-        for queue in self.queues:
-            self.topology.ensure_consumable(connection, queue, self.cascade)
-
-    # -- handler threads -----------------------------------------------------------------------
+    # -- deliveries ----------------------------------------------------------------------------
 
     def _receive(self, delivery: Delivery) -> None:
-        with self._in_flight_lock:
-            self._unsettled += 1
+        self.processing.received()
         self.dispatch.receive(delivery)  # run or handed out after the pass (_run_ready)
 
     def _run_ready(self) -> None:
         self.dispatch.run_ready()  # the consumer's on_pass: the dispatch is made after the consumer
-
-    def _settled(self) -> None:
-        with self._in_flight_lock:
-            self._unsettled -= 1
 
     def _add_handler_threads(self) -> None:
         """Start the handler threads still missing (with ``_lifecycle`` held).
@@ -747,193 +611,7 @@ class Worker:
         ``concurrency`` of them, or one when every handler is an ``async def``: coroutine
         jobs run on the worker's event loop, the thread only starts those handed to it.
         """
-        handlers = self._handlers
-        self.dispatch.add_threads(1 if handlers and self._async_types.issuperset(handlers) else self.concurrency)
-
-    def _handle(self, delivery: Delivery) -> None:
-        """Run ``delivery``'s job and settle it (or hand it back unstarted when draining), in one
-        of the ``concurrency`` slots (the consumer thread's job takes one too)."""
-        with self._slots:
-            self._handle_in_slot(delivery)
-
-    def _handle_in_slot(self, delivery: Delivery) -> None:
-        if self._draining.is_set():
-            try:
-                self._hand_back(delivery)
-            finally:
-                self._settled()
-            return
-        with self._in_flight_lock:
-            self._in_flight += 1
-        deferred = False  # a coroutine job: counted out when its coroutine ends
-        try:
-            deferred = self._process(delivery)
-        except Exception:  # noqa: BLE001 - logged with its traceback, the delivery dead-lettered
-            self._dead_letter_unexpected(delivery)
-        finally:
-            if not deferred:
-                self._done()
-
-    def _done(self) -> None:
-        """A job left its slot: run and settled, or left to the broker."""
-        with self._in_flight_lock:
-            self._in_flight -= 1
-            self._unsettled -= 1
-
-    def _hand_back_waiting(self) -> None:
-        """At shutdown: hand back every delivery no thread has started yet."""
-        for delivery in self.dispatch.unstarted():
-            try:
-                self._hand_back(delivery)
-            finally:
-                self._settled()
-
-    def _hand_back(self, delivery: Delivery) -> None:
-        """An unstarted job at shutdown: republish it unchanged to its queue, then ack."""
-        self.settler.hand_back(delivery)
-
-    def _process(self, delivery: Delivery) -> bool:
-        """Run ``delivery``'s job and settle it; True when it went to the event loop instead
-        (an ``async def`` handler), which settles it when its coroutine ends."""
-        job = self.settler.triage(delivery)
-        if job is None:
-            return False
-        attempt = job.attempt + 1
-        handler = self._handlers.get(job.type)
-        if handler is None:
-            self.settler.reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
-            return False
-        if job.type in self._async_types:
-            self._coroutines().submit(partial(self._run_coroutine, delivery, job, attempt, handler))
-            return True
-        token = None
-        self.lifecycle.emit("started", job, attempt)
-        try:
-            with self.cancellations.running(job.id, job.queue) as entry:
-                token = _current_job.set(RunningJob.of(job, attempt, entry))
-                with job_span(job, attempt):
-                    handler(*job.args, **job.kwargs)
-        except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
-            self._settle_run(delivery, job, attempt, exc)
-        else:
-            self._settle_run(delivery, job, attempt, None)
-        finally:
-            if token is not None:
-                _current_job.reset(token)
-        return False
-
-    def _coroutines(self) -> CoroutineRunner:
-        """The worker's event loop for ``async def`` handlers, started on first use."""
-        runner = self._runner
-        if runner is None:
-            with self._runner_lock:
-                runner = self._runner
-                if runner is None:
-                    runner = self._runner = CoroutineRunner(f"ojs-coroutines-{self.worker_id}")
-        return runner
-
-    async def _run_coroutine(self, delivery: Delivery, job: Job, attempt: int, handler: Callable[..., Any]) -> None:
-        """A coroutine job, as :meth:`_process` runs a plain one: its own task, its own ``current_job()``.
-
-        In ``"interrupt"`` mode a cancel cancels the task (``asyncio.CancelledError`` in the handler);
-        the run is settled as cancelled.  A task cancelled because the worker stops past its grace
-        period is not settled: the broker redelivers the job.
-        """
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-
-        def interrupt() -> None:
-            if task is not None:
-                try:
-                    loop.call_soon_threadsafe(task.cancel)
-                except RuntimeError:  # the loop is closed: the worker has stopped
-                    pass
-
-        try:
-            self.lifecycle.emit("started", job, attempt)
-            outcome: BaseException | None = None
-            entry = self.cancellations.enter(job.id, job.queue, interrupt=interrupt)
-            try:
-                _current_job.set(RunningJob.of(job, attempt, entry))  # the task's own context
-                if entry.is_cancelled:  # cancelled before the task could be interrupted
-                    raise Cancelled()
-                with job_span(job, attempt):
-                    await handler(*job.args, **job.kwargs)
-            except asyncio.CancelledError:
-                if not entry.is_cancelled:
-                    raise
-                outcome = Cancelled()
-            except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
-                outcome = exc
-            finally:
-                self.cancellations.leave(entry)
-            self._settle_run(delivery, job, attempt, outcome)
-        except asyncio.CancelledError:
-            logger.warning(
-                "job %s still running when the worker stopped; the broker will redeliver it",
-                job.id,
-                extra=job_log_extra(job, attempt),
-            )
-        except Exception:  # noqa: BLE001 - logged with its traceback, the delivery dead-lettered
-            self._dead_letter_unexpected(delivery)
-        finally:
-            self._done()
-
-    def _dead_letter_unexpected(self, delivery: Delivery) -> None:
-        """A bug of ours met this delivery: log it with its traceback and send the delivery to its DLQ."""
-        logger.exception(
-            "unexpected error processing a delivery; sending it to the DLQ",
-            extra=message_log_extra(delivery.properties.get("message_id"), delivery.queue),
-        )
-        self.consumer.nack(delivery)
-
-    def _settle_run(self, delivery: Delivery, job: Job, attempt: int, exc: BaseException | None) -> None:
-        """Settle a run of ``job`` whose handler returned (``exc`` None) or raised ``exc``."""
-        if exc is None:
-            if self.cancellations.is_cancelled(job.id):
-                self._cancelled(delivery, job, attempt)
-            elif self.completed_log is not None:
-                # Recorded (confirmed), then acked: see ojs_kombu.runtime.completed for the crash windows.
-                self.completed_log.record(job.id, delivery.queue, partial(self._recorded, delivery))
-                self.lifecycle.emit("succeeded", job, attempt)
-            else:
-                self.consumer.ack(delivery)
-                self.lifecycle.emit("succeeded", job, attempt)
-            return
-        if self.cancellations.is_cancelled(job.id):
-            self._cancelled(delivery, job, attempt)
-            if isinstance(exc, Exception | Cancelled):
-                return
-            self._exit_requested(exc)  # SystemExit / KeyboardInterrupt: the job is settled, then exit
-            return
-        extra = job_log_extra(job, attempt)
-        logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc, extra=extra)
-        failure = Failure.from_exception(exc)
-        self._failed(job, attempt, failure)
-        self.settler.fail(delivery, job, attempt, failure, decide(job, attempt, exc))
-        if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the program wants to end
-            logger.error(
-                "the handler of job %s raised %s: attempt %d failed; the worker shuts down",
-                job.id,
-                type(exc).__name__,
-                attempt,
-                extra=extra,
-            )
-            self._exit_requested(exc)
-
-    def _recorded(self, delivery: Delivery, ok: bool) -> None:
-        """A completed job's record is confirmed (or given up): ack its delivery (in the log's thread)."""
-        self.consumer.ack(delivery)
-
-    def _failed(self, job: Job, attempt: int, failure: Failure) -> None:
-        """Emit ``failed`` for a handler's failure (the Settler then emits ``retried`` / ``dead-lettered``)."""
-        self.lifecycle.emit("failed", job, attempt, error=failure_error(failure))
-
-    def _cancelled(self, delivery: Delivery, job: Job, attempt: int) -> None:
-        """A job cancelled while it ran: acked, never retried, counted."""
-        record_cancelled(job, "running", attempt)
-        self.consumer.ack(delivery)
-        self.lifecycle.emit("cancelled", job, attempt)
+        self.dispatch.add_threads(1 if self._handlers.all_async else self.concurrency)
 
     def _offer_event(self, event: JobEvent) -> None:
         """The lifecycle subscriber of ``events=True``: hand the event to the beacon's thread."""

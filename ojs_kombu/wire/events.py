@@ -8,6 +8,7 @@ message                    ``type`` property           routing key
 =========================  ==========================  =========================================
 worker presence            ``ojs.event.worker``        ``worker.{worker_id}``
 job lifecycle event        ``ojs.event.job.{event}``   ``job.{event}.{queue}``
+cron event (``ojs-cron``)  ``ojs.event.cron.{event}``  ``cron.{event}.{name}``
 a reader's catch-up mark   ``ojs.event.marker``        ``marker``
 =========================  ==========================  =========================================
 
@@ -27,7 +28,9 @@ gracefully.  A job event body::
     {"event": "failed", "job_id": "…", "type": "email.send", "queue": "email",
      "attempt": 2, "worker_id": "…", "at": "…Z", "error": {"code": …, "type": …, "message": …}}
 
-(``error`` only on ``failed``).  :class:`JobEvent` is the one definition of a job event's
+(``error`` only on ``failed``).  A cron event (ojs-cron.md §9, :class:`CronEvent`) has the spec's
+body, ``{"event": "cron.triggered", "timestamp": "…Z", "data": {"cron_name": …, …}}``;
+:func:`decode_event` skips it (it is not a job event), :func:`decode_cron_event` reads it.  :class:`JobEvent` is the one definition of a job event's
 fields: what a worker's :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` emits, what the
 per job type metrics read (:mod:`ojs_kombu.observability.job_metrics`) and what a reader
 decodes from the stream (:class:`JobEventRecord`, the same fields).  Decoders ignore unknown fields and unknown
@@ -41,13 +44,13 @@ Pure: :mod:`ojs_kombu.runtime.presence` publishes these messages,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal, NamedTuple, get_args
 
 from ojs_kombu.errors import DecodeError, ValidationError
-from ojs_kombu.model.naming import EVENT_TYPE_JOB_PREFIX, EVENT_TYPE_WORKER
+from ojs_kombu.model.naming import EVENT_TYPE_CRON_PREFIX, EVENT_TYPE_JOB_PREFIX, EVENT_TYPE_WORKER
 from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp, utcnow
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.control import ControlOptions, json_message
@@ -66,6 +69,12 @@ JobEventName = Literal["started", "succeeded", "failed", "retried", "dead-letter
 """The lifecycle events of a job (the routing key of an events-stream message is ``job.{event}.{queue}``)."""
 
 JOB_EVENT_NAMES: tuple[str, ...] = get_args(JobEventName)
+
+CronEventName = Literal["triggered", "skipped"]
+"""The cron events (ojs-cron.md §9): ``cron.triggered`` and ``cron.skipped``."""
+
+CronSkipReason = Literal["overlap_skip", "disabled", "dst_skip"]
+"""Why an occurrence did not enqueue a job (ojs-cron.md §9.2)."""
 
 
 def library_version() -> str:
@@ -194,9 +203,9 @@ class JobEvent(_JobEventFields):
         error: for ``failed``: ``{"code", "type", "message"}`` of the failure.
         enqueued_at, scheduled_at: on a ``started`` event a worker emits, the job's ``enqueued_at`` /
             ``scheduled_at`` (aware datetimes), when it has them: what queue wait and scheduling
-            lateness are measured from (:class:`~ojs_kombu.observability.job_metrics.JobMetrics`);
-            None on the other events (parsing them costs a µs per event nobody reads), and on every
-            event read from the stream (its body does not carry them).
+            lateness are measured from (:class:`~ojs_kombu.observability.job_metrics.JobMetrics`,
+            the dashboard's queue wait); None on the other events (parsing them costs a µs per
+            event nobody reads).  The body carries them when set.
 
     A named tuple rather than a frozen dataclass: a worker builds two per job in the thread
     that settles it, and a tuple is built in one step (a frozen dataclass writes its ten
@@ -223,7 +232,8 @@ class JobEvent(_JobEventFields):
         return job_event
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON body of this event on the events stream (``error`` only when set)."""
+        """The JSON body of this event on the events stream (``error``, ``enqueued_at`` and
+        ``scheduled_at`` only when set)."""
         body: dict[str, Any] = {
             "event": self.event,
             "job_id": self.job_id,
@@ -235,6 +245,10 @@ class JobEvent(_JobEventFields):
         }
         if self.error is not None:
             body["error"] = self.error
+        if self.enqueued_at is not None:
+            body["enqueued_at"] = format_timestamp(self.enqueued_at)
+        if self.scheduled_at is not None:
+            body["scheduled_at"] = format_timestamp(self.scheduled_at)
         return body
 
 
@@ -243,9 +257,102 @@ _new_tuple = tuple.__new__
 
 class JobEventRecord(JobEvent):
     """A job event read from the events stream (:meth:`ojs_kombu.Client.events`, :func:`decode_event`):
-    a :class:`JobEvent` whose ``enqueued_at`` / ``scheduled_at`` are None (the body does not carry them)."""
+    a :class:`JobEvent` whose ``enqueued_at`` / ``scheduled_at`` are the body's (None when it has none,
+    as an older worker's ``started`` or any other event, or when one is not an RFC 3339 time)."""
 
     __slots__ = ()
+
+
+@dataclass(frozen=True)
+class CronEvent:
+    """A ``cron.triggered`` or ``cron.skipped`` event (ojs-cron.md §9).
+
+    Parameters:
+        event: ``triggered`` or ``skipped``.
+        cron_name, cron_expression, timezone: the cron job.
+        scheduled_time: the occurrence (UTC).
+        job_id, job_type, run_count, actual_time: of a ``triggered`` event: the job enqueued, the
+            occurrences fired so far (this one included, as the scheduler knows them) and when it was.
+        reason, active_job_id: of a ``skipped`` event: one of :data:`CronSkipReason`, and the job
+            still active for ``overlap_skip``.
+        timestamp: when the event was emitted (default now).
+    """
+
+    event: CronEventName
+    cron_name: str
+    cron_expression: str
+    timezone: str
+    scheduled_time: datetime
+    job_id: str | None = None
+    job_type: str | None = None
+    run_count: int | None = None
+    actual_time: datetime | None = None
+    reason: CronSkipReason | None = None
+    active_job_id: str | None = None
+    timestamp: datetime = field(default_factory=utcnow)
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec's body: ``{"event": "cron.<event>", "timestamp": …, "data": {…}}`` (fields not set left out)."""
+        data: dict[str, Any] = {
+            "cron_name": self.cron_name,
+            "cron_expression": self.cron_expression,
+            "timezone": self.timezone,
+        }
+        if self.event == "triggered":
+            data.update(job_id=self.job_id, job_type=self.job_type, run_count=self.run_count)
+        else:
+            data.update(reason=self.reason, active_job_id=self.active_job_id)
+        data["scheduled_time"] = format_timestamp(self.scheduled_time)
+        if self.actual_time is not None:
+            data["actual_time"] = format_timestamp(self.actual_time)
+        return {
+            "event": f"cron.{self.event}",
+            "timestamp": format_timestamp(self.timestamp),
+            "data": {k: v for k, v in data.items() if v is not None},
+        }
+
+
+def cron_event_message(event: CronEvent) -> OutgoingMessage:
+    """The message of a cron event: ``type=ojs.event.cron.{event}``, body :meth:`CronEvent.to_json`."""
+    return json_message(EVENT_TYPE_CRON_PREFIX + event.event, event.to_json(), sent_at=event.timestamp)
+
+
+def decode_cron_event(body: bytes, properties: dict[str, Any]) -> CronEvent | None:
+    """Read a cron event of the events stream; ``None`` for any other message.
+
+    Raises:
+        DecodeError: a cron event whose body is not the spec's object.
+    """
+    kind = properties.get("type")
+    if not isinstance(kind, str) or not kind.startswith(EVENT_TYPE_CRON_PREFIX):
+        return None
+    what = "a cron event"
+    try:
+        outer = json.loads(body.decode("utf-8")) if len(body) <= MAX_EVENT_BYTES else None
+    except (UnicodeDecodeError, ValueError):
+        outer = None
+    if not isinstance(outer, dict) or not isinstance(outer.get("data"), dict):
+        raise DecodeError(f"{what}: the body must be an object with a 'data' object", code="invalid_payload")
+    name = kind[len(EVENT_TYPE_CRON_PREFIX) :]
+    if name not in get_args(CronEventName):
+        return None
+    data = outer["data"]
+    actual = data.get("actual_time")
+    run_count = data.get("run_count")
+    return CronEvent(
+        event=name,  # type: ignore[arg-type]
+        cron_name=_field(data, "cron_name", str, what),
+        cron_expression=_field(data, "cron_expression", str, what),
+        timezone=_field(data, "timezone", str, what),
+        scheduled_time=_time(data, "scheduled_time", what),
+        job_id=data.get("job_id") if isinstance(data.get("job_id"), str) else None,
+        job_type=data.get("job_type") if isinstance(data.get("job_type"), str) else None,
+        run_count=run_count if isinstance(run_count, int) and not isinstance(run_count, bool) else None,
+        actual_time=_time(data, "actual_time", what) if isinstance(actual, str) else None,
+        reason=data.get("reason") if data.get("reason") in get_args(CronSkipReason) else None,
+        active_job_id=data.get("active_job_id") if isinstance(data.get("active_job_id"), str) else None,
+        timestamp=_time(outer, "timestamp", what),
+    )
 
 
 def presence_message(presence: WorkerPresence) -> OutgoingMessage:
@@ -336,6 +443,7 @@ def decode_job_event(data: dict[str, Any]) -> JobEventRecord:
     """
     what = "a job event"
     error = data.get("error")
+    enqueued_at, scheduled_at = _optional_time(data.get("enqueued_at")), _optional_time(data.get("scheduled_at"))
     return JobEventRecord(
         event=_field(data, "event", str, what),
         job_id=_field(data, "job_id", str, what),
@@ -345,7 +453,19 @@ def decode_job_event(data: dict[str, Any]) -> JobEventRecord:
         worker_id=_field(data, "worker_id", str, what),
         at=_time(data, "at", what),
         error=error if isinstance(error, dict) else None,
+        enqueued_at=enqueued_at,
+        scheduled_at=scheduled_at,
     )
+
+
+def _optional_time(value: Any) -> datetime | None:
+    """An optional time of an event body: None when absent or unreadable (it never fails a decode)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_timestamp(value)
+    except ValidationError:
+        return None
 
 
 def decode_event(body: bytes, properties: dict[str, Any]) -> WorkerPresence | JobEventRecord | None:
@@ -389,12 +509,17 @@ __all__ = [
     "JOB_EVENT_NAMES",
     "MARKER_ROUTING_KEY",
     "ActiveJob",
+    "CronEvent",
+    "CronEventName",
+    "CronSkipReason",
     "EventsOptions",
     "JobEvent",
     "JobEventName",
     "JobEventRecord",
     "PresenceState",
     "WorkerPresence",
+    "cron_event_message",
+    "decode_cron_event",
     "decode_event",
     "decode_job_event",
     "decode_presence",

@@ -4,6 +4,7 @@ batches still reach the queue complete and in order, confirmed, and counted once
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 
 import kombu
@@ -135,3 +136,32 @@ def test_a_large_batch_runs_without_collections_and_restores_the_collector(amqp_
             failed = broken.enqueue_many(jobs)
         assert all(r.error is not None for r in failed)
         assert gc.isenabled()
+
+
+def test_gc_pause_false_leaves_the_collector_alone(amqp_url, prefix):
+    from ojs_kombu.client import GC_PAUSE_MIN_JOBS
+
+    def sample_during(client: Client, jobs: list[Job]) -> set[bool]:
+        """``gc.isenabled()`` as a thread sees it while ``jobs`` are enqueued."""
+        seen: set[bool] = set()
+        running = threading.Event()
+        running.set()
+
+        def sample() -> None:
+            while running.is_set():
+                seen.add(gc.isenabled())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            assert all(r.ok for r in client.enqueue_many(jobs))
+        finally:
+            running.clear()
+            sampler.join(5)
+        return seen
+
+    jobs = [Job.create("bulk.job", [i], queue="unpaused") for i in range(5 * GC_PAUSE_MIN_JOBS)]
+    with Client(amqp_url, prefix=prefix, gc_pause=False) as unpaused, Client(amqp_url, prefix=prefix) as paused:
+        unpaused.declare_queue("unpaused")
+        assert sample_during(unpaused, jobs) == {True}
+        assert False in sample_during(paused, jobs)  # the contrast: the default pauses it

@@ -78,3 +78,18 @@ if os.environ.get("OJS_RECEIVED_LOG"):
         payload = body[:2] if isinstance(body, list) else json.loads(body)[:2]
         with open(os.environ["OJS_RECEIVED_LOG"], "a") as log:
             log.write(json.dumps({"content_type": request.content_type, "payload": payload}) + "\n")
+
+
+# tests/celery/test_celery_beat.py: a 1-second beat entry (celery beat -S ojs_celery.beat:Scheduler);
+# each run appends its task id to $OJS_BEAT_LOG.
+if os.environ.get("OJS_BEAT_LOG"):
+    app.conf.beat_schedule = {
+        "beat-tick": {"task": "worker_app.record_run", "schedule": 1.0, "args": [os.environ["OJS_BEAT_LOG"]]}
+    }
+
+
+@app.task(bind=True)
+def record_run(self, path):
+    """Appends its task id to ``path``."""
+    with open(path, "a") as log:
+        log.write(f"{self.request.id}\n")

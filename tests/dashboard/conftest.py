@@ -77,7 +77,9 @@ def serve(
         app = create_app(client, management, read_only=read_only, token=token, sample_every=0.5, refresh=refresh)
         server = DashboardServer(app, port=0).start()
         started.append((server, client))
-        return Served(f"http://127.0.0.1:{server.port}", password)
+        served = Served(f"http://127.0.0.1:{server.port}", password)
+        served.stop = server.stop
+        return served
 
     yield start
     for server, client in started:

@@ -18,6 +18,7 @@ from ojs_dramatiq import OjsBroker, OjsRunning, current_cancelled, job_id_for
 from ojs_kombu import Cancelled, Client, OjsError, ValidationError
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.runtime.lifecycle import JobEvent
+from ojs_kombu.runtime.settle import Settler
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -453,3 +454,37 @@ def test_lifecycle_events_of_successes_and_failures(ojs_broker, start_worker):
     }
     assert {e.worker_id for e in calls} == {ojs_broker.lifecycle.worker_id}
     assert all(e.attempt == 1 for e in calls)
+
+
+def test_a_retried_message_is_settled_by_the_settler_with_its_events_and_result(ojs_broker, start_worker, monkeypatch):
+    results = Recorder()
+    succeed = Settler.succeed
+
+    def spy(self: Settler, delivery, job, attempt, result=None) -> None:
+        results.add(result)
+        succeed(self, delivery, job, attempt, result)
+
+    monkeypatch.setattr(Settler, "succeed", spy)
+    events = Recorder()
+    ojs_broker.lifecycle.subscribe(events.add)
+    tries: list[int] = []
+
+    @dramatiq.actor(queue_name="events", max_retries=1, min_backoff=10, max_backoff=10)
+    def flaky():
+        tries.append(1)
+        if len(tries) == 1:
+            raise ValueError("once")
+        return {"tries": len(tries)}
+
+    start_worker()
+    flaky.send()
+    calls: list[JobEvent] = events.wait(5)
+    assert [(e.event, e.attempt) for e in calls] == [
+        ("started", 1),
+        ("failed", 1),
+        ("retried", 1),
+        ("started", 2),
+        ("succeeded", 2),
+    ]
+    assert calls[1].error == {"code": "handler_error", "type": "ValueError", "message": "once"}
+    assert results.wait(1) == [{"tries": 2}]

@@ -192,7 +192,7 @@ def test_library_version_is_the_distribution_version():
 
 def test_a_lifecycle_event_is_what_a_reader_of_the_stream_decodes():
     """One definition of the fields (``wire.events.JobEvent``): the worker's event, published, reads
-    back as the same record, without the job's enqueued_at / scheduled_at the body does not carry."""
+    back as the same record, with the job's enqueued_at (to the millisecond) on a started event."""
     job = Job.create("a.b", [], queue="q")
     emitted = Lifecycle("w1").emit("started", job, 1)
     assert emitted is None  # nobody subscribed: nothing built
@@ -204,8 +204,24 @@ def test_a_lifecycle_event_is_what_a_reader_of_the_stream_decodes():
     decoded = decode_event(message.body, message.properties)
     assert isinstance(decoded, JobEventRecord)
     assert abs(decoded.at - emitted.at) < timedelta(milliseconds=1)  # RFC 3339 with milliseconds
-    assert decoded._replace(at=emitted.at) == JobEventRecord("started", job.id, "a.b", "q", 2, "w1", emitted.at)
-    assert decoded._replace(at=emitted.at) == emitted._replace(enqueued_at=None, scheduled_at=None)
+    assert decoded.enqueued_at is not None and abs(decoded.enqueued_at - emitted.enqueued_at) < timedelta(
+        milliseconds=1
+    )
+    assert decoded.scheduled_at is None
+    same = decoded._replace(at=emitted.at, enqueued_at=emitted.enqueued_at)
+    assert same == JobEventRecord("started", job.id, "a.b", "q", 2, "w1", emitted.at, None, emitted.enqueued_at)
+    assert same == emitted
+    finished = lifecycle.emit("succeeded", job, 2)
+    assert finished is not None
+    message = job_event_message(finished)
+    assert "enqueued_at" not in message.body.decode()  # only a started event carries it
+
+
+def test_an_unreadable_enqueued_at_of_an_event_is_none_and_not_a_decode_error():
+    body = b'{"event": "started", "job_id": "j", "type": "t", "queue": "q", "attempt": 1, "worker_id": "w",'
+    body += b' "at": "2026-11-27T10:00:00.000Z", "enqueued_at": "yesterday", "scheduled_at": 5}'
+    decoded = decode_event(body, {"type": "ojs.event.job.started"})
+    assert isinstance(decoded, JobEventRecord) and (decoded.enqueued_at, decoded.scheduled_at) == (None, None)
     assert isinstance(decoded, JobEvent) and lifecycle_module.JobEvent is JobEvent
 
 

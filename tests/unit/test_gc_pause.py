@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ojs_kombu.gc_pause import GcPause
+from ojs_kombu.client._gc_pause import GcPause
 
 
 @pytest.fixture(autouse=True)
@@ -22,6 +22,17 @@ def collector_enabled() -> Iterator[None]:
 def test_disabled_inside_enabled_after():
     with GcPause():
         assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_end_lifts_the_pause_early_and_lets_the_next_batch_pause():
+    with GcPause() as pause:
+        pause.end()
+        assert gc.isenabled()
+        pause.end()  # idempotent
+        with GcPause():  # the lock is free again: another batch may pause
+            assert not gc.isenabled()
+        assert gc.isenabled()
     assert gc.isenabled()
 
 

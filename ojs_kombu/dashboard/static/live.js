@@ -1,7 +1,8 @@
 // The dashboard's live updates: every few seconds, fetch this page again and put its [data-live]
 // regions in place of the ones shown, when they changed. Nothing else on the page is touched, so
-// a filter being typed, the scroll position and the selected checkboxes stay as they are; a
-// region holding the keyboard focus waits until the focus leaves it. Polling stops while the tab
+// a filter being typed, the scroll position, the selected checkboxes and the opened <details> stay as
+// they are; a region holding the focus of a form field waits until the focus leaves it (a focused
+// link or summary is focused again in the new content). Polling stops while the tab
 // is hidden and resumes (at once) when it is shown. Without scripts the page is plain HTML with
 // a Refresh link. When the page answered is of another kind (an error page, or the page once the
 // error is gone), its whole <main> is put in place. See docs/operations.md, "Live updates".
@@ -13,6 +14,8 @@
   if (!(every > 0) || !window.fetch || !window.DOMParser || !status || !document.querySelector("[data-live]")) {
     return;
   }
+  var EDITING = "input, select, textarea, [contenteditable]";
+  var FOCUSABLE = "a[href], summary, button";
   var timer = null;
   var busy = false;
   var stopped = false;
@@ -32,6 +35,13 @@
       kept[box.name + "\u0000" + box.value] = true;
     });
     return kept;
+  }
+
+  // The <details> the user opened (a chart's numbers, a backtrace) stay open across an update.
+  function opened(region) {
+    return Array.prototype.map.call(region.querySelectorAll("details"), function (d) {
+      return d.open;
+    });
   }
 
   // The relative ages ("3 min ago") change on every update: their text is set in place, so
@@ -74,11 +84,25 @@
       if (next.innerHTML === region.innerHTML) {
         return;
       }
-      if (region.contains(document.activeElement) && document.activeElement !== body) {
+      var active = document.activeElement;
+      var holding = region.contains(active) && active !== body;
+      if (holding && active.matches(EDITING)) {
         return; // the user is working in it: updated once the focus leaves
       }
+      // A focused link or summary (keyboard navigation) is focused again once replaced.
+      var focused = holding ? Array.prototype.indexOf.call(region.querySelectorAll(FOCUSABLE), active) : -1;
       var kept = checked(region);
+      var open = opened(region);
       region.innerHTML = next.innerHTML;
+      var details = region.querySelectorAll("details");
+      details.forEach(function (d, i) {
+        if (open.length === details.length && open[i]) {
+          d.open = true;
+        }
+      });
+      if (focused >= 0 && region.querySelectorAll(FOCUSABLE)[focused]) {
+        region.querySelectorAll(FOCUSABLE)[focused].focus({ preventScroll: true });
+      }
       region.querySelectorAll("input[type=checkbox]").forEach(function (box) {
         box.checked = !!kept[box.name + "\u0000" + box.value];
       });

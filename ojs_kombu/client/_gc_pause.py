@@ -1,5 +1,10 @@
 """Pausing the cyclic garbage collector while a large batch is encoded, published and confirmed.
 
+Private to the publishing service (:mod:`ojs_kombu.client.publishing`), which pauses a
+batch's first publishing attempt only: the pause ends with the batch, when that attempt
+fails (never across the wait before a reconnect), or as soon as a confirm wait reads
+nothing for a second (a stalled broker); ``Client(gc_pause=False)`` switches it off.
+
 Every object of a pipelined batch (the caller's jobs, their encoded messages and
 publish tickets) lives until the batch's confirms are read, so each collection that
 runs meanwhile scans them all again and frees none of them: with 20,000 jobs, the
@@ -38,16 +43,25 @@ class GcPause:
     def __init__(self) -> None:
         self._owner = False
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> GcPause:
+        return self.start()
+
+    def start(self) -> GcPause:
+        """Pause the collector now, unless another pause is in progress (as entering the block does)."""
         global _reenable
-        if _lock.acquire(blocking=False):
+        if not self._owner and _lock.acquire(blocking=False):
             self._owner = True
             _reenable = gc.isenabled()
             gc.disable()
+        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.end()
+
+    def end(self) -> None:
+        """End the pause now, before leaving the block (idempotent; from the pausing thread)."""
         if self._owner:
             self._owner = False
             if _reenable:

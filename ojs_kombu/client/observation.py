@@ -1,0 +1,146 @@
+"""The observation service: what the broker and the workers tell about queues, workers and jobs.
+
+The events stream ``ojs.stream.events`` (worker presences, job events), the control
+streams replayed as the workers replay them (paused queues), and passive
+``Queue.Declare`` counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+from amqp import Channel
+from amqp.exceptions import NotFound, RecoverableConnectionError
+from kombu.connection import Connection
+
+from ojs_kombu.amqp.connection import close_quietly
+from ojs_kombu.client.results import QueueCounts
+from ojs_kombu.client.session import Service
+from ojs_kombu.errors import OjsError, ValidationError
+from ojs_kombu.model.naming import validate_queue_name
+from ojs_kombu.model.timefmt import utcnow
+from ojs_kombu.runtime.control import Cancellations, ControlReader
+from ojs_kombu.runtime.presence import read_events
+from ojs_kombu.wire.events import JobEventRecord, WorkerPresence
+
+#: A worker whose latest presence is older than this many seconds is not listed by ``workers()``
+#: (three presence intervals).
+DEFAULT_STALE_AFTER = 15.0
+
+# Timestamp offsets of a stream point at chunks: start reading a little earlier, filter by body times.
+_STREAM_OFFSET_SLACK = timedelta(seconds=1)
+
+
+class Observation(Service):
+    """Reads the events and control streams and counts queues through the client's session
+    (see :class:`~ojs_kombu.Client`)."""
+
+    def workers(self, stale_after: float, timeout: float) -> list[WorkerPresence]:
+        """The live workers, sorted by id (:meth:`ojs_kombu.Client.workers`)."""
+        if isinstance(stale_after, bool) or not isinstance(stale_after, int | float) or not stale_after > 0:
+            raise ValidationError(f"stale_after must be > 0 seconds, got {stale_after!r}", field="stale_after")
+        horizon = utcnow() - timedelta(seconds=stale_after)
+        latest: dict[str, WorkerPresence] = {}
+
+        def keep(record: WorkerPresence | JobEventRecord) -> bool:
+            if isinstance(record, WorkerPresence):
+                known = latest.get(record.worker_id)
+                if known is None or record.sent_at >= known.sent_at:
+                    latest[record.worker_id] = record
+            return True
+
+        self._read_events(horizon, keep, latest.clear, timeout)
+        live = [p for p in latest.values() if p.state == "online" and p.sent_at >= horizon]
+        return sorted(live, key=lambda presence: presence.worker_id)
+
+    def events(
+        self, since: datetime | timedelta, queue: str | None, limit: int | None, timeout: float
+    ) -> list[JobEventRecord]:
+        """Job lifecycle events from the events stream, oldest first (:meth:`ojs_kombu.Client.events`)."""
+        start = utcnow() - since if isinstance(since, timedelta) else since
+        if not isinstance(start, datetime) or start.tzinfo is None or start.utcoffset() is None:
+            raise ValidationError(f"since must be an aware datetime or a timedelta, got {since!r}", field="since")
+        if queue is not None:
+            validate_queue_name(queue)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValidationError(f"limit must be a positive integer, got {limit!r}", field="limit")
+        found: list[JobEventRecord] = []
+
+        def keep(record: WorkerPresence | JobEventRecord) -> bool:
+            if isinstance(record, JobEventRecord) and record.at >= start and queue in (None, record.queue):
+                found.append(record)
+            return limit is None or len(found) < limit
+
+        self._read_events(start, keep, found.clear, timeout)
+        return found
+
+    def _read_events(
+        self,
+        since: datetime,
+        on_event: Callable[[WorkerPresence | JobEventRecord], bool],
+        reset: Callable[[], None],
+        timeout: float,
+    ) -> None:
+        """Read the events stream from ``since`` (see :func:`~ojs_kombu.runtime.presence.read_events`);
+        ``reset`` forgets what an attempt that failed had collected before the next one."""
+        session = self.session
+
+        def read(conn: Connection) -> None:
+            reset()
+            read_events(
+                conn.connection,
+                session.names,
+                session.topology,
+                since - _STREAM_OFFSET_SLACK,
+                on_event,
+                timeout=timeout,
+            )
+
+        session.run(read)
+
+    def queue_counts(self, amqp_queues: Iterable[str]) -> dict[str, QueueCounts | None]:
+        """Ready messages and consumers of AMQP queues (:meth:`ojs_kombu.Client.queue_counts`)."""
+        wanted = list(dict.fromkeys(amqp_queues))
+
+        def inspect(conn: Connection) -> dict[str, QueueCounts | None]:
+            counts: dict[str, QueueCounts | None] = {}
+            channel: Channel | None = None
+            try:
+                for name in wanted:
+                    channel = channel or conn.connection.channel()
+                    try:
+                        _, ready, consumers = channel.queue_declare(name, passive=True)
+                    except NotFound:
+                        counts[name], channel = None, None  # the broker closed the channel
+                        continue
+                    counts[name] = QueueCounts(int(ready), int(consumers))
+            finally:
+                if channel is not None:
+                    close_quietly(channel)
+            return counts
+
+        return self.session.run(inspect)
+
+    def paused_queues(self, queues: Iterable[str], timeout: float) -> dict[str, bool | None]:
+        """Whether each OJS queue is paused, as its workers see it (:meth:`ojs_kombu.Client.paused_queues`)."""
+        wanted = [validate_queue_name(q) for q in dict.fromkeys(queues)]
+        session = self.session
+
+        def read(conn: Connection) -> dict[str, bool | None]:
+            for queue in wanted:
+                session.topology.declare(conn.connection, session.topology.control_specs(queue))
+            streams = [q for q in wanted if session.topology.control_is_stream(q)]
+            reader = ControlReader(session.names, session.topology, streams, Cancellations(), replay_timeout=timeout)
+            if streams:
+                try:
+                    close_quietly(reader.attach(conn.connection))
+                except RecoverableConnectionError as exc:  # the replay was too slow: not worth a reconnect
+                    session.drop(conn)  # its channel still consumes the streams
+                    raise OjsError(f"reading the control streams: {exc}") from None
+            return {q: (q in reader.paused) if q in streams else None for q in wanted}
+
+        return session.run(read)
+
+
+__all__ = ["DEFAULT_STALE_AFTER", "Observation"]

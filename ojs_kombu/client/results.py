@@ -1,0 +1,58 @@
+"""The types of the Client's public API: enqueue options, per-job outcomes, queue counts."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
+
+from ojs_kombu.errors import OjsError
+from ojs_kombu.model.job import Job
+from ojs_kombu.model.policies import RetryPolicy
+
+
+class JobOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Job.create`, as :meth:`Client.enqueue` takes them."""
+
+    queue: str
+    kwargs: dict[str, Any] | None
+    meta: dict[str, Any] | None
+    priority: int | None
+    retry: RetryPolicy | Mapping[str, Any] | None
+    scheduled_at: datetime | str | timedelta | None
+    expires_at: datetime | str | timedelta | None
+    timeout: int | None
+    tags: list[str] | tuple[str, ...] | None
+    id: str | uuid.UUID | None
+
+
+@dataclass
+class EnqueueResult:
+    """The outcome of one job of :meth:`Client.enqueue_many`."""
+
+    job: Job
+    error: OjsError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the broker confirmed the job."""
+        return self.error is None
+
+    def unwrap(self) -> Job:
+        """The job, or raise the error that kept it from being enqueued."""
+        if self.error is not None:
+            raise self.error
+        return self.job
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """What a passive ``Queue.Declare`` tells of a queue (:meth:`Client.queue_counts`)."""
+
+    ready: int
+    consumers: int
+
+
+__all__ = ["EnqueueResult", "JobOptions", "QueueCounts"]

@@ -1,0 +1,227 @@
+"""The wiring of a worker of the binding, written once: consumer, control reader, settler, presence.
+
+:class:`~ojs_kombu.runtime.worker.Worker` and the Dramatiq adapter's broker
+(:class:`ojs_dramatiq.OjsBroker`) are both made of the same parts: an
+:class:`Assembly` holds what their consumers share (the deployment's names, topology
+and scheduling cascade, the connection settings, the cancels and pauses replayed from
+the control streams, the lifecycle and the activity behind INFO) and builds, per
+consumer, the :class:`Consuming` parts: a :class:`~ojs_kombu.runtime.consumer.Consumer`
+that replays the queues' control streams (:class:`~ojs_kombu.runtime.control.ControlReader`)
+before it consumes them, and the :class:`~ojs_kombu.runtime.settle.Settler` that settles
+its deliveries; and, per worker, its presence :class:`~ojs_kombu.runtime.presence.Beacon`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
+from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.errors import ValidationError
+from ojs_kombu.model.naming import Names
+from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.runtime.activity import worker_lifecycle
+from ojs_kombu.runtime.completed import CompletedLog, dedupe_prefetch
+from ojs_kombu.runtime.consumer import Consumer
+from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues
+from ojs_kombu.runtime.delivery import Delivery
+from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
+from ojs_kombu.runtime.settle import DeadLetterMode, Settler
+from ojs_kombu.wire.completed import CompletedOptions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Consuming:
+    """The parts of one consumer: its :class:`Consumer` and the :class:`Settler` of its deliveries."""
+
+    consumer: Consumer
+    settler: Settler
+    completed: CompletedLog | None = None
+    """The completed job ids (``deduplicate=True``): replayed before the consumer's first job queue,
+    stopped (its records flushed, their deliveries acked) before the consumer stops."""
+
+
+class Assembly:
+    """What the consumers of one worker share, and how each one is built.
+
+    Parameters:
+        url: the broker URL (a failover list, ``;``-separated, as resolved).
+        names: the deployment's entity names.
+        topology: declares what consuming needs.
+        cascade: the scheduling cascade (early jobs and ``delay`` go back into it).
+        dead_letter_mode: ``"nack"`` or ``"republish"`` (see :class:`Settler`).
+        cancel_running: what cancelling a running job does (see :class:`Cancellations`).
+        heartbeat: AMQP heartbeat of every connection, seconds.
+        ssl: TLS of every connection (as :class:`~ojs_kombu.client.Client` takes it).
+        transport_options: passed to kombu for every connection.
+        presence_interval: seconds between two presences of a :meth:`beacon`.
+        deduplicate: execution de-duplication (DESIGN §19): every consumer gets a
+            :class:`~ojs_kombu.runtime.completed.CompletedLog` of its queues, its settler skips
+            the completed ids and records each success before its ack, and its prefetch grows by
+            :data:`~ojs_kombu.runtime.completed.DEDUPE_EXTRA_PREFETCH`.
+        completed_options: bounds of what ``deduplicate`` remembers.
+
+    Raises:
+        ValidationError: ``dead_letter_mode``, ``cancel_running`` or ``presence_interval`` is invalid.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        names: Names,
+        topology: Topology,
+        cascade: Cascade,
+        *,
+        dead_letter_mode: DeadLetterMode | str = "nack",
+        cancel_running: CancelRunning = "interrupt",
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        ssl: Any = None,
+        transport_options: dict[str, Any] | None = None,
+        presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
+        deduplicate: bool = False,
+        completed_options: CompletedOptions | None = None,
+    ) -> None:
+        if dead_letter_mode not in ("nack", "republish"):
+            raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
+        self.url = url
+        self.names = names
+        self.topology = topology
+        self.cascade = cascade
+        self.dead_letter_mode = dead_letter_mode
+        self.heartbeat = heartbeat
+        self.ssl = ssl
+        self.transport_options = transport_options
+        self.presence_interval = check_presence_interval(presence_interval)
+        self.deduplicate = deduplicate
+        self.completed_options = completed_options or CompletedOptions()
+        #: The cancels replayed from the control streams, and the jobs running now.
+        self.cancellations = Cancellations(cancel_running)
+        #: The queues paused by ``Client.pause``, as the control readers replay them.
+        self.paused = PausedQueues()
+        self.lifecycle, self.activity = worker_lifecycle()
+        #: The id the worker's presence and job events carry.
+        self.worker_id: str = self.lifecycle.worker_id
+
+    def consuming(
+        self,
+        queues: Sequence[str],
+        prefetch: int,
+        on_delivery: Callable[[Delivery], None],
+        *,
+        connection_name: str,
+        connect_retries: int | None = None,
+        on_pass: Callable[[], None] | None = None,
+    ) -> Consuming:
+        """A consumer of the OJS ``queues`` (declared as consuming needs, their control streams
+        replayed first) and its settler.
+
+        Parameters:
+            queues: the OJS queue names.
+            prefetch: ``Basic.Qos`` prefetch count.
+            on_delivery: called in the consumer's thread with each delivery.
+            connection_name: shown by the broker's management UI.
+            connect_retries: consecutive failed connection attempts before the consumer gives up
+                (``None``: forever).
+            on_pass: called after each pass of the consumer's loop.
+
+        Returns:
+            The consumer (not started) and its settler.
+        """
+        topology, cascade = self.topology, self.cascade
+        completed = None
+        if self.deduplicate:
+            completed = CompletedLog(
+                self.url,
+                queues,
+                names=self.names,
+                topology=topology,
+                options=self.completed_options,
+                heartbeat=self.heartbeat,
+                ssl=self.ssl,
+                transport_options=self.transport_options,
+                connection_name=f"{connection_name} completed",
+            )
+            prefetch = dedupe_prefetch(prefetch)
+
+        def declare(connection: Any) -> None:
+            for queue in queues:
+                topology.ensure_consumable(connection, queue, cascade)
+            if completed is not None and not completed.start():  # caught up before any job is consumed
+                logger.warning(
+                    "the completed job ids of %s were not replayed within %.0fs; consuming without them "
+                    "meanwhile (a duplicate of a job completed before may run again)",
+                    ", ".join(queues),
+                    completed.replay_timeout,
+                )
+
+        consumer = Consumer(
+            self.url,
+            {self.names.job_queue(q): q for q in queues},
+            prefetch,
+            on_delivery,
+            topology=topology,
+            declare=declare,
+            control=ControlReader(
+                self.names, topology, queues, self.cancellations, paused=self.paused, info=self.activity.lookup
+            ),
+            heartbeat=self.heartbeat,
+            connect_retries=connect_retries,
+            connection_name=connection_name,
+            ssl=self.ssl,
+            transport_options=self.transport_options,
+            on_pass=on_pass,
+        )
+        settler = Settler(
+            consumer,
+            self.names,
+            topology,
+            cascade,
+            dead_letter_mode=self.dead_letter_mode,
+            cancelled=self.cancellations.is_cancelled,
+            completed=completed,
+            lifecycle=self.lifecycle,
+        )
+        return Consuming(consumer, settler, completed)
+
+    def beacon(
+        self,
+        queues: Iterable[str],
+        concurrency: int,
+        *,
+        connection_name: str,
+        on_stalled: Callable[[str, str], None] | None = None,
+    ) -> Beacon:
+        """The presence beacon of a worker consuming ``queues`` with ``concurrency`` (not started).
+
+        Parameters:
+            queues: the OJS queues the worker consumes.
+            concurrency: the jobs it runs at once.
+            connection_name: the beacon connection's, shown by the management UI.
+            on_stalled: called when its presences stay unconfirmed (see :class:`Beacon`).
+
+        Returns:
+            The beacon; :meth:`Beacon.offer` takes the job events to publish.
+        """
+        return Beacon(
+            self.url,
+            self.names,
+            self.topology,
+            worker_id=self.worker_id,
+            queues=queues,
+            concurrency=concurrency,
+            active=self.activity.active_jobs,
+            interval=self.presence_interval,
+            heartbeat=self.heartbeat,
+            ssl=self.ssl,
+            transport_options=self.transport_options,
+            connection_name=connection_name,
+            on_stalled=on_stalled,
+        )
+
+
+__all__ = ["Assembly", "Consuming"]

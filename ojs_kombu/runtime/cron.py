@@ -1,0 +1,872 @@
+"""Periodic jobs on RabbitMQ alone: the cron registry and the scheduler (ojs-cron.md; DESIGN §20).
+
+**The registry** is the stream ``ojs.stream.cron`` (:mod:`ojs_kombu.wire.cron`): registering
+publishes a definition record, removing a removal record, and reading the stream from its
+first record up to a marker of one's own folds it into the current definitions (the latest
+record per name wins).  :class:`CronRegistry` does that over any connection provider, so
+:class:`~ojs_kombu.Client` delegates ``register_cron`` / ``crons`` / ``remove_cron`` to it.
+
+**The scheduler** (:class:`CronScheduler`, ``ojs-amqp cron run``) replays the stream at start
+and follows it live; any number may run.  Each holds a
+:class:`~ojs_kombu.runtime.leader.LeaderLease`, and only the leader fires: on each due
+occurrence it
+
+1. checks the lease (:attr:`~ojs_kombu.runtime.leader.LeaderLease.is_leader`) right before
+   publishing: a leader that lost the lease stops firing at once;
+2. derives the job id from the cron name and the scheduled time
+   (:func:`~ojs_kombu.model.cron.tick_job_id`), so two overlapping leaders publish the same id;
+3. passes :meth:`CronScheduler.claim_tick` (the seam of the unique lock, ``ojs_kombu.amqp.locks``:
+   today it claims every tick);
+4. applies the overlap policy, publishes the job confirmed (``meta.cron_name``,
+   ``meta.cron_triggered_at`` = the scheduled time, RFC 3339), then an ``ojs.cron.fired`` record
+   on the cron stream and a ``cron.triggered`` event on the events stream.
+
+The ``fired`` records tell every scheduler the last run of each cron job: a newly elected
+leader first reads the cron stream up to a marker of its own (everything the old leader
+wrote before it lost the lease), then continues from the last run, firing at most one missed
+occurrence (CRON-25).
+
+**Overlap policies** (spec §6).  Whether the previous tick's job is still active is read from
+the job lifecycle events on the events stream (``Worker(events=True)``): active when its latest
+event is ``started``, ``failed`` or ``retried``.  ``skip`` then skips the occurrence
+(``cron.skipped``, reason ``overlap_skip``); ``cancel_previous`` cancels the previous job
+through the control plane and fires; ``allow`` fires.  ``enqueue`` fires too: the new job
+waits in the queue behind the previous one, which serialises them only with one consumer.
+Without job events (workers not publishing them) a job waiting in its queue or running is
+not seen: ``skip`` and ``cancel_previous`` then behave as ``allow``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from amqp import Channel
+from amqp import Message as WireMessage
+
+from ojs_kombu.amqp.connection import close_quietly, make_connection, resolve_url, safe_url
+from ojs_kombu.amqp.errors import map_exceptions
+from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.errors import BrokerRefusedError, DecodeError, NotFoundError, OjsError, TopologyError, ValidationError
+from ojs_kombu.model.cron import CronJob, OverlapPolicy, tick_job_id
+from ojs_kombu.model.job import Job
+from ojs_kombu.model.naming import Names
+from ojs_kombu.model.timefmt import format_timestamp, utcnow
+from ojs_kombu.policy.cron import MAX_EVALUATION_INTERVAL, MIN_EVALUATION_INTERVAL, due, first_due
+from ojs_kombu.runtime.leader import LeaderLease
+from ojs_kombu.wire.codec import OutgoingMessage, encode
+from ojs_kombu.wire.control import cancel_message
+from ojs_kombu.wire.cron import (
+    CronBook,
+    CronDefinition,
+    CronEntry,
+    CronFired,
+    CronLeader,
+    CronRemoval,
+    cron_marker_message,
+    decode_cron_record,
+    definition_message,
+    fired_message,
+    leader_message,
+    removal_message,
+)
+from ojs_kombu.wire.events import CronEvent, JobEventRecord, cron_event_message, decode_event
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Runner = Callable[[Callable[[Any], T]], T]
+"""Runs ``operation(kombu_connection)`` on a connected connection (what ``Client._run`` does)."""
+
+DEFAULT_READ_TIMEOUT = 10.0
+"""Seconds a read of the cron stream waits for its marker."""
+#: Seconds of job events a scheduler reads back at start to know which tick jobs are active.
+ACTIVITY_LOOKBACK = timedelta(hours=1)
+#: Job ids whose latest lifecycle event a scheduler remembers.
+MAX_TRACKED_JOBS = 10_000
+_ACTIVE_EVENTS = frozenset({"started", "failed", "retried"})
+
+
+@dataclass(frozen=True)
+class RegisteredCron(CronJob):
+    """A registered cron job with the system-managed fields of spec §2.2.
+
+    Attributes:
+        created_at: first registration (since the last removal).
+        last_run_at: the latest occurrence handled (fired or skipped), or None.
+        next_run_at: the next occurrence, or None when disabled (CRON-28) or none comes.
+        run_count: occurrences fired.
+        last_job_id: the job of the latest occurrence fired.
+    """
+
+    created_at: datetime | None = None
+    last_run_at: datetime | None = None
+    next_run_at: datetime | None = None
+    run_count: int = 0
+    last_job_id: str | None = None
+
+    @property
+    def definition(self) -> CronJob:
+        """The plain definition (without the system-managed fields)."""
+        return CronJob.from_dict(CronJob.to_dict(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec §8.3 object: the definition and the system-managed fields (times in RFC 3339)."""
+
+        def ts(value: datetime | None) -> str | None:
+            return None if value is None else format_timestamp(value)
+
+        return {
+            **super().to_dict(),
+            "last_run_at": ts(self.last_run_at),
+            "next_run_at": ts(self.next_run_at),
+            "run_count": self.run_count,
+            "created_at": ts(self.created_at),
+        }
+
+
+def next_run_of(entry: CronEntry) -> datetime | None:
+    """The occurrence ``entry`` waits for; None when disabled (CRON-28)."""
+    if not entry.cron.enabled:
+        return None
+    return first_due(entry.cron.expression, entry.cron.zone, entry.registered_at, entry.last_run_at)
+
+
+def registered(entry: CronEntry) -> RegisteredCron:
+    """``entry`` as a :class:`RegisteredCron` (with its next run computed now)."""
+    return RegisteredCron(
+        **CronJob.to_dict(entry.cron),
+        created_at=entry.created_at,
+        last_run_at=entry.last_run_at,
+        next_run_at=next_run_of(entry),
+        run_count=entry.run_count,
+        last_job_id=entry.last_job_id,
+    )
+
+
+class CronStreamReader:
+    """Reads ``ojs.stream.cron`` from its first record into a :class:`~ojs_kombu.wire.cron.CronBook`.
+
+    Parameters:
+        names: the entity names.
+        book: where records are folded (a new one by default).
+        on_record: called after each record is folded (in the connection's thread).
+    """
+
+    def __init__(
+        self, names: Names, book: CronBook | None = None, on_record: Callable[[Any], None] | None = None
+    ) -> None:
+        self.names = names
+        self.book = book if book is not None else CronBook()
+        self.on_record = on_record
+        self.channel: Channel | None = None
+        self._seen_markers: set[str] = set()
+        self.records = 0
+
+    def attach(self, connection: Any) -> Channel:
+        """Consume the stream from its first record on a new channel of ``connection`` (py-amqp).
+
+        Returns:
+            The channel.
+        """
+        channel: Channel = connection.channel()
+        channel.auto_decode = False
+        channel.basic_qos(0, 1000, False)
+        channel.basic_consume(
+            self.names.cron_stream, no_ack=False, callback=self._on_message, arguments={"x-stream-offset": "first"}
+        )
+        self.channel = channel
+        self._seen_markers.clear()
+        return channel
+
+    def mark(self) -> str:
+        """Publish a marker to the stream; :meth:`wait` returns once it is read back.
+
+        Returns:
+            The marker's id.
+        """
+        assert self.channel is not None
+        marker = cron_marker_message()
+        self.channel.basic_publish(
+            WireMessage(marker.body, **marker.properties), exchange="", routing_key=self.names.cron_stream
+        )
+        return str(marker.properties["message_id"])
+
+    def wait(self, connection: Any, marker_id: str, timeout: float) -> None:
+        """Read until the marker ``marker_id`` came back: every record published before it is folded.
+
+        Raises:
+            OjsError: not within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while marker_id not in self._seen_markers:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise OjsError(f"reading {self.names.cron_stream}: not caught up within {timeout:.0f}s")
+            try:
+                connection.drain_events(timeout=min(remaining, 1.0))
+            except TimeoutError:
+                continue
+        self._seen_markers.discard(marker_id)
+
+    def _on_message(self, message: WireMessage) -> None:
+        assert self.channel is not None
+        self.channel.basic_ack(message.delivery_info["delivery_tag"], multiple=True)
+        properties = dict(message.properties)
+        body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
+        try:
+            record = decode_cron_record(body, properties)
+        except DecodeError as exc:
+            logger.warning("ignoring an unreadable record of %s: %s", self.names.cron_stream, exc)
+            return
+        if record is None:
+            message_id = properties.get("message_id")
+            if isinstance(message_id, str):
+                self._seen_markers.add(message_id)
+            return
+        self.book.apply(record)
+        self.records += 1
+        if self.on_record is not None:
+            self.on_record(record)
+
+
+def _publish_confirmed(connection: Any, names: Names, message: OutgoingMessage, timeout: float) -> None:
+    """Publish one record to the cron stream and wait for its confirm."""
+    publisher = ConfirmedPublisher(connection, window=10)
+    try:
+        ticket = publisher.publish(message, exchange="", routing_key=names.cron_stream, queue=names.cron_stream)
+        publisher.wait([ticket], timeout)
+        ticket.raise_for_error()
+    finally:
+        publisher.close()
+
+
+class CronRegistry:
+    """Register, remove and list cron jobs through the broker (ojs-cron.md §8; DESIGN §20).
+
+    Parameters:
+        run: runs ``operation(kombu_connection)`` on a connected kombu connection (the Client's
+            ``_run``); see :meth:`connect` for a registry with a connection of its own.
+        names: the deployment's entity names.
+        topology: declares the cron stream (default: a new one for ``names``).
+        timeout: seconds a read or a publish waits.
+    """
+
+    def __init__(
+        self, run: Runner[Any], names: Names, topology: Topology | None = None, *, timeout: float = DEFAULT_READ_TIMEOUT
+    ) -> None:
+        self._run = run
+        self.names = names
+        self.topology = topology or Topology(names)
+        self.timeout = timeout
+        self._owned: Any = None
+
+    @classmethod
+    def connect(
+        cls,
+        url: str | None = None,
+        *,
+        names: Names | None = None,
+        ssl: Any = None,
+        transport_options: dict[str, Any] | None = None,
+        timeout: float = DEFAULT_READ_TIMEOUT,
+    ) -> CronRegistry:
+        """A registry with a connection of its own (the CLI's); :meth:`close` it.
+
+        Parameters:
+            url: the broker URL (default ``$OJS_AMQP_URL``).
+            names: the deployment's entity names.
+            ssl, transport_options: as for :class:`~ojs_kombu.Client`.
+            timeout: seconds a read or a publish waits.
+
+        Returns:
+            The registry.
+        """
+        conn = make_connection(
+            resolve_url(url), heartbeat=60, ssl=ssl, transport_options=transport_options, connection_name="ojs-cron"
+        )
+
+        def run(operation: Callable[[Any], Any]) -> Any:
+            with map_exceptions(url=resolve_url(url)):
+                conn.ensure_connection(max_retries=1)
+                return operation(conn)
+
+        registry = cls(run, names or Names(), timeout=timeout)
+        registry._owned = conn
+        return registry
+
+    def close(self) -> None:
+        """Close the connection of a registry made by :meth:`connect`."""
+        if self._owned is not None:
+            self._owned.release()
+            self._owned = None
+
+    def __enter__(self) -> CronRegistry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def register(self, cron: CronJob) -> RegisteredCron:
+        """Register ``cron``, or replace the definition of its name (upsert, CRON-26).
+
+        Parameters:
+            cron: the definition (already validated: CRON-11).
+
+        Returns:
+            It as registered (``next_run_at`` computed, CRON-07; ticks of a previous definition kept).
+
+        Raises:
+            ValidationError: ``cron`` is not a CronJob.
+            PublishError, BrokerConnectionError, BrokerRefusedError: the broker did not take it.
+        """
+        if not isinstance(cron, CronJob):
+            raise ValidationError(f"expected a CronJob, got {type(cron).__name__}", field="cron")
+        definition = CronJob.from_dict(CronJob.to_dict(cron))  # a RegisteredCron's system fields dropped
+        message = definition_message(definition)
+
+        def operation(conn: Any) -> None:
+            self.topology.ensure_cron(conn.connection)
+            _publish_confirmed(conn.connection, self.names, message, self.timeout)
+
+        self._run(operation)
+        book = self._read()
+        entry = book.entries.get(definition.name)
+        if entry is None:  # removed again meanwhile by someone else
+            raise NotFoundError(f"cron job {definition.name!r} was removed while it was registered", reply_code=404)
+        return registered(entry)
+
+    def register_cron(
+        self,
+        name: str,
+        expression: str,
+        job_type: str,
+        args: list[Any] | tuple[Any, ...] = (),
+        *,
+        queue: str,
+        timezone: str = "UTC",
+        overlap_policy: OverlapPolicy = "skip",
+        enabled: bool = True,
+        description: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> RegisteredCron:
+        """Build a :class:`~ojs_kombu.model.cron.CronJob` and :meth:`register` it (``Client.register_cron``).
+
+        Parameters:
+            name, expression, job_type, args, timezone, overlap_policy, enabled, description:
+                the definition's ``name``, ``cron``, ``type``, ``args`` ...
+            queue: where each occurrence's job goes (``options["queue"]``).
+            options: further job options (``timeout``, ``retry``, ``tags``, ``meta``).
+
+        Returns:
+            As :meth:`register`.
+
+        Raises:
+            ValidationError: naming the bad field; as :meth:`register`.
+        """
+        cron = CronJob(
+            name=name,
+            cron=expression,
+            type=job_type,
+            args=list(args),
+            timezone=timezone,
+            options={**(options or {}), "queue": queue},
+            overlap_policy=overlap_policy,
+            enabled=enabled,
+            description=description,
+        )
+        return self.register(cron)
+
+    def remove(self, name: str) -> None:
+        """Remove the cron job ``name``; jobs it enqueued are not affected (spec §8.4).
+
+        Raises:
+            NotFoundError: no cron job has that name (CRON-27).
+            PublishError, BrokerConnectionError, BrokerRefusedError: the broker did not take it.
+        """
+        if name not in self._read().entries:
+            raise NotFoundError(f"no cron job is named {name!r}", reply_code=404)
+        message = removal_message(name)
+
+        def operation(conn: Any) -> None:
+            _publish_confirmed(conn.connection, self.names, message, self.timeout)
+
+        self._run(operation)
+
+    def list(self, *, enabled: bool | None = None) -> list[RegisteredCron]:
+        """The registered cron jobs, by name, with their last and next runs (spec §8.2).
+
+        Parameters:
+            enabled: only the enabled (True) or disabled (False) ones (CRON-S06); None: all.
+
+        Returns:
+            The cron jobs.
+        """
+        entries = self._read().entries
+        found = [registered(entries[name]) for name in sorted(entries)]
+        return [c for c in found if enabled is None or c.enabled is enabled]
+
+    def leader(self) -> CronLeader | None:
+        """The scheduler elected last, as it recorded itself on the stream (it may have died since)."""
+        return self._read().leader
+
+    def get(self, name: str) -> RegisteredCron:
+        """The cron job ``name`` (spec §8.3).
+
+        Raises:
+            NotFoundError: no cron job has that name.
+        """
+        entry = self._read().entries.get(name)
+        if entry is None:
+            raise NotFoundError(f"no cron job is named {name!r}", reply_code=404)
+        return registered(entry)
+
+    def _read(self) -> CronBook:
+        def operation(conn: Any) -> CronBook:
+            connection = conn.connection
+            self.topology.ensure_cron(connection)
+            reader = CronStreamReader(self.names)
+            channel = reader.attach(connection)
+            try:
+                reader.wait(connection, reader.mark(), self.timeout)
+            finally:
+                close_quietly(channel)
+            return reader.book
+
+        book: CronBook = self._run(operation)
+        return book
+
+
+class _Activity:
+    """The latest lifecycle event of recent jobs, from the events stream (bounded)."""
+
+    def __init__(self, limit: int = MAX_TRACKED_JOBS) -> None:
+        self._latest: OrderedDict[str, str] = OrderedDict()
+        self._limit = limit
+
+    def record(self, event: JobEventRecord) -> None:
+        self._latest[event.job_id] = event.event
+        self._latest.move_to_end(event.job_id)
+        while len(self._latest) > self._limit:
+            self._latest.popitem(last=False)
+
+    def is_active(self, job_id: str | None) -> bool:
+        return job_id is not None and self._latest.get(job_id) in _ACTIVE_EVENTS
+
+
+class CronScheduler:
+    """Fires the registered cron jobs; any number may run, the leader fires (see the module).
+
+    Parameters:
+        url: the broker URL (or a failover list); default ``$OJS_AMQP_URL``.
+        names: the deployment's entity names (or ``prefix``).
+        prefix: the entity prefix, when ``names`` is not given.
+        ssl, transport_options: as for :class:`~ojs_kombu.Client`.
+        lease_options: keyword arguments of the :class:`~ojs_kombu.runtime.leader.LeaderLease`
+            (``heartbeat``, ``renew_interval``, ``renew_timeout``).
+        heartbeat: AMQP heartbeat of the scheduler's own connection, in seconds.
+        scheduler_id: how this instance names itself in logs (default ``host.pid.random``).
+
+    Raises:
+        ValidationError: a bad URL, prefix or option.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        names: Names | None = None,
+        prefix: str = "",
+        ssl: Any = None,
+        transport_options: dict[str, Any] | None = None,
+        lease_options: dict[str, Any] | None = None,
+        heartbeat: float = 30.0,
+        scheduler_id: str | None = None,
+    ) -> None:
+        self.url = resolve_url(url)
+        self.names = names or Names(prefix)
+        self.topology = Topology(self.names)
+        self.scheduler_id = scheduler_id or f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+        self.lease = LeaderLease(
+            self.url,
+            names=self.names,
+            ssl=ssl,
+            transport_options=transport_options,
+            connection_name=f"ojs-cron-leader {self.scheduler_id}",
+            **(lease_options or {}),
+        )
+        self._failover = Failover(
+            self.url,
+            heartbeat=heartbeat,
+            ssl=ssl,
+            transport_options=transport_options,
+            connection_name=f"ojs-cron-scheduler {self.scheduler_id}",
+        )
+        self._connection = self._failover.connection()
+        self.book = CronBook()
+        self._activity = _Activity()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._synced = False  # caught up with the stream since this instance became the leader
+        self._publisher: ConfirmedPublisher | None = None
+        self._planned = 0.0
+        self.ready = threading.Event()
+        """Set once the scheduler replayed the cron stream (and after each reconnect)."""
+        self.fired = 0
+        """Occurrences this instance fired (jobs published)."""
+        self.skipped = 0
+        """Occurrences this instance skipped (overlap)."""
+        self.error: OjsError | None = None
+        """The permanent error that stopped the scheduler, or None."""
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this instance holds the lease now."""
+        return self.lease.is_leader
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until :meth:`stop` (or a permanent error: raised).
+
+        Raises:
+            BrokerRefusedError, TopologyError: the broker refused the scheduler for good.
+        """
+        self.lease.start()
+        errors = (
+            OjsError,
+            TimeoutError,
+            OSError,
+            *self._connection.connection_errors,
+            *self._connection.channel_errors,
+        )
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._connect()
+                    self._serve()
+                except (BrokerRefusedError, TopologyError) as exc:
+                    self.error = exc
+                    logger.error("cron scheduler stopped: %s", exc)
+                    raise
+                except errors as exc:
+                    self.ready.clear()
+                    self._disconnect(graceful=False)
+                    delay = self._failover.failed(self._connection)
+                    if not self._stopping.is_set():
+                        logger.warning("cron scheduler: %s; reconnecting in %.1fs", exc, delay)
+                    self._stopping.wait(delay)
+        finally:
+            self._disconnect(graceful=True)
+            self.lease.stop()
+
+    def start(self) -> CronScheduler:
+        """Run in a background thread (tests, embedding); :meth:`stop` ends it.
+
+        Returns:
+            self.
+        """
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run_quietly, name="ojs-cron-scheduler", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run_quietly(self) -> None:
+        try:
+            self.run()
+        except OjsError:
+            pass  # kept in self.error
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop firing, give the lease up and disconnect.
+
+        Parameters:
+            timeout: seconds to wait for a background thread (:meth:`start`).
+        """
+        self._stopping.set()
+        self.lease.stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> CronScheduler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def crons(self) -> list[RegisteredCron]:
+        """The cron jobs as this instance knows them (from the stream it follows)."""
+        return [registered(self.book.entries[name]) for name in sorted(self.book.entries)]
+
+    # -- the connection's thread ----------------------------------------------------------------
+
+    def _connect(self) -> None:
+        with map_exceptions(url=self.url):
+            self._failover.connect(self._connection)
+            connection = self._connection.connection
+            self.topology.ensure_cron(connection)
+            self.topology.ensure_events(connection)
+            self.book = CronBook()
+            self._reader = CronStreamReader(self.names, self.book, self._on_record)
+            self._reader.attach(connection)
+            self._reader.wait(connection, self._reader.mark(), DEFAULT_READ_TIMEOUT * 6)
+            if self.topology.events_is_stream():
+                self._follow_events(connection)
+            self._publisher = ConfirmedPublisher(connection, window=100)
+            self._events_channel = connection.channel()
+        self._failover.succeeded()
+        self._synced = False
+        self.ready.set()
+        logger.info(
+            "cron scheduler %s: %d cron job(s) replayed from %s (%s)",
+            self.scheduler_id,
+            len(self.book.entries),
+            self.names.cron_stream,
+            safe_url(self._failover.current),
+        )
+
+    def _follow_events(self, connection: Any) -> None:
+        channel: Channel = connection.channel()
+        channel.auto_decode = False
+        channel.basic_qos(0, 1000, False)
+
+        def on_message(message: WireMessage) -> None:
+            channel.basic_ack(message.delivery_info["delivery_tag"], multiple=True)
+            body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
+            try:
+                record = decode_event(body, dict(message.properties))
+            except DecodeError:
+                return
+            if isinstance(record, JobEventRecord):
+                self._activity.record(record)
+
+        channel.basic_consume(
+            self.names.events_stream,
+            no_ack=False,
+            callback=on_message,
+            arguments={"x-stream-offset": utcnow() - ACTIVITY_LOOKBACK},
+        )
+
+    def _serve(self) -> None:
+        connection = self._connection.connection
+        self._planned = 0.0  # monotonic time of the next evaluation
+        with map_exceptions(url=self.url):
+            while not self._stopping.is_set():
+                if not self.lease.is_leader:
+                    self._synced, self._planned = False, 0.0  # evaluate at once when elected
+                    timeout = 0.5
+                else:
+                    if time.monotonic() >= self._planned:
+                        fired, wait = self._evaluate()
+                        floor = self._planned + MIN_EVALUATION_INTERVAL if fired else 0.0
+                        self._planned = self._next_evaluation(floor, time.monotonic(), wait)
+                    timeout = min(0.5, max(0.001, self._planned - time.monotonic()))
+                try:
+                    connection.drain_events(timeout=timeout)
+                except TimeoutError:
+                    pass
+                connection.heartbeat_tick()
+
+    @staticmethod
+    def _next_evaluation(floor: float, now: float, wait: float) -> float:
+        """When to evaluate next (monotonic): when the earliest occurrence is due (1 ms after, so the
+        clock has passed it), not before ``floor`` and at most 60 s from now (spec §7.3).
+
+        After an evaluation that fired, ``floor`` is one second after it was *planned* (CRON-24:
+        measured from the plan, so the lateness of one tick does not add up into the next); after
+        one that found nothing due (a wake-up a little early, a new definition) there is none.
+        """
+        return min(now + MAX_EVALUATION_INTERVAL, max(floor, now + wait + 0.001))
+
+    def _on_record(self, record: Any) -> None:
+        """A definition or removal read from the stream: evaluate again soon (still once a second at most)."""
+        if isinstance(record, CronDefinition | CronRemoval) and self._synced:
+            self._planned = min(self._planned, time.monotonic())
+
+    def _evaluate(self) -> tuple[bool, float]:
+        """Fire what is due; returns whether anything fired, and the seconds until the earliest next occurrence."""
+        if not self._synced:
+            # Newly elected: read what the previous leader wrote before it lost the lease.
+            self._reader.wait(self._connection.connection, self._reader.mark(), DEFAULT_READ_TIMEOUT)
+            self._synced = True
+            leader = CronLeader(self.scheduler_id, socket.gethostname(), os.getpid(), utcnow())
+            self._publish(leader_message(leader), "", self.names.cron_stream, self.names.cron_stream)
+            self.book.apply(leader)
+            logger.info("cron scheduler %s: leader, %d cron job(s)", self.scheduler_id, len(self.book.entries))
+        wait, fired = MAX_EVALUATION_INTERVAL, False
+        for entry in list(self.book.entries.values()):
+            upcoming = next_run_of(entry)
+            if upcoming is None:
+                continue
+            now = utcnow()
+            outcome = due(
+                entry.cron.expression,
+                entry.cron.zone,
+                upcoming,
+                now,
+                anchor=entry.last_run_at or entry.registered_at,
+            )
+            if outcome.fire_at is not None:
+                if not self.lease.is_leader:
+                    self._synced = False
+                    return fired, MIN_EVALUATION_INTERVAL
+                self._fire(entry, outcome.fire_at, now)
+                fired = True
+                upcoming = outcome.next_run_at
+            if upcoming is not None:
+                wait = min(wait, (upcoming - utcnow()).total_seconds())
+        return fired, wait
+
+    def claim_tick(self, cron: CronJob, scheduled_time: datetime, job_id: str) -> bool:
+        """The seam of the unique lock (``ojs_kombu.amqp.locks``, DESIGN §20): whether this tick may fire.
+
+        Today every tick is claimed: the derived ``job_id`` already makes a duplicate of two
+        overlapping leaders the same job (``Worker(deduplicate=True)`` drops it).
+
+        Parameters:
+            cron: the cron job.
+            scheduled_time: the occurrence.
+            job_id: its derived job id.
+
+        Returns:
+            True to fire, False when another scheduler fired it already.
+        """
+        return True
+
+    def _fire(self, entry: CronEntry, scheduled_time: datetime, now: datetime) -> None:
+        cron = entry.cron
+        job_id = tick_job_id(cron.name, scheduled_time)
+        if not self.claim_tick(cron, scheduled_time, job_id):
+            self.book.apply(CronFired(cron.name, scheduled_time, None, "claimed", now))  # its claimer records it
+            return
+        previous = entry.last_job_id
+        active = self._activity.is_active(previous)
+        if active and cron.overlap_policy == "skip":
+            self._record(CronFired(cron.name, scheduled_time, None, "overlap_skip", now), None)
+            self._event(
+                CronEvent(
+                    "skipped",
+                    cron.name,
+                    cron.cron,
+                    cron.timezone,
+                    scheduled_time,
+                    reason="overlap_skip",
+                    active_job_id=previous,
+                )
+            )
+            self.skipped += 1
+            return
+        connection = self._connection.connection
+        if active and cron.overlap_policy == "cancel_previous" and previous is not None:
+            self.topology.declare(connection, self.topology.control_specs(cron.queue))
+            self._publish(
+                cancel_message(previous),
+                self.names.direct_exchange,
+                self.names.control_routing_key(cron.queue),
+                cron.queue,
+            )
+        job = self._job(cron, scheduled_time, job_id)
+        self.topology.ensure_queue(connection, cron.queue)
+        self._publish(encode(job), self.names.direct_exchange, cron.queue, cron.queue, job_id=job_id)
+        self._record(CronFired(cron.name, scheduled_time, job_id, None, now), job_id)
+        self.fired += 1
+        self._event(
+            CronEvent(
+                "triggered",
+                cron.name,
+                cron.cron,
+                cron.timezone,
+                scheduled_time,
+                job_id=job_id,
+                job_type=cron.type,
+                run_count=entry.run_count,
+                actual_time=utcnow(),
+            )
+        )
+        logger.info("cron %s: fired %s as job %s", cron.name, format_timestamp(scheduled_time), job_id)
+
+    @staticmethod
+    def _job(cron: CronJob, scheduled_time: datetime, job_id: str) -> Job:
+        options = cron.options
+        meta = dict(options.get("meta") or {})
+        meta["cron_name"] = cron.name
+        meta["cron_triggered_at"] = format_timestamp(scheduled_time)
+        return Job.create(
+            cron.type,
+            cron.args,
+            queue=cron.queue,
+            meta=meta,
+            retry=options.get("retry"),
+            timeout=options.get("timeout"),
+            tags=options.get("tags"),
+            id=job_id,
+        )
+
+    def _publish(
+        self, message: OutgoingMessage, exchange: str, routing_key: str, queue: str, job_id: str | None = None
+    ) -> None:
+        assert self._publisher is not None
+        ticket = self._publisher.publish(
+            message, exchange=exchange, routing_key=routing_key, queue=queue, job_id=job_id
+        )
+        self._publisher.wait([ticket], DEFAULT_READ_TIMEOUT)
+        ticket.raise_for_error()
+
+    def _record(self, fired: CronFired, job_id: str | None) -> None:
+        """Write the tick to the cron stream (confirmed) and fold it in at once."""
+        message = fired_message(fired.name, fired.scheduled_time, job_id, skipped=fired.skipped)
+        self._publish(message, "", self.names.cron_stream, self.names.cron_stream)
+        self.book.apply(fired)
+
+    def _event(self, event: CronEvent) -> None:
+        """Publish a cron event (best effort, like the workers' job events)."""
+        message = cron_event_message(event)
+        try:
+            self._events_channel.basic_publish(
+                WireMessage(message.body, **message.properties),
+                exchange=self.names.events_exchange,
+                routing_key=self.names.cron_event_routing_key(event.event, event.cron_name),
+            )
+        except (OSError, *self._connection.connection_errors, *self._connection.channel_errors) as exc:
+            logger.warning("cron %s: the cron.%s event was not published: %s", event.cron_name, event.event, exc)
+
+    def _disconnect(self, *, graceful: bool) -> None:
+        self._publisher = None
+        try:
+            if graceful:
+                self._connection.release()
+            else:
+                self._connection.collect()
+        except Exception:  # noqa: BLE001 - closing a broken connection
+            pass
+
+
+def cron_job_json(cron: RegisteredCron) -> str:
+    """``cron`` as one JSON line (the CLI's ``--json``)."""
+    return json.dumps(cron.to_dict(), separators=(",", ":"))
+
+
+__all__ = [
+    "ACTIVITY_LOOKBACK",
+    "DEFAULT_READ_TIMEOUT",
+    "CronRegistry",
+    "CronScheduler",
+    "CronStreamReader",
+    "RegisteredCron",
+    "Runner",
+    "cron_job_json",
+    "next_run_of",
+    "registered",
+]

@@ -1,0 +1,297 @@
+"""Running one job: its handler in a slot of the worker's concurrency, then its outcome to the Settler.
+
+:class:`Processing` is what a :class:`~ojs_kombu.runtime.worker.Worker` does with each
+delivery its :class:`~ojs_kombu.runtime.dispatch.Dispatch` hands to a thread: judge it
+(:meth:`Settler.triage <ojs_kombu.runtime.settle.Settler.triage>`, the one place a delivery
+is judged before it runs), run the job's handler with :func:`current_job` set (a plain
+handler in the calling thread, an ``async def`` as a task of the worker's event loop,
+:mod:`~ojs_kombu.runtime.coroutines`), and turn what the handler did into one call of the
+Settler: :meth:`~ojs_kombu.runtime.settle.Settler.succeed` (with the handler's return value),
+:meth:`~ojs_kombu.runtime.settle.Settler.cancel` (cancelled while it ran), or
+:meth:`~ojs_kombu.runtime.settle.Settler.fail_attempt` (its retry policy decides).
+While the worker drains (a graceful shutdown) a job not started yet is handed back instead.
+It also counts what the shutdown waits for: the deliveries not yet settled, the jobs running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from pydantic import PrivateAttr
+
+from ojs_kombu.errors import Cancelled, OjsError
+from ojs_kombu.model.job import Job
+from ojs_kombu.observability.logs import job_log_extra
+from ojs_kombu.observability.tracing import job_span
+from ojs_kombu.policy.retry import Failure, decide
+from ojs_kombu.runtime.control import Cancellations, RunningEntry
+from ojs_kombu.runtime.coroutines import CoroutineRunner
+from ojs_kombu.runtime.delivery import Delivery
+from ojs_kombu.runtime.handlers import Handlers
+from ojs_kombu.runtime.lifecycle import Lifecycle
+from ojs_kombu.runtime.settle import Settler
+
+logger = logging.getLogger(__name__)
+
+
+class RunningJob(Job):
+    """The job a handler is running, as :func:`current_job` returns it: a :class:`Job` plus
+    :attr:`cancelled`."""
+
+    _run: RunningEntry | None = PrivateAttr(default=None)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set (within ~1 s of ``Client.cancel``) when the job has been cancelled; a handler may poll it."""
+        run = self._run
+        if run is None:  # made by hand, not by a Worker: nothing will cancel it
+            run = self._run = RunningEntry(self.id, self.queue, threading.get_ident())
+        return run.cancelled  # made when first asked for: most runs never look
+
+    @classmethod
+    def of(cls, job: Job, attempt: int, run: RunningEntry) -> RunningJob:
+        """``job`` at execution ``attempt``, in the Worker's ``run`` of it.
+
+        A copy of ``job``'s validated state, built the way pydantic's ``model_copy`` builds one
+        (no validation, no default factories: this runs per job).
+
+        Parameters:
+            job: the job as decoded.
+            attempt: this execution, 1-based.
+            run: the run's entry in :class:`~ojs_kombu.runtime.control.Cancellations` (its
+                ``cancelled`` event).
+
+        Returns:
+            The running job.
+        """
+        running = cls.__new__(cls)
+        object.__setattr__(running, "__dict__", {**job.__dict__, "attempt": attempt})
+        object.__setattr__(running, "__pydantic_fields_set__", job.__pydantic_fields_set__ | {"attempt"})
+        object.__setattr__(running, "__pydantic_extra__", dict(job.__pydantic_extra__ or {}))
+        object.__setattr__(running, "__pydantic_private__", {"_run": run})
+        return running
+
+
+_current_job: contextvars.ContextVar[RunningJob | None] = contextvars.ContextVar("ojs_current_job", default=None)
+
+
+def current_job() -> RunningJob:
+    """The job the calling handler is running (``attempt`` is this execution, 1-based), with its
+    ``cancelled`` event.
+
+    Raises :class:`~ojs_kombu.errors.OjsError` outside a handler.
+    """
+    job = _current_job.get()
+    if job is None:
+        raise OjsError("current_job() is only available inside a job handler")
+    return job
+
+
+class Processing:
+    """Runs the jobs of one consumer's deliveries and settles them (see the module docstring).
+
+    Parameters:
+        settler: settles every delivery (and judges it first).
+        handlers: the worker's registry.
+        cancellations: the cancels known, and the runs it registers (to interrupt them).
+        lifecycle: where ``started`` goes (the Settler emits the outcomes).
+        concurrency: jobs run at once, on any thread.
+        worker_id: names the event loop's thread.
+        on_exit: called with a handler's ``SystemExit`` / ``KeyboardInterrupt`` once its job is
+            settled: the worker shuts down.
+    """
+
+    def __init__(
+        self,
+        settler: Settler,
+        handlers: Handlers,
+        cancellations: Cancellations,
+        lifecycle: Lifecycle,
+        concurrency: int,
+        *,
+        worker_id: str,
+        on_exit: Callable[[BaseException], None],
+    ) -> None:
+        self.settler = settler
+        self.handlers = handlers
+        self.cancellations = cancellations
+        self.lifecycle = lifecycle
+        self.worker_id = worker_id
+        self.on_exit = on_exit
+        #: Set by a graceful shutdown: a job not started yet is handed back, not run.
+        self.draining = threading.Event()
+        #: Jobs running now (on any thread).
+        self.in_flight = 0
+        #: Deliveries received and not yet settled (acked, republished, handed back ...).
+        self.unsettled = 0
+        self._lock = threading.Lock()
+        self._slots = threading.Semaphore(concurrency)  # jobs running at once, on any thread
+        self._runner: CoroutineRunner | None = None  # the event loop, made for the first coroutine job
+        self._runner_lock = threading.Lock()
+
+    def received(self) -> None:
+        """A delivery arrived (counted until it is settled)."""
+        with self._lock:
+            self.unsettled += 1
+
+    def handle(self, delivery: Delivery) -> None:
+        """Run ``delivery``'s job and settle it (or hand it back unstarted when draining), in one
+        of the ``concurrency`` slots (the consumer thread's job takes one too)."""
+        with self._slots:
+            self._handle_in_slot(delivery)
+
+    def _handle_in_slot(self, delivery: Delivery) -> None:
+        if self.draining.is_set():
+            self.hand_back(delivery)
+            return
+        with self._lock:
+            self.in_flight += 1
+        deferred = False  # a coroutine job: counted out when its coroutine ends
+        try:
+            deferred = self._process(delivery)
+        except Exception:  # noqa: BLE001 - logged with its traceback, the delivery dead-lettered
+            self.settler.reject_unexpected(delivery)
+        finally:
+            if not deferred:
+                self._done()
+
+    def _done(self) -> None:
+        """A job left its slot: run and settled, or left to the broker."""
+        with self._lock:
+            self.in_flight -= 1
+            self.unsettled -= 1
+
+    def hand_back(self, delivery: Delivery) -> None:
+        """An unstarted job at shutdown: back to its queue unchanged (no attempt spent)."""
+        try:
+            self.settler.hand_back(delivery)
+        finally:
+            with self._lock:
+                self.unsettled -= 1
+
+    def _process(self, delivery: Delivery) -> bool:
+        """Run ``delivery``'s job and settle it; True when it went to the event loop instead
+        (an ``async def`` handler), which settles it when its coroutine ends."""
+        job = self.settler.triage(delivery)
+        if job is None:
+            return False
+        attempt = job.attempt + 1
+        handler = self.handlers.get(job.type)
+        if handler is None:
+            self.settler.reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
+            return False
+        if self.handlers.is_async(job.type):
+            self._coroutines().submit(partial(self._run_coroutine, delivery, job, attempt, handler))
+            return True
+        token = None
+        self.lifecycle.emit("started", job, attempt)
+        try:
+            with self.cancellations.running(job.id, job.queue) as entry:
+                token = _current_job.set(RunningJob.of(job, attempt, entry))
+                with job_span(job, attempt):
+                    result = handler(*job.args, **job.kwargs)
+        except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
+            self._settle_run(delivery, job, attempt, exc)
+        else:
+            self._settle_run(delivery, job, attempt, None, result)
+        finally:
+            if token is not None:
+                _current_job.reset(token)
+        return False
+
+    def _coroutines(self) -> CoroutineRunner:
+        """The worker's event loop for ``async def`` handlers, started on first use."""
+        runner = self._runner
+        if runner is None:
+            with self._runner_lock:
+                runner = self._runner
+                if runner is None:
+                    runner = self._runner = CoroutineRunner(f"ojs-coroutines-{self.worker_id}")
+        return runner
+
+    def stop_coroutines(self) -> None:
+        """Stop the event loop (its coroutines still running are left to the broker), if started."""
+        if self._runner is not None:
+            self._runner.stop()
+
+    async def _run_coroutine(self, delivery: Delivery, job: Job, attempt: int, handler: Callable[..., Any]) -> None:
+        """A coroutine job, as :meth:`_process` runs a plain one: its own task, its own ``current_job()``.
+
+        In ``"interrupt"`` mode a cancel cancels the task (``asyncio.CancelledError`` in the handler);
+        the run is settled as cancelled.  A task cancelled because the worker stops past its grace
+        period is not settled: the broker redelivers the job.
+        """
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def interrupt() -> None:
+            if task is not None:
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:  # the loop is closed: the worker has stopped
+                    pass
+
+        try:
+            self.lifecycle.emit("started", job, attempt)
+            outcome: BaseException | None = None
+            result: Any = None
+            entry = self.cancellations.enter(job.id, job.queue, interrupt=interrupt)
+            try:
+                _current_job.set(RunningJob.of(job, attempt, entry))  # the task's own context
+                if entry.is_cancelled:  # cancelled before the task could be interrupted
+                    raise Cancelled()
+                with job_span(job, attempt):
+                    result = await handler(*job.args, **job.kwargs)
+            except asyncio.CancelledError:
+                if not entry.is_cancelled:
+                    raise
+                outcome = Cancelled()
+            except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
+                outcome = exc
+            finally:
+                self.cancellations.leave(entry)
+            self._settle_run(delivery, job, attempt, outcome, result)
+        except asyncio.CancelledError:
+            logger.warning(
+                "job %s still running when the worker stopped; the broker will redeliver it",
+                job.id,
+                extra=job_log_extra(job, attempt),
+            )
+        except Exception:  # noqa: BLE001 - logged with its traceback, the delivery dead-lettered
+            self.settler.reject_unexpected(delivery)
+        finally:
+            self._done()
+
+    def _settle_run(
+        self, delivery: Delivery, job: Job, attempt: int, exc: BaseException | None, result: Any = None
+    ) -> None:
+        """Settle a run of ``job`` whose handler returned ``result`` (``exc`` None) or raised ``exc``."""
+        if self.cancellations.is_cancelled(job.id):
+            self.settler.cancel(delivery, job, attempt, "running")  # whatever the handler then did
+            if exc is not None and not isinstance(exc, Exception | Cancelled):
+                self.on_exit(exc)  # SystemExit / KeyboardInterrupt: the job is settled, then exit
+            return
+        if exc is None:
+            self.settler.succeed(delivery, job, attempt, result)
+            return
+        extra = job_log_extra(job, attempt)
+        logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc, extra=extra)
+        self.settler.fail_attempt(delivery, job, attempt, Failure.from_exception(exc), decide(job, attempt, exc))
+        if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the program wants to end
+            logger.error(
+                "the handler of job %s raised %s: attempt %d failed; the worker shuts down",
+                job.id,
+                type(exc).__name__,
+                attempt,
+                extra=extra,
+            )
+            self.on_exit(exc)
+
+
+__all__ = ["Processing", "RunningJob", "current_job"]

@@ -1,0 +1,128 @@
+"""The reconnect primitive's pure logic: each policy, and the one rule for permanent errors."""
+
+from __future__ import annotations
+
+import pytest
+from amqp.exceptions import AccessRefused, NotAllowed, NotFound
+
+from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.reconnect import MIN_ATTEMPT_TIMEOUT, Budgeted, Forever, OnePass, Reconnector
+from ojs_kombu.errors import AccessRefusedError, BrokerConnectionError, NotFoundError, ValidationError
+
+ONE = "amqp://u:secret@h1//"
+TWO = "amqp://u:secret@h1//;amqp://u:secret@h2//"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reconnector(policy, url=ONE, **options):
+    failover = Failover(url, heartbeat=0, ssl=None, transport_options=None, connection_name="t", rand=lambda: 0.5)
+    clock = Clock()
+    return Reconnector(policy, failover, url=url, clock=clock, **options), failover, clock
+
+
+# -- the policies -------------------------------------------------------------------------------
+
+
+def test_budgeted_cuts_the_wait_at_the_budget_then_gives_up():
+    policy = Budgeted(5.0)
+    assert policy.next_delay(1.0, 1, 0.0) == 1.0
+    assert policy.next_delay(4.0, 3, 3.0) == 2.0  # what is left of the budget
+    assert policy.next_delay(1.0, 4, 5.0) is None
+
+
+def test_budgeted_retries_bound_the_reconnections_too():
+    policy = Budgeted(None, retries=2)
+    assert policy.next_delay(8.0, 2, 1000.0) == 8.0  # no time limit
+    assert policy.next_delay(8.0, 3, 0.0) is None
+
+
+def test_budgeted_attempt_timeout_is_what_is_left_within_the_connect_timeout():
+    policy = Budgeted(5.0)
+    assert policy.attempt_timeout(None, 4) == 4.0
+    assert policy.attempt_timeout(3.0, 4) == 2.0
+    assert policy.attempt_timeout(4.999, 4) == MIN_ATTEMPT_TIMEOUT
+    assert Budgeted(None).attempt_timeout(3.0, 4) is None
+
+
+@pytest.mark.parametrize("bad", [{"seconds": 0}, {"seconds": -1}, {"seconds": 1, "retries": -1}])
+def test_budgeted_refuses_a_bad_budget(bad):
+    with pytest.raises(ValidationError):
+        Budgeted(**bad)
+
+
+def test_forever_always_waits_the_failovers_back_off():
+    assert Forever().next_delay(60.0, 10_000, 1e9) == 60.0
+    assert Forever().attempt_timeout(1e9, 4) is None
+
+
+def test_one_pass_tries_each_node_once_without_waiting():
+    policy = OnePass(3)
+    assert [policy.next_delay(1.0, n, 0.0) for n in (1, 2, 3)] == [0.0, 0.0, None]
+    with pytest.raises(ValidationError):
+        OnePass(0)
+
+
+# -- the reconnector: budget, rotation, the rule for permanent errors ------------------------------
+
+
+def test_the_budget_counts_from_the_start_of_the_attempt_that_failed():
+    retry, failover, clock = reconnector(Budgeted(5.0))
+    conn = failover.connection()
+    retry.connecting()
+    clock.now += 2.0  # the attempt took 2 s before it failed
+    assert retry.failed(ConnectionRefusedError("refused"), conn) == pytest.approx(1.0)  # §9: ~1 s
+    assert retry.elapsed == pytest.approx(2.0)
+    clock.now += 3.5
+    with pytest.raises(BrokerConnectionError, match="after 2 attempts in 5.5s") as raised:
+        retry.failed(ConnectionRefusedError("refused"), conn)
+    assert "secret" not in str(raised.value)
+
+
+def test_a_failure_moves_to_the_next_node_at_once_within_a_rotation():
+    retry, failover, _ = reconnector(Forever(), TWO)
+    conn = failover.connection()
+    assert retry.failed(OSError("down"), conn) == 0.0
+    assert failover.current.endswith("@h2//")
+    assert retry.failed(OSError("down"), failover.connection()) > 0  # a full rotation failed: back off
+
+
+@pytest.mark.parametrize("policy", [Forever(), Budgeted(None), OnePass(5)])
+@pytest.mark.parametrize("exc", [AccessRefused("403 wrong password"), NotAllowed("530 no vhost")])
+def test_a_permanent_refusal_is_raised_at_once_under_every_policy(policy, exc):
+    retry, failover, _ = reconnector(policy)
+    with pytest.raises(AccessRefusedError) as raised:
+        retry.failed(exc, failover.connection())
+    assert raised.value.__cause__ is exc
+    assert retry.failures == 0
+
+
+def test_a_404_is_retried_once_then_raised_not_found():
+    retry, failover, _ = reconnector(Forever())
+    conn = failover.connection()
+    assert retry.failed(NotFound("404 no exchange"), conn) >= 0  # re-declaring may cure it
+    with pytest.raises(NotFoundError):
+        retry.failed(NotFound("404 no exchange"), conn)
+
+
+def test_a_404_where_the_entity_must_exist_is_final_at_once():
+    retry, failover, _ = reconnector(Forever(), must_exist=True)
+    with pytest.raises(NotFoundError):
+        retry.failed(NotFound("404 no queue"), failover.connection())
+
+
+def test_reset_forgets_the_failures_of_a_long_running_loop():
+    retry, failover, clock = reconnector(Budgeted(5.0))
+    conn = failover.connection()
+    retry.failed(OSError("down"), conn)
+    clock.now += 10
+    retry.succeeded()
+    retry.reset()
+    assert retry.failures == 0 and retry.elapsed is None
+    assert retry.failed(OSError("down again"), conn) is not None  # a fresh budget
