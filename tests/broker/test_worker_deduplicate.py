@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from support import message_count, wait_until
 
-from ojs_kombu import Job, Worker, current_job
+from ojs_kombu import CompletedOptions, Job, Worker, current_job
 from ojs_kombu.observability.metrics import METRICS
 
 
@@ -92,3 +92,19 @@ def test_two_workers_share_their_completions_live(client, worker_factory):
     assert all(r.ok for r in client.enqueue_many(jobs))
     wait_until(lambda: a.deduplicated + b.deduplicated == len(jobs), timeout=20, message="every duplicate acked")
     assert runs_a.total() + runs_b.total() == len(jobs)
+
+
+def test_a_duplicate_delivered_after_max_age_runs_again(client, worker_factory):
+    runs = Runs()
+    worker = started(
+        worker_factory(concurrency=2, deduplicate=True, completed_options=CompletedOptions(max_age="2s")), runs
+    )
+    job = Job.create("work", [1])
+    client.enqueue_job(job)
+    wait_until(lambda: runs.total() == 1, timeout=10, message="the first delivery to run")
+    log = worker.completed_log
+    assert log is not None and log.is_completed(job.id)
+    wait_until(lambda: (log.ids.expire(), not log.is_completed(job.id))[1], timeout=10, message="forgotten")
+    client.enqueue_job(job)
+    wait_until(lambda: runs.counts[job.id] == 2, timeout=10, message="the late duplicate to run")
+    assert worker.deduplicated == 0
