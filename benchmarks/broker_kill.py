@@ -1,16 +1,24 @@
 """The broker-kill drill: duplicate executions and lost jobs when RabbitMQ is SIGKILLed mid-stream.
 
-    python benchmarks/broker_kill.py [--total 4000] [--kill-at 0.4] [--deduplicate] [--queue-type quorum]
+    python benchmarks/broker_kill.py [--total 4000] [--kill-at 0.4] [--kill-when ran|confirmed]
+                                     [--deduplicate] [--queue-type quorum] [--json]
 
-A private RabbitMQ node of its own (never the session's broker).  A ``Client`` enqueues
-``--total`` jobs one after the other (each confirmed; a publish that is not confirmed is
-published again with the same id until it is), a quarter of them scheduled 0-3 s ahead; a
-``Worker`` (``--concurrency`` 8, ``deduplicate=--deduplicate``) runs them and counts how often
-each id ran.  When ``--kill-at`` of the jobs are confirmed, the node's Erlang VM is SIGKILLed
-and started again (same data).  Once every confirmed job has run and nothing has run for
-``--quiet`` seconds, it prints: confirmed, lost (confirmed and never run), duplicate executions
-(runs beyond the first) as a share of the confirmed jobs, and, with ``--deduplicate``, how many
-deliveries were acked without running.  ``--json`` prints one JSON line instead.
+A private RabbitMQ node of its own (never the session's broker).  ``--total`` jobs, a quarter of
+them scheduled 0-3 s ahead; a ``Worker`` (``--concurrency`` 8, ``deduplicate=--deduplicate``)
+runs them and counts how often each id ran.  The node's Erlang VM is SIGKILLed and started again
+(same data):
+
+* ``--kill-when ran`` (default): every job is enqueued first (``enqueue_many``, confirmed), and the
+  node is killed once ``--kill-at`` of them ran (a backlog: acks the broker had not written yet);
+* ``--kill-when confirmed``: a ``Client`` enqueues the jobs one after the other (a publish that is
+  not confirmed is published again with the same id until it is) while the worker runs them, and
+  the node is killed once ``--kill-at`` of them are confirmed.
+
+Once every confirmed job has run and nothing has run for ``--quiet`` seconds (or nothing has run
+for 60 s), it prints: confirmed, lost (confirmed and never run; how many of them scheduled),
+duplicate executions (runs beyond the first) as a share of the confirmed jobs, how many
+deliveries were acked without running (``deduplicate``), and the messages left in the prefix's
+queues.  ``--json`` prints one JSON line instead.
 
 DESIGN §19 / issue 30: without de-duplication our first drill counted 719 of 4,000 (18 %).
 """
