@@ -97,7 +97,14 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
         assert worker.wait_until_ready(60), "the worker did not start"
         killed = threading.Event()
         rng = random.Random(7)
-        with Client(node.url, prefix=prefix, connect_retries=10, publish_timeout=None, confirm_timeout=15) as client:
+        with Client(
+            node.url,
+            prefix=prefix,
+            queue_type=args.queue_type,
+            connect_retries=10,
+            publish_timeout=None,
+            confirm_timeout=15,
+        ) as client:
             client.declare_queue(QUEUE)
             kill_after = int(args.total * args.kill_at)
 
