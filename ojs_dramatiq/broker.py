@@ -63,6 +63,7 @@ from ojs_kombu.policy.retry import ladder_ms
 from ojs_kombu.runtime.assembly import Assembly
 from ojs_kombu.runtime.control import CancelRunning
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
+from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.entities import QueueOptions
 
 from .consumer import OjsConsumer, OjsMessageProxy
@@ -130,6 +131,11 @@ class OjsBroker(dramatiq.Broker):
       events: also publish the job lifecycle events to the events stream (``Client.events``);
         the worker presence (``Client.workers``) is always published, every ``presence_interval`` s.
       presence_interval: seconds between two presences of a booted worker.
+      deduplicate: execution de-duplication, as ``Worker(deduplicate=True)`` (``docs/reliability.md``):
+        each consumer records the id of every message whose actor succeeded in
+        ``ojs.stream.completed.{q}`` (confirmed, then the ack) and acks without running a
+        delivery whose job completed already.
+      completed_options: bounds of what ``deduplicate`` remembers (:class:`ojs_kombu.CompletedOptions`).
       **options: ``RabbitmqBroker``'s pika keyword arguments ``host``, ``port``,
         ``virtual_host``, ``credentials`` (``pika.PlainCredentials``) and ``heartbeat``, instead
         of ``url`` (translated into an AMQP URL by :func:`ojs_dramatiq.parameters.url_for_parameters`;
@@ -193,6 +199,8 @@ class OjsBroker(dramatiq.Broker):
         cancel_running: CancelRunning = "interrupt",
         events: bool = False,
         presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
+        deduplicate: bool = False,
+        completed_options: CompletedOptions | None = None,
         **options: Any,
     ):
         self._running: OjsRunning | None = None
@@ -230,6 +238,8 @@ class OjsBroker(dramatiq.Broker):
             ssl=self.ssl,
             transport_options=self.transport_options,
             presence_interval=presence_interval,
+            deduplicate=deduplicate,
+            completed_options=completed_options,
         )
         self.cancellations, self.paused = self.assembly.cancellations, self.assembly.paused
         self.lifecycle, self.activity = self.assembly.lifecycle, self.assembly.activity

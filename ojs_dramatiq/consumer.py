@@ -91,7 +91,7 @@ class OjsConsumer(Consumer):
         parts = assembly.consuming(
             [ojs_queue], prefetch, self._on_delivery, connection_name=f"ojs_dramatiq consumer {queue_name}"
         )
-        self.consumer, self.settler = parts.consumer, parts.settler
+        self.consumer, self.settler, self.completed = parts.consumer, parts.settler, parts.completed
         self._thread = threading.Thread(target=self._run, name=f"ojs-dramatiq-{queue_name}", daemon=True)
         self._thread.start()
 
@@ -248,6 +248,8 @@ class OjsConsumer(Consumer):
                 break
             self.settler.hand_back(delivery)
             self._settled()
+        if self.completed is not None:
+            self.completed.stop()  # its confirms ack the last messages: before the consumer stops
         self.consumer.stop()
         self._thread.join(timeout=30)
         self.consumer.close()

@@ -68,6 +68,7 @@ from ojs_kombu.runtime.deadletter import DeadLetterEntry
 from ojs_kombu.runtime.worker import Worker, current_job
 from ojs_kombu.transport import register_aliases
 from ojs_kombu.wire.codec import CONTENT_TYPE, decode, encode
+from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions
 from ojs_kombu.wire.events import ActiveJob, EventsOptions, JobEventRecord, WorkerPresence
@@ -107,6 +108,7 @@ __all__ = [
     "Cancelled",
     "Client",
     "ClientClosedError",
+    "CompletedOptions",
     "ControlOptions",
     "DeadLetter",
     "DeadLetterEntry",

@@ -92,6 +92,7 @@ from ojs_kombu.amqp.version import rabbitmq_version
 from ojs_kombu.errors import TopologyConflictError, ValidationError
 from ojs_kombu.model.naming import Names, validate_queue_name
 from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.cron import cron_stream_arguments
 from ojs_kombu.wire.entities import (
@@ -237,6 +238,14 @@ class Topology:
         """Whether the control queue of ``queue`` is the stream (False: degraded, see the module docstring)."""
         with self._lock:
             return queue not in self._control_degraded
+
+    def completed_specs(self, queue: str, options: CompletedOptions) -> list[Spec]:
+        """The stream ``ojs.stream.completed.{queue}`` of execution de-duplication (DESIGN §19).
+
+        Published to through the default exchange (routing key = its name): no binding.
+        """
+        validate_queue_name(queue)
+        return [QueueSpec(self.names.completed_stream(queue), frozen_arguments(options.arguments()))]
 
     def events_specs(self) -> list[Spec]:
         """The events exchange (topic), the events stream and their binding (key ``#``)."""

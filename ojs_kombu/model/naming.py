@@ -330,6 +330,11 @@ class Names:
         """The stream holding the events, bound to :attr:`events_exchange` with ``#`` (``ojs.stream.events``)."""
         return self._name("ojs.stream.events")
 
+    def completed_stream(self, queue: str) -> str:
+        """The stream of the ids of ``queue``'s completed jobs (execution de-duplication, DESIGN §19):
+        ``ojs.stream.completed.{queue}``."""
+        return self._name(f"ojs.stream.completed.{queue}")
+
     @staticmethod
     def worker_routing_key(worker_id: str) -> str:
         """Routing key of a worker's presence on the events exchange: ``worker.{worker_id}``."""

@@ -85,6 +85,12 @@ class Metrics:
             ["queue"],
             registry=registry,
         )
+        self.jobs_deduplicated = Counter(
+            "ojs_amqp_jobs_deduplicated_total",
+            "Deliveries acked without running: their job id had completed already (Worker(deduplicate=True))",
+            ["queue"],
+            registry=registry,
+        )
         self.jobs_cancelled = Counter(
             "ojs_amqp_jobs_cancelled_total",
             "Jobs cancelled (Client.cancel): dropped on delivery (state=pending) or while running (state=running)",
@@ -135,6 +141,10 @@ class Metrics:
     def cancelled(self, queue: str, state: str) -> None:
         """A cancelled job of ``queue`` was acked without running (``pending``) or while running (``running``)."""
         self.jobs_cancelled.labels(queue, state).inc()
+
+    def deduplicated(self, queue: str) -> None:
+        """A delivery of ``queue`` whose job had completed already was acked without running."""
+        self.jobs_deduplicated.labels(queue).inc()
 
     def reconnected(self) -> None:
         """A reconnection attempt was made."""

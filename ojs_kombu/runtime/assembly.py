@@ -13,6 +13,7 @@ its deliveries; and, per worker, its presence :class:`~ojs_kombu.runtime.presenc
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.activity import worker_lifecycle
+from ojs_kombu.runtime.completed import CompletedLog, dedupe_prefetch
 from ojs_kombu.runtime.consumer import Consumer
 from ojs_kombu.runtime.control import Cancellations, CancelRunning, ControlReader, PausedQueues
 from ojs_kombu.runtime.delivery import Delivery
@@ -31,6 +33,9 @@ from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_
 from ojs_kombu.runtime.settle import DeadLetterMode, Settler
 from ojs_kombu.runtime.unique import UniqueRelease
 from ojs_kombu.runtime.workflow import WorkflowHook
+from ojs_kombu.wire.completed import CompletedOptions
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,9 @@ class Consuming:
 
     consumer: Consumer
     settler: Settler
+    completed: CompletedLog | None = None
+    """The completed job ids (``deduplicate=True``): replayed before the consumer's first job queue,
+    stopped (its records flushed, their deliveries acked) before the consumer stops."""
 
 
 class Assembly:
@@ -55,6 +63,11 @@ class Assembly:
         ssl: TLS of every connection (as :class:`~ojs_kombu.client.Client` takes it).
         transport_options: passed to kombu for every connection.
         presence_interval: seconds between two presences of a :meth:`beacon`.
+        deduplicate: execution de-duplication (DESIGN §19): every consumer gets a
+            :class:`~ojs_kombu.runtime.completed.CompletedLog` of its queues, its settler skips
+            the completed ids and records each success before its ack, and its prefetch grows by
+            :data:`~ojs_kombu.runtime.completed.DEDUPE_EXTRA_PREFETCH`.
+        completed_options: bounds of what ``deduplicate`` remembers.
 
     Raises:
         ValidationError: ``dead_letter_mode``, ``cancel_running`` or ``presence_interval`` is invalid.
@@ -73,6 +86,8 @@ class Assembly:
         ssl: Any = None,
         transport_options: dict[str, Any] | None = None,
         presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
+        deduplicate: bool = False,
+        completed_options: CompletedOptions | None = None,
     ) -> None:
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
@@ -85,6 +100,8 @@ class Assembly:
         self.ssl = ssl
         self.transport_options = transport_options
         self.presence_interval = check_presence_interval(presence_interval)
+        self.deduplicate = deduplicate
+        self.completed_options = completed_options or CompletedOptions()
         #: The cancels replayed from the control streams, and the jobs running now.
         self.cancellations = Cancellations(cancel_running)
         #: The queues paused by ``Client.pause``, as the control readers replay them.
@@ -138,10 +155,31 @@ class Assembly:
             The consumer (not started) and its settler.
         """
         topology, cascade = self.topology, self.cascade
+        completed = None
+        if self.deduplicate:
+            completed = CompletedLog(
+                self.url,
+                queues,
+                names=self.names,
+                topology=topology,
+                options=self.completed_options,
+                heartbeat=self.heartbeat,
+                ssl=self.ssl,
+                transport_options=self.transport_options,
+                connection_name=f"{connection_name} completed",
+            )
+            prefetch = dedupe_prefetch(prefetch)
 
         def declare(connection: Any) -> None:
             for queue in queues:
                 topology.ensure_consumable(connection, queue, cascade)
+            if completed is not None and not completed.start():  # caught up before any job is consumed
+                logger.warning(
+                    "the completed job ids of %s were not replayed within %.0fs; consuming without them "
+                    "meanwhile (a duplicate of a job completed before may run again)",
+                    ", ".join(queues),
+                    completed.replay_timeout,
+                )
 
         consumer = Consumer(
             self.url,
@@ -167,11 +205,12 @@ class Assembly:
             cascade,
             dead_letter_mode=self.dead_letter_mode,
             cancelled=self.cancellations.is_cancelled,
+            completed=completed,
             lifecycle=self.lifecycle,
             workflow=self.workflow,
             unique=self.unique_release,
         )
-        return Consuming(consumer, settler)
+        return Consuming(consumer, settler, completed)
 
     def close(self) -> None:
         """Close what the parts share (the unique-lock releaser's and the workflow hook's connections);

@@ -4,7 +4,8 @@
 adapter's consumer) do with every delivery they take:
 
 * :meth:`Settler.triage` decodes a delivery and settles the ones that must not
-  run: undecodable (to the DLQ with the reason in the headers), redelivered
+  run: undecodable (to the DLQ with the reason in the headers), completed already
+  (``deduplicate=True``: acked, not run, counted), redelivered
   (a worker died running it: a failed attempt, ``worker_lost``), cancelled
   (acked, not run: state ``cancelled``), expired
   (acked, not run) and early (back into the scheduling cascade); it is the one
@@ -50,6 +51,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Literal, Protocol
 
 from ojs_kombu.amqp.publisher import Destination
@@ -60,8 +62,10 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
+from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure, replay_count
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
+from ojs_kombu.runtime.completed import CompletedLog
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
@@ -189,6 +193,12 @@ class Settler:
         discard_expired: whether :meth:`triage` acks an expired job without
             running it (the ``ojs://`` transport leaves that to the framework,
             which records the task as revoked).
+        completed: the completed job ids (``deduplicate=True``,
+            :class:`~ojs_kombu.runtime.completed.CompletedLog`): :meth:`triage` acks a
+            delivery whose job completed already without running it (counted in
+            :attr:`deduplicated`), whatever else holds (redelivered, scheduled ...), and
+            :meth:`succeed` records the job there, confirmed, before the ack.  ``None``: no
+            de-duplication.
         cancelled: tells whether a job id was cancelled (``Client.cancel``):
             :meth:`triage` acks such a job without running it, whatever else
             holds (redelivered, scheduled ...).  ``None``: no cancels known.
@@ -210,6 +220,7 @@ class Settler:
         early_tolerance_ms: int = 0,
         discard_expired: bool = True,
         cancelled: Callable[[str], bool] | None = None,
+        completed: CompletedLog | None = None,
         lifecycle: Lifecycle | None = None,
         workflow: WorkflowHook | None = None,
         unique: Releaser | None = None,
@@ -222,6 +233,8 @@ class Settler:
         self.early_tolerance_ms = early_tolerance_ms
         self.discard_expired = discard_expired
         self.cancelled = cancelled
+        self.completed = completed
+        self.deduplicated = 0  # deliveries acked without running: their job had completed
         self.lifecycle = lifecycle
         self.workflow = workflow
         self.unique = unique
@@ -248,6 +261,17 @@ class Settler:
         attempt = job.attempt + 1
         if self.cancelled is not None and self.cancelled(job.id):
             self.cancel(delivery, job, attempt, "pending")
+            return None
+        if self.completed is not None and self.completed.is_completed(job.id):
+            self.deduplicated += 1
+            METRICS.deduplicated(job.queue)
+            logger.info(
+                "job %s completed already; acknowledged without running it (a duplicate delivery%s)",
+                job.id,
+                ", redelivered" if delivery.redelivered else "",
+                extra=job_log_extra(job, attempt),
+            )
+            self.consumer.ack(delivery)
             return None
         if delivery.redelivered:
             logger.warning(
@@ -294,12 +318,21 @@ class Settler:
         """
         if self.workflow is not None and job.meta:
             self.workflow.on_terminal(job, "completed", result)
-        self.consumer.ack(delivery)
+        completed = self.completed
+        if completed is not None:
+            # Recorded (confirmed), then acked: see ojs_kombu.runtime.completed for the crash windows.
+            completed.record(job.id, delivery.queue, partial(self._recorded, delivery))
+        else:
+            self.consumer.ack(delivery)
         lifecycle = self.lifecycle  # the hot path: no _emit
         if lifecycle is not None:
             lifecycle.emit("succeeded", job, attempt)
         if job.unique is not None:
             self.ended(job, "completed")
+
+    def _recorded(self, delivery: Delivery, ok: bool) -> None:
+        """A completed job's record is confirmed (or given up: at worst a duplicate later): ack it."""
+        self.consumer.ack(delivery)
 
     def cancel(self, delivery: Delivery, job: Job, attempt: int, state: Literal["pending", "running"]) -> None:
         """A cancelled job (``Client.cancel``): acked, never retried nor dead-lettered, counted, ``cancelled``.

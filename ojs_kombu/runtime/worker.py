@@ -109,6 +109,7 @@ from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
 from ojs_kombu.observability.server import DEFAULT_METRICS_HOST, MetricsServer, check_metrics_port, serve_metrics
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.assembly import Assembly
+from ojs_kombu.runtime.completed import CompletedLog
 from ojs_kombu.runtime.control import CancelRunning
 from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.dispatch import Dispatch
@@ -116,6 +117,7 @@ from ojs_kombu.runtime.handlers import Handlers
 from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
 from ojs_kombu.runtime.processing import Processing, RunningJob, current_job
+from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions, QueueType
 from ojs_kombu.wire.events import EventsOptions
@@ -191,6 +193,13 @@ class Worker:
         metrics_host: the interface the metrics endpoint binds (default loopback only).
         inline: run short jobs on the consumer thread (see the module's "Threads"); ``False``
             hands every job to a handler thread.
+        deduplicate: execution de-duplication (DESIGN §19, ``docs/reliability.md``): record the
+            id of every completed job in the stream ``ojs.stream.completed.{q}`` (confirmed, then
+            the ack) and ack without running a delivery whose job id completed already, here or
+            in another worker of the queue (:class:`~ojs_kombu.runtime.completed.CompletedLog`,
+            :attr:`completed_log`; :attr:`deduplicated` counts them).  The prefetch count grows
+            by 64: completed jobs wait unacked for their record's confirm.
+        completed_options: bounds of what ``deduplicate`` remembers (age, stream size, ids in memory).
 
     Raises:
         ValidationError: a queue name, the concurrency, ``dead_letter_mode`` or ``metrics_port`` is invalid.
@@ -221,6 +230,8 @@ class Worker:
         metrics_port: int | None = None,
         metrics_host: str = DEFAULT_METRICS_HOST,
         inline: bool = True,
+        deduplicate: bool = False,
+        completed_options: CompletedOptions | None = None,
     ):
         self.queues = _queues(queues)
         self.concurrency = _concurrency(concurrency)
@@ -249,7 +260,11 @@ class Worker:
             ssl=ssl,
             transport_options=transport_options,
             presence_interval=presence_interval,
+            deduplicate=deduplicate,
+            completed_options=completed_options,
         )
+        self.completed_log: CompletedLog | None = None
+        """The completed job ids (``deduplicate=True``)."""
         self.events = events
         self.presence_interval = self.assembly.presence_interval
         self.metrics_port = None if metrics_port is None else check_metrics_port(metrics_port)
@@ -285,7 +300,9 @@ class Worker:
             connect_retries=self.connect_retries,
             on_pass=self._run_ready,
         )
-        self.consumer, self.settler = parts.consumer, parts.settler
+        if self.completed_log is not None:
+            self.completed_log.stop()  # configure(): never started, its pipe closed
+        self.consumer, self.settler, self.completed_log = parts.consumer, parts.settler, parts.completed
         #: Runs each job in a slot of the concurrency and settles it.
         self.processing = Processing(
             self.settler,
@@ -299,6 +316,11 @@ class Worker:
         processing = self.processing
         #: Where each delivered job runs: the consumer thread or a handler thread.
         self.dispatch = Dispatch(self.consumer, processing.handle, lambda: processing.in_flight, inline=self._inline)
+
+    @property
+    def deduplicated(self) -> int:
+        """Deliveries acked without running because their job had completed already (``deduplicate=True``)."""
+        return self.settler.deduplicated
 
     def _consumer_name(self) -> str:
         return self._connection_name or f"ojs_kombu worker {','.join(self.queues)}"
@@ -485,6 +507,9 @@ class Worker:
             logger.warning(
                 "%d job(s) still running after %.1fs; the broker will redeliver them", processing.in_flight, grace
             )
+        if self.completed_log is not None:
+            # Its confirms ack the last completed jobs: before the consumer stops.
+            self.completed_log.stop(timeout=max(1.0, deadline - time.monotonic()))
         self.dispatch.release_threads()
         self.consumer.stop()  # a stand-in serving for a job outliving the grace period closes the connection
         if not self.dispatch.handover.lent:  # else the consumer thread runs that job: it ends when it returns
