@@ -198,6 +198,8 @@ class SettleExecutor:
         assert channel is not None and box is not None  # only settled while connected (same generation)
         deliveries = tuple(d for d in deliveries if d.generation == self._generation)  # others: redelivered
         tags = {d.delivery_tag for d in deliveries}
+        if not tags:
+            return
         top = max(tags)
         outstanding = self.outstanding
         if len(tags) > 1 and tags <= outstanding and sum(1 for t in outstanding if t <= top) == len(tags):

@@ -215,7 +215,7 @@ def test_a_graceful_stop_runs_the_batch_in_collection(client, names, worker_fact
 
 def test_a_worker_killed_mid_batch_loses_no_job(client, names, worker_factory, amqp_url, prefix, tmp_path):
     log = tmp_path / "events.log"
-    stderr = open(tmp_path / "worker.stderr", "ab")  # noqa: SIM115 - closed below
+    stderr = open(tmp_path / "worker.stderr", "ab")
     child = subprocess.Popen(
         [sys.executable, str(WORKER_SCRIPT), "--prefix", prefix, "--log", str(log), "--sleep", "30"],
         env={**os.environ, "OJS_AMQP_URL": amqp_url},
