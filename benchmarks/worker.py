@@ -1,6 +1,7 @@
 """Consuming throughput: ``ojs_kombu.Worker`` vs a plain pika consumer, in one run.
 
     python benchmarks/worker.py [--count 10000] [--concurrency 10] [--rounds 3] [--queue-type quorum] [--url amqp://…]
+    python benchmarks/worker.py --batch 100 [...]   # plain handler vs batch handler, both Workers
 
 Each side drains ``--count`` no-op jobs loaded into one queue with
 ``Client.enqueue_many``: an ``ojs_kombu.Worker`` (``--concurrency`` handler
@@ -13,6 +14,10 @@ their median (target Worker >= 0.9x pika), and each side's process CPU per job
 (``os.times``, first to last delivery); for the Worker also its split between the
 consumer thread and the handler threads (Linux: ``/proc/self/task``).  Everything is declared under a unique
 prefix and deleted afterwards.
+
+With ``--batch SIZE`` the other side is not pika but the same Worker with a batch handler
+(``Worker.batch_handler("bench.noop", size=SIZE, timeout=0.1)``; prefetch concurrency + SIZE):
+the ratio is plain / batch.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ def _args() -> argparse.Namespace:
         choices=["classic", "quorum"],
         default=None,
         help="the job queue's type (default: the library's)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=0, metavar="SIZE", help="compare with a batch handler of SIZE, not pika"
     )
     return parser.parse_args()
 
@@ -124,10 +132,18 @@ def _cpu() -> float:
     return times.user + times.system
 
 
-def bench_worker(worker: Worker, count: int) -> float:
-    """Drain ``count`` jobs with ``worker``; returns jobs/s."""
+def bench_worker(worker: Worker, count: int, batch: int = 0) -> float:
+    """Drain ``count`` jobs with ``worker`` (with a batch handler of ``batch`` jobs if not 0); returns jobs/s."""
     clock = Clock(count)
-    worker.handler("bench.noop", lambda *_: clock.tick())
+    if batch:
+
+        @worker.batch_handler("bench.noop", size=batch, timeout=0.1)
+        def noop_batch(jobs: list[Job]) -> None:
+            for _ in jobs:
+                clock.tick()
+
+    else:
+        worker.handler("bench.noop", lambda *_: clock.tick())
     worker.start()
     try:
         if not clock.done.wait(300):
@@ -172,7 +188,7 @@ def main() -> None:
     client = Client(url, prefix=prefix, queue_type=args.queue_type)
     workers: list[Worker] = []
 
-    def worker_side() -> float:
+    def worker_side(batch: int = 0) -> float:
         load(client, jobs)
         worker = Worker(
             url,
@@ -183,7 +199,7 @@ def main() -> None:
             queue_type=args.queue_type,
         )
         workers.append(worker)
-        return bench_worker(worker, args.count)
+        return bench_worker(worker, args.count, batch)
 
     def pika_side() -> float:
         load(client, jobs)
@@ -191,6 +207,9 @@ def main() -> None:
 
     worker_label = f"ojs_kombu.Worker, concurrency {args.concurrency}"
     pika_label = f"pika consumer, manual ack, prefetch {args.concurrency}"
+    if args.batch:
+        pika_label = f"ojs_kombu.Worker, batch handler of {args.batch}"
+        pika_side = lambda: worker_side(args.batch)  # noqa: E731 - the other side of the pair
     kind = args.queue_type or "default"
     print(f"{args.count:,} no-op jobs per side, {args.rounds} alternated rounds, {os.cpu_count()} cores, {kind} queues")
     try:
@@ -201,7 +220,7 @@ def main() -> None:
             workers[-1].teardown()  # the worker also declared the scheduling cascade
         client.teardown()
         client.close()
-    report_ratio(rates, worker_label, pika_label, "target >= 0.9x")
+    report_ratio(rates, worker_label, pika_label, "target <= 0.5x" if args.batch else "target >= 0.9x")
 
 
 if __name__ == "__main__":
