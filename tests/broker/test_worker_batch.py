@@ -257,3 +257,34 @@ def test_a_worker_killed_mid_batch_loses_no_job(client, names, worker_factory, a
     # Each redelivery counted the lost attempt (worker_lost), then ran again: attempt 2.
     assert sorted(done) == sorted((job.id, 2) for job in jobs)
     assert message_count(client.url, names.dead_letter_queue("default")) == 0
+
+
+def test_a_batch_interleaved_with_a_plain_handlers_deliveries_is_acked_one_by_one(client, names, worker_factory):
+    batches: list[int] = []
+    plain: list[int] = []
+    release = threading.Event()
+    worker = worker_factory(concurrency=2)
+
+    @worker.batch_handler("mixed.batch", size=10, timeout=0.5)
+    def run(jobs: list[Job]) -> None:
+        batches.append(len(jobs))
+
+    @worker.handler("mixed.plain")
+    def slow(i: int) -> None:
+        plain.append(i)
+        release.wait(10)  # outstanding while the batch around it is acked
+
+    jobs = [Job.create("mixed.plain" if i == 3 else "mixed.batch", [i]) for i in range(8)]
+    client.declare_queue("default")
+    assert all(r.ok for r in client.enqueue_many(jobs))
+    worker.start()
+    assert worker.wait_until_ready(15)
+    wait_until(lambda: sum(batches) == 7, timeout=15, message=f"7 batch jobs, got {batches}")
+    settling = worker.consumer.settling
+    # A multiple ack would have acked the plain job's delivery too (its later ack: a channel error).
+    wait_until(lambda: len(settling.outstanding) == 1, timeout=10, message="the batch acked")
+    assert settling.single_ack_batches >= 1
+    release.set()
+    wait_until(lambda: _drained(client, names, worker), timeout=10, message="every job acked")
+    assert plain == [3]
+    assert worker.consumer.reconnections == 0  # no channel error
