@@ -2,6 +2,7 @@
 
     python benchmarks/worker.py [--count 10000] [--concurrency 10] [--rounds 3] [--queue-type quorum] [--url amqp://…]
     python benchmarks/worker.py --deduplicate …   # Worker(deduplicate=True) vs Worker(), instead of pika
+    python benchmarks/worker.py --batch 100 [...]   # plain handler vs batch handler, both Workers
 
 Each side drains ``--count`` no-op jobs loaded into one queue with
 ``Client.enqueue_many``: an ``ojs_kombu.Worker`` (``--concurrency`` handler
@@ -18,6 +19,9 @@ prefix and deleted afterwards.
 ``--deduplicate`` compares ``Worker(deduplicate=True)`` (every completed id recorded in the
 stream, confirmed, before its ack) with a plain ``Worker`` instead (target: >= 0.5x, "not
 halved"); each round loads fresh job ids, so no round's jobs are skipped as completed.
+With ``--batch SIZE`` the other side is not pika but the same Worker with a batch handler
+(``Worker.batch_handler("bench.noop", size=SIZE, timeout=0.1)``; prefetch concurrency + SIZE):
+the ratio is plain / batch.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ def _args() -> argparse.Namespace:
         choices=["classic", "quorum"],
         default=None,
         help="the job queue's type (default: the library's)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=0, metavar="SIZE", help="compare with a batch handler of SIZE, not pika"
     )
     return parser.parse_args()
 
@@ -132,10 +139,18 @@ def _cpu() -> float:
     return times.user + times.system
 
 
-def bench_worker(worker: Worker, count: int) -> float:
-    """Drain ``count`` jobs with ``worker``; returns jobs/s."""
+def bench_worker(worker: Worker, count: int, batch: int = 0) -> float:
+    """Drain ``count`` jobs with ``worker`` (with a batch handler of ``batch`` jobs if not 0); returns jobs/s."""
     clock = Clock(count)
-    worker.handler("bench.noop", lambda *_: clock.tick())
+    if batch:
+
+        @worker.batch_handler("bench.noop", size=batch, timeout=0.1)
+        def noop_batch(jobs: list[Job]) -> None:
+            for _ in jobs:
+                clock.tick()
+
+    else:
+        worker.handler("bench.noop", lambda *_: clock.tick())
     worker.start()
     try:
         if not clock.done.wait(300):
@@ -180,7 +195,7 @@ def main() -> None:
     client = Client(url, prefix=prefix, queue_type=args.queue_type)
     workers: list[Worker] = []
 
-    def worker_side(deduplicate: bool = False) -> float:
+    def worker_side(deduplicate: bool = False, batch: int = 0) -> float:
         load(client, noop_jobs(args.count) if args.deduplicate else jobs)
         worker = Worker(
             url,
@@ -192,7 +207,7 @@ def main() -> None:
             deduplicate=deduplicate,
         )
         workers.append(worker)
-        return bench_worker(worker, args.count)
+        return bench_worker(worker, args.count, batch)
 
     def pika_side() -> float:
         load(client, jobs)
@@ -200,6 +215,9 @@ def main() -> None:
 
     worker_label = f"ojs_kombu.Worker, concurrency {args.concurrency}"
     pika_label = f"pika consumer, manual ack, prefetch {args.concurrency}"
+    if args.batch:
+        pika_label = f"ojs_kombu.Worker, batch handler of {args.batch}"
+        pika_side = lambda: worker_side(batch=args.batch)  # noqa: E731 - the other side of the pair
     kind = args.queue_type or "default"
     print(f"{args.count:,} no-op jobs per side, {args.rounds} alternated rounds, {os.cpu_count()} cores, {kind} queues")
     dedupe_label = f"ojs_kombu.Worker(deduplicate=True), concurrency {args.concurrency}"
@@ -220,7 +238,7 @@ def main() -> None:
             connection.channel().queue_delete(client.names.completed_stream("bench"))
         report_ratio(rates, dedupe_label, worker_label, "target >= 0.5x")
     else:
-        report_ratio(rates, worker_label, pika_label, "target >= 0.9x")
+        report_ratio(rates, worker_label, pika_label, "target <= 0.5x" if args.batch else "target >= 0.9x")
 
 
 if __name__ == "__main__":

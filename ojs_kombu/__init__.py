@@ -27,6 +27,7 @@ from ojs_kombu.client import Client, EnqueueResult, JobOptions
 from ojs_kombu.errors import (
     AccessRefusedError,
     ArgumentDifference,
+    BatchItemFailed,
     BrokerConnectionError,
     BrokerRefusedError,
     Cancelled,
@@ -102,6 +103,7 @@ __all__ = [
     "AccessRefusedError",
     "ActiveJob",
     "ArgumentDifference",
+    "BatchItemFailed",
     "AsyncClient",
     "BrokerConnectionError",
     "BrokerRefusedError",

@@ -234,6 +234,21 @@ class DeadLetter(Exception):
     """Raise from a handler to send the job to its dead letter queue at once."""
 
 
+class BatchItemFailed(Exception):
+    """Raised by a batch handler (:meth:`Worker.batch_handler <ojs_kombu.runtime.worker.Worker.batch_handler>`):
+    the job at ``index`` of the batch failed with ``exc``; the others succeeded.
+
+    Parameters:
+        index: the failed job's position in the list the handler received.
+        exc: its failure (its type and message are recorded; its retry policy decides).
+    """
+
+    def __init__(self, index: int, exc: BaseException) -> None:
+        super().__init__(index, exc)
+        self.index = index
+        self.exc = exc
+
+
 class Cancelled(BaseException):
     """Raised in a running handler's thread when its job is cancelled (``Client.cancel``).
 

@@ -121,6 +121,16 @@ class Outbox:
         else:
             channel.send_method(_ACK, "Lb", (delivery_tag, False))
 
+    def ack_multiple(self, channel: Channel, delivery_tag: int) -> None:
+        """``Basic.Ack(multiple=True)``: every delivery of ``channel`` up to ``delivery_tag``; kept while holding.
+
+        Parameters: as :meth:`ack`.
+        """
+        if channel.is_open:
+            self.write(self._settle_frame(channel.channel_id, _ACK, delivery_tag, 1))
+        else:
+            channel.send_method(_ACK, "Lb", (delivery_tag, True))
+
     def nack(self, channel: Channel, delivery_tag: int) -> None:
         """``Basic.Nack(multiple=False, requeue=False)`` of one delivery (dead-lettered): as :meth:`ack`."""
         if channel.is_open:
@@ -154,10 +164,10 @@ class Outbox:
         polls); ``None``: write every ack at once again."""
         self._defer_thread = thread
 
-    def _settle_frame(self, channel: int, method: tuple[int, int], delivery_tag: int) -> bytes:
-        """The ``Basic.Ack`` / ``Basic.Nack`` frame of one delivery, its flags off; counted for heartbeats."""
+    def _settle_frame(self, channel: int, method: tuple[int, int], delivery_tag: int, flags: int = 0) -> bytes:
+        """The ``Basic.Ack`` / ``Basic.Nack`` frame of one delivery (``flags`` 1: ``multiple``); counted for heartbeats."""
         self._connection.bytes_sent += 1
-        return _SETTLE_FRAME.pack(_METHOD_FRAME, channel, 13, method[0], method[1], delivery_tag, 0, _FRAME_END)
+        return _SETTLE_FRAME.pack(_METHOD_FRAME, channel, 13, method[0], method[1], delivery_tag, flags, _FRAME_END)
 
 
 def outbox(connection: Connection) -> Outbox:

@@ -70,7 +70,7 @@ from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.runtime.control import ControlReader
 from ojs_kombu.runtime.delivery import Delivery
-from ojs_kombu.runtime.requests import Ack, Nack, Republish, SettleExecutor, SettleRequests
+from ojs_kombu.runtime.requests import Ack, AckMany, Nack, Republish, SettleExecutor, SettleRequests
 from ojs_kombu.runtime.subscriptions import Subscription, Subscriptions
 from ojs_kombu.runtime.wakeup import Wakeup
 from ojs_kombu.runtime.window import Window
@@ -176,6 +176,13 @@ class Consumer:
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge ``delivery`` (``Basic.Ack``, ``multiple=False``)."""
         self.requests.put(Ack(delivery))
+
+    def ack_many(self, deliveries: list[Delivery]) -> None:
+        """Acknowledge a batch's ``deliveries`` (one ``Basic.Ack(multiple=True)`` when their tags allow,
+        :meth:`SettleExecutor.ack_many <ojs_kombu.runtime.requests.SettleExecutor.ack_many>`)."""
+        if deliveries:
+            ordered = tuple(sorted(deliveries, key=lambda d: (d.generation, d.delivery_tag)))
+            self.requests.put(AckMany(ordered[-1], ordered))
 
     def nack(
         self,
@@ -565,6 +572,7 @@ class Consumer:
         headers = dict(properties.pop("application_headers", None) or {})
         queue = self.queues.get(amqp_queue, amqp_queue)
         self.window.delivered(queue)
+        self.settling.delivered(delivery_tag)
         self.on_delivery(
             Delivery(
                 body=body,

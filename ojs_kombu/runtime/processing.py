@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import PrivateAttr
 
@@ -39,6 +39,16 @@ from ojs_kombu.runtime.lifecycle import Lifecycle
 from ojs_kombu.runtime.settle import Settler
 
 logger = logging.getLogger(__name__)
+
+
+class BatchTaker(Protocol):
+    """Where jobs of batch handlers go (:class:`~ojs_kombu.runtime.batching.Batching`)."""
+
+    def take(self, delivery: Delivery, job: Job) -> bool:
+        """Add ``job`` to its batch; False if its type has no batch handler."""
+
+    def stop(self) -> None:
+        """End the collectors."""
 
 
 class RunningJob(Job):
@@ -146,6 +156,8 @@ class Processing:
         self._slots = threading.Semaphore(concurrency)  # jobs running at once, on any thread
         self._runner: CoroutineRunner | None = None  # the event loop, made for the first coroutine job
         self._runner_lock = threading.Lock()
+        #: The batch handlers' collectors (set by the Worker): a job of theirs joins a batch.
+        self.batching: BatchTaker | None = None
 
     def received(self) -> None:
         """A delivery arrived (counted until it is settled)."""
@@ -193,6 +205,8 @@ class Processing:
         job = self.settler.triage(delivery)
         if job is None:
             return False
+        if self.batching is not None and self.batching.take(delivery, job):
+            return True  # settled, and counted out, when its batch has run (runtime/batching.py)
         attempt = job.attempt + 1
         handler = self.handlers.get(job.type)
         if handler is None:
@@ -232,6 +246,8 @@ class Processing:
         """Stop the event loop (its coroutines still running are left to the broker), if started."""
         if self._runner is not None:
             self._runner.stop()
+        if self.batching is not None:
+            self.batching.stop()
 
     async def _run_coroutine(self, delivery: Delivery, job: Job, attempt: int, handler: Callable[..., Any]) -> None:
         """A coroutine job, as :meth:`_process` runs a plain one: its own task, its own ``current_job()``.
@@ -282,20 +298,29 @@ class Processing:
             self._done()
 
     def _settle_run(
-        self, delivery: Delivery, job: Job, attempt: int, exc: BaseException | None, result: Any = None
+        self,
+        delivery: Delivery,
+        job: Job,
+        attempt: int,
+        exc: BaseException | None,
+        result: Any = None,
+        *,
+        settler: Settler | None = None,
     ) -> None:
-        """Settle a run of ``job`` whose handler returned ``result`` (``exc`` None) or raised ``exc``."""
+        """Settle a run of ``job`` whose handler returned ``result`` (``exc`` None) or raised ``exc``
+        (through ``settler``: a batch's keeps its acks; default the worker's)."""
+        settler = settler or self.settler
         if self.cancellations.is_cancelled(job.id):
-            self.settler.cancel(delivery, job, attempt, "running")  # whatever the handler then did
+            settler.cancel(delivery, job, attempt, "running")  # whatever the handler then did
             if exc is not None and not isinstance(exc, Exception | Cancelled):
                 self.on_exit(exc)  # SystemExit / KeyboardInterrupt: the job is settled, then exit
             return
         if exc is None:
-            self.settler.succeed(delivery, job, attempt, result)
+            settler.succeed(delivery, job, attempt, result)
             return
         extra = job_log_extra(job, attempt)
         logger.info("job %s (%s) attempt %d failed: %r", job.id, job.type, attempt, exc, extra=extra)
-        self.settler.fail_attempt(delivery, job, attempt, Failure.from_exception(exc), decide(job, attempt, exc))
+        settler.fail_attempt(delivery, job, attempt, Failure.from_exception(exc), decide(job, attempt, exc))
         if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: the program wants to end
             logger.error(
                 "the handler of job %s raised %s: attempt %d failed; the worker shuts down",
@@ -307,4 +332,4 @@ class Processing:
             self.on_exit(exc)
 
 
-__all__ = ["Processing", "RunningJob", "current_job"]
+__all__ = ["BatchTaker", "Processing", "RunningJob", "current_job"]

@@ -57,8 +57,18 @@ class Republish:
     then: Literal["ack", "nack"] = "ack"
 
 
+@dataclass(frozen=True, slots=True)
+class AckMany:
+    """Ack a batch's deliveries (:mod:`~ojs_kombu.runtime.batching`): one ``Basic.Ack(multiple=True)``
+    when they are exactly the channel's outstanding deliveries up to the highest of them, else
+    one ``Basic.Ack`` each (in the same outbox flush).  ``delivery`` is the one with the highest tag."""
+
+    delivery: Delivery
+    deliveries: tuple[Delivery, ...]
+
+
 #: One settle request.
-SettleRequest = Ack | Nack | Republish
+SettleRequest = Ack | Nack | Republish | AckMany
 
 
 class SettleRequests:
@@ -113,10 +123,21 @@ class SettleExecutor:
         self._outbox: Outbox | None = None
         self._publisher: ConfirmedPublisher | None = None
         self._generation = 0
+        #: The delivery tags of the current channel not acked nor nacked yet (for :class:`AckMany`).
+        self.outstanding: set[int] = set()
+        #: ``Basic.Ack(multiple=True)`` frames written (an :class:`AckMany` each).
+        self.multiple_acks = 0
+        #: :class:`AckMany` requests acked one by one (their tags were not the outstanding ones).
+        self.single_ack_batches = 0
 
     def attach(self, channel: Channel, outbox: Outbox, publisher: ConfirmedPublisher, generation: int) -> None:
         """Settle on ``channel`` from now on (deliveries of connection ``generation``)."""
         self._channel, self._outbox, self._publisher, self._generation = channel, outbox, publisher, generation
+        self.outstanding = set()
+
+    def delivered(self, delivery_tag: int) -> None:
+        """The current channel delivered ``delivery_tag`` (in the loop's thread): outstanding until settled."""
+        self.outstanding.add(delivery_tag)
 
     def detach(self) -> None:
         """The connection is gone: nothing can be settled until the next :meth:`attach`."""
@@ -147,6 +168,8 @@ class SettleExecutor:
                     box.hold()  # again: a read (a republish's declaration) sent what was held
                 if type(request) is Ack:
                     self.ack(delivery)
+                elif type(request) is AckMany:
+                    self.ack_many(request.deliveries)
                 else:
                     self.nack(delivery)
         finally:
@@ -164,13 +187,40 @@ class SettleExecutor:
         channel, box = self._channel, self._outbox
         assert channel is not None and box is not None  # only settled while connected (same generation)
         box.ack(channel, delivery.delivery_tag)
+        self.outstanding.discard(delivery.delivery_tag)
         self._window.settled(delivery.queue, METRICS.messages_acked)
+
+    def ack_many(self, deliveries: tuple[Delivery, ...]) -> None:
+        """Ack ``deliveries`` now: one ``Basic.Ack(multiple=True)`` when their tags are every outstanding
+        tag up to the highest of them (``multiple`` acks all of those: one of another handler's, or a
+        republish's waiting for its confirm, must not be), else one ``Basic.Ack`` each."""
+        channel, box = self._channel, self._outbox
+        assert channel is not None and box is not None  # only settled while connected (same generation)
+        deliveries = tuple(d for d in deliveries if d.generation == self._generation)  # others: redelivered
+        tags = {d.delivery_tag for d in deliveries}
+        if not tags:
+            return
+        top = max(tags)
+        outstanding = self.outstanding
+        if len(tags) > 1 and tags <= outstanding and sum(1 for t in outstanding if t <= top) == len(tags):
+            box.ack_multiple(channel, top)
+            outstanding.difference_update(tags)
+            self.multiple_acks += 1
+            settled = self._window.settled
+            for delivery in deliveries:
+                settled(delivery.queue, METRICS.messages_acked)
+            return
+        if len(tags) > 1:
+            self.single_ack_batches += 1
+        for delivery in deliveries:
+            self.ack(delivery)
 
     def nack(self, delivery: Delivery) -> None:
         """``Basic.Nack(requeue=False)`` ``delivery`` now: dead-lettered."""
         channel, box = self._channel, self._outbox
         assert channel is not None and box is not None  # only settled while connected (same generation)
         box.nack(channel, delivery.delivery_tag)
+        self.outstanding.discard(delivery.delivery_tag)
         self._window.settled(delivery.queue, METRICS.messages_nacked)
 
     def _republish(self, request: Republish) -> None:
@@ -210,4 +260,4 @@ class SettleExecutor:
         self.nack(delivery)
 
 
-__all__ = ["Ack", "Nack", "Republish", "SettleExecutor", "SettleRequest", "SettleRequests"]
+__all__ = ["Ack", "AckMany", "Nack", "Republish", "SettleExecutor", "SettleRequest", "SettleRequests"]

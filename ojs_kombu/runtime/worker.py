@@ -93,6 +93,7 @@ How a worker ends:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import signal
 import threading
@@ -109,11 +110,12 @@ from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
 from ojs_kombu.observability.server import DEFAULT_METRICS_HOST, MetricsServer, check_metrics_port, serve_metrics
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.assembly import Assembly
+from ojs_kombu.runtime.batching import Batching
 from ojs_kombu.runtime.completed import CompletedLog
 from ojs_kombu.runtime.control import CancelRunning
 from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.dispatch import Dispatch
-from ojs_kombu.runtime.handlers import Handlers
+from ojs_kombu.runtime.handlers import BatchSpec, Handlers
 from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
 from ojs_kombu.runtime.processing import Processing, RunningJob, current_job
@@ -314,6 +316,8 @@ class Worker:
             on_exit=self._exit_requested,
         )
         processing = self.processing
+        processing.batching = Batching(processing, self.consumer.ack_many, RunningJob.of)
+        self._apply_prefetch()
         #: Where each delivered job runs: the consumer thread or a handler thread.
         self.dispatch = Dispatch(self.consumer, processing.handle, lambda: processing.in_flight, inline=self._inline)
 
@@ -396,6 +400,54 @@ class Worker:
             return func
 
         return register(fn) if fn is not None else register
+
+    def batch_handler(
+        self, job_type: str, *, size: int = 100, timeout: float = 1.0
+    ) -> Callable[[Callable[[list[RunningJob]], object]], Callable[[list[RunningJob]], object]]:
+        """Register a batch handler for ``job_type``: ``fn(jobs)`` with a list of up to ``size`` jobs
+        (``@worker.batch_handler("thumbs", size=100, timeout=1.0)``; :mod:`~ojs_kombu.runtime.batching`).
+
+        A batch is what arrived within ``timeout`` seconds of its first job, at most ``size``.  The
+        prefetch grows by ``size`` (``concurrency`` + every batch handler's size), from the next
+        connection: register before :meth:`start`.  Returning succeeds every job (one
+        ``Basic.Ack(multiple=True)``); returning a list of ``len(jobs)`` results / exceptions, or
+        raising :class:`~ojs_kombu.errors.BatchItemFailed`, fails those jobs only; raising
+        anything else fails every job; each failed job follows its own retry policy.
+
+        Parameters:
+            job_type: the OJS job type.
+            size: the most jobs in one call (>= 1).
+            timeout: seconds a batch collects after its first job (> 0).
+
+        Returns:
+            The decorator (it returns the function unchanged).
+
+        Raises:
+            ValidationError: ``job_type`` is not a valid OJS job type, ``size`` or ``timeout`` is out
+                of range, or the function is an ``async def``.
+        """
+        validate_job_type(job_type)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValidationError(f"batch size must be an integer >= 1, got {size!r}")
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
+            raise ValidationError(f"batch timeout must be a number of seconds > 0, got {timeout!r}")
+
+        def register(func: Callable[[list[RunningJob]], object]) -> Callable[[list[RunningJob]], object]:
+            if inspect.iscoroutinefunction(func):
+                raise ValidationError("a batch handler cannot be an async def")
+            with self._lifecycle:
+                self._handlers.add_batch(job_type, BatchSpec(func, size, float(timeout)))
+                self._apply_prefetch()
+                if self._consumer_thread is not None and not self._stopping.is_set():
+                    self._add_handler_threads()
+            return func
+
+        return register
+
+    def _apply_prefetch(self) -> None:
+        """``concurrency`` plus room for a full batch of each batch handler (from the next connection)."""
+        prefetch = self.concurrency + sum(spec.size for spec in self._handlers.batches.values())
+        self.consumer.prefetch = self.consumer.window.prefetch = prefetch
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -8,7 +8,9 @@ if the worker stops on its own, e.g. its consumer died) with two handlers, each 
 line per event to ``--log`` (flushed and fsynced, so the lines survive a crash):
 
 * ``crash.job``: ``run <id> <attempt>``, then ``os._exit(1)`` -- the worker dies mid-job;
-* ``slow.job``: ``start <id> <attempt>``, sleeps ``--sleep`` seconds, then ``end <id> <attempt>``.
+* ``slow.job``: ``start <id> <attempt>``, sleeps ``--sleep`` seconds, then ``end <id> <attempt>``;
+* ``batch.slow`` (a batch handler, ``--batch-size``, 0.5 s timeout): ``batch <id> <attempt>`` per job,
+  sleeps ``--sleep`` seconds, then ``batch-end <id> <attempt>`` per job.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import logging
 import os
 import time
 
-from ojs_kombu import Worker, current_job
+from ojs_kombu import Job, Worker, current_job
 
 
-def _log_line(path: str, event: str) -> None:
-    job = current_job()
+def _log_line(path: str, event: str, job: Job | None = None) -> None:
+    job = job or current_job()
     with open(path, "a", encoding="utf-8") as out:
         out.write(f"{event} {job.id} {job.attempt}\n")
         out.flush()
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--grace", type=float, default=10.0, help="grace period of the shutdown, seconds")
     parser.add_argument("--sleep", type=float, default=1.5, help="duration of a slow.job, seconds")
+    parser.add_argument("--batch-size", type=int, default=50, help="size of the batch.slow batch handler")
     parser.add_argument("--name", default=None, help="connection name shown by the broker")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(name)s: %(message)s")
@@ -60,6 +63,14 @@ def main() -> None:
         _log_line(args.log, "start")
         time.sleep(args.sleep)
         _log_line(args.log, "end")
+
+    @worker.batch_handler("batch.slow", size=args.batch_size, timeout=0.5)
+    def batch_slow(jobs: list[Job]) -> None:
+        for job in jobs:
+            _log_line(args.log, "batch", job)
+        time.sleep(args.sleep)
+        for job in jobs:
+            _log_line(args.log, "batch-end", job)
 
     worker.run()
 
