@@ -5,7 +5,8 @@ Pure Python and pydantic: nothing here imports kombu or py-amqp.  Modules, botto
 ``jsonvalue`` (JSON-native values, JSON text in and out), ``ids`` (UUIDv7 job ids),
 ``naming`` (job type and queue name rules, AMQP entity names), ``body`` (an envelope's
 JSON text), ``fields`` and ``base`` (the models' field types and machinery),
-``policies`` (retry and unique policies), ``ratelimit`` (the rate limit policy), ``job`` (the envelope),
+``policies`` (retry and unique policies), ``ratelimit`` (the rate limit policy), ``job_create``
+and ``job_read`` (``Job.create``'s argument checks, the fast tolerant read), ``job`` (the envelope),
 ``cron`` (cron job definitions and expressions), ``workflow`` (chain, group, batch: definitions, states, results).
 """
 

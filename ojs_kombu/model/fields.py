@@ -1,4 +1,4 @@
-"""Field types of the envelope's models: JSON integers, durations, timestamps, string lists, job states.
+"""Field types of the envelope's models: JSON integers, durations, timestamps, string lists, job states, the spec version.
 
 Each checks what pydantic's own types do not: JSON Schema's idea of an integer
 (``5.0`` is one), ISO 8601 durations given as a string or a ``timedelta``, lists
@@ -14,6 +14,9 @@ from pydantic import BeforeValidator, Field
 from ojs_kombu.model._problems import Problem
 from ojs_kombu.model.jsonvalue import MAX_SAFE_INTEGER
 from ojs_kombu.model.timefmt import _duration_input
+
+SPEC_VERSION = "1.0"
+"""The only ``specversion`` this library reads and writes."""
 
 JobState = Literal["scheduled", "available", "pending", "active", "completed", "retryable", "cancelled", "discarded"]
 """The eight OJS lifecycle states."""
@@ -60,4 +63,4 @@ Duration = Annotated[str, BeforeValidator(_duration_input), Field(strict=True)]
 Timestamp = Annotated[str, Field(strict=True)]
 StrList = Annotated[list[NonEmptyStr], BeforeValidator(tuple_to_list)]
 
-__all__ = ["JobState"]
+__all__ = ["SPEC_VERSION", "JobState"]

@@ -3,12 +3,13 @@
 Two ways in, one way out:
 
 * :meth:`Job.create` builds a new job for a producer.  It checks every argument
-  itself (no pydantic validation on this path: it runs per enqueued job) and
-  always emits ``specversion``, a lowercase UUIDv7 ``id``, ``created_at``,
-  ``enqueued_at`` and ``attempt`` (DESIGN §2).
+  itself (no pydantic validation on this path: it runs per enqueued job; the checks
+  are in :mod:`~ojs_kombu.model.job_create`) and always emits ``specversion``, a
+  lowercase UUIDv7 ``id``, ``created_at``, ``enqueued_at`` and ``attempt`` (DESIGN §2).
 * :meth:`Job.from_json` reads a received envelope, either *strictly* (the rules of
   the JSON schema) or *tolerantly* (the consumer path of DESIGN §2: missing
-  ``specversion``, uppercase or non-v7 ids, ``null`` optional fields are accepted).
+  ``specversion``, uppercase or non-v7 ids, ``null`` optional fields are accepted;
+  a common envelope is read without pydantic by :mod:`~ojs_kombu.model.job_read`).
 * :meth:`Job.to_dict` / :meth:`Job.to_json` emit only the fields that were set,
   plus every unknown field received, so a valid envelope round-trips unchanged.
 
@@ -20,9 +21,7 @@ whose ``field`` is a path such as ``"args[2].when"`` or ``"retry.max_interval"``
 
 from __future__ import annotations
 
-import functools
 import re
-import time
 import uuid as _uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -30,25 +29,39 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import orjson
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
-from pydantic import ValidationError as _PydanticValidationError
 
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model._problems import Problem as _Problem
-from ojs_kombu.model._problems import convert_pydantic_error as _convert
 from ojs_kombu.model._problems import public_error as _public
 from ojs_kombu.model._problems import short_repr as _short
-from ojs_kombu.model.base import OjsModel, construct_trusted, is_tolerant, mode_context, shallow_copy
+from ojs_kombu.model.base import OjsModel, construct_trusted, is_tolerant, mode_context
 from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, read_envelope
-from ojs_kombu.model.fields import Int, JobState, NonEmptyStr, Timestamp, int_field, json_int, tuple_to_list
+from ojs_kombu.model.fields import (
+    SPEC_VERSION,
+    Int,
+    JobState,
+    NonEmptyStr,
+    Timestamp,
+    int_field,
+    json_int,
+    tuple_to_list,
+)
 from ojs_kombu.model.ids import EXAMPLE_JOB_ID, JOB_ID_RE, UUID_RE, job_id_argument, new_job_id
-from ojs_kombu.model.jsonvalue import MAX_SAFE_INTEGER, _walk, dumps
+from ojs_kombu.model.job_create import (
+    _GOOD_QUEUES,
+    _GOOD_TYPES,
+    _STAMPS,
+    _meta_argument,
+    _option_fields,
+    _remember_name,
+    _type_name,
+)
+from ojs_kombu.model.job_read import read_common
+from ojs_kombu.model.jsonvalue import _walk, dumps
 from ojs_kombu.model.naming import check_job_type, check_new_queue_name, check_queue_name
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
 from ojs_kombu.model.ratelimit import RateLimitPolicy
-from ojs_kombu.model.timefmt import _aware, _check_timestamp, _format_ts, _timestamp, parse_timestamp
-
-SPEC_VERSION = "1.0"
-"""The only ``specversion`` this library reads and writes."""
+from ojs_kombu.model.timefmt import _check_timestamp, _format_ts, _timestamp, parse_timestamp
 
 MAX_BACKTRACE_LINES = 50
 """Most lines ``error.backtrace`` may hold (error.schema.json)."""
@@ -238,7 +251,7 @@ class Job(OjsModel):
         """
         # One try for the whole body (this runs per job): `field` names the argument
         # being checked, and a _Problem raised while checking it is reported under it.
-        field = "type"
+        field: str | None = "type"
         try:
             if type.__class__ is not str or type not in _GOOD_TYPES:
                 _remember_name(_GOOD_TYPES, check_job_type(type))
@@ -257,6 +270,7 @@ class Job(OjsModel):
                     f"must be a list of positional arguments, got {_type_name(args)}; pass keywords as kwargs="
                 )
             size = _walk(args, False, 0)
+            now: datetime | None = None
             if scheduled_at is not None or expires_at is not None:
                 now = datetime.now(UTC)  # created_at and a "timedelta from now" share one moment
                 stamp = _format_ts(now)
@@ -273,58 +287,22 @@ class Job(OjsModel):
             state["attempt"] = 0
             state["created_at"] = state["enqueued_at"] = stamp
             given = _CREATED_FIELDS.copy()
-            field = "meta"
-            if meta is None:
-                meta = {}
-            elif isinstance(meta, dict):
-                size += _walk(meta, False, 0)
-                meta = dict(meta)
-            else:
-                raise _Problem(f"must be a dict, got {_type_name(meta)}")
-            if kwargs is not None:
-                field = "kwargs"
-                if not isinstance(kwargs, dict):
-                    raise _Problem(f"must be a dict of keyword arguments, got {_type_name(kwargs)}")
-                if kwargs:
-                    if "kwargs" in meta:
-                        raise _Problem("given both kwargs= and meta['kwargs']; pass one of them")
-                    size += _walk(kwargs, False, 1)
-                    meta["kwargs"] = dict(kwargs)
-            if tags is not None:
-                field = "tags"
-                tags = _tags(tags)
-                if tags:
-                    if "tags" in meta:
-                        raise _Problem("given both tags= and meta['tags']; pass one of them")
-                    size += _walk(tags, False, 1)
-                    meta["tags"] = tags
-            if meta:
-                state["meta"] = meta
-                given.add("meta")
-            if priority is not None:
-                field = "priority"
-                state["priority"] = _checked_int(priority, -MAX_SAFE_INTEGER)
-                given.add("priority")
-            if timeout is not None:
-                field = "timeout"
-                state["timeout"] = _checked_int(timeout, 0)
-                given.add("timeout")
-            if scheduled_at is not None:
-                field = "scheduled_at"
-                state["scheduled_at"] = _moment(scheduled_at, now, round_up=True)
-                given.add("scheduled_at")
-            if expires_at is not None:
-                field = "expires_at"
-                state["expires_at"] = _moment(expires_at, now, round_up=False)
-                given.add("expires_at")
-            if retry is not None:
-                field = "retry"
-                state["retry"] = _retry_argument(retry)
-                given.add("retry")
-            if unique is not None:
-                field = "unique"
-                state["unique"] = _unique_argument(unique)
-                given.add("unique")
+            if meta is not None or kwargs is not None or tags is not None:
+                field = None  # the helper reports under meta, kwargs or tags
+                meta, meta_size = _meta_argument(meta, kwargs, tags)
+                size += meta_size
+                if meta:
+                    state["meta"] = meta
+                    given.add("meta")
+            if (
+                priority is not None
+                or timeout is not None
+                or now is not None
+                or retry is not None
+                or unique is not None
+            ):
+                field = None  # the helper reports under the option at fault
+                _option_fields(state, given, now, priority, timeout, scheduled_at, expires_at, retry, unique)
             job = construct_trusted(cls, state, given, {})
             if size > _SIZE_BUDGET:
                 _check_size(job)
@@ -383,40 +361,21 @@ class Job(OjsModel):
 
     @classmethod
     def _read_common(cls, data: dict[str, Any], *, native: bool = False) -> Job | None:
-        """The tolerant reading of a common envelope without pydantic, or None for the full validation.
+        """The tolerant reading of a common envelope without pydantic (:func:`~ojs_kombu.model.job_read.read_common`), or None.
 
-        It runs on every delivery.  Only the plain fields (:data:`_FAST_KEYS`) are read here, each
-        with the check its validator applies (a ``retry`` of scalars: the model's own reading,
-        cached), and the job is built like :meth:`create` builds
-        one; an envelope with any other key (``unique``, ``error``, ``state``, an
-        unknown field ...) or a value this path does not accept as it stands (a float
-        ``attempt``, an id that is not a string ...) returns None, so the model decides,
-        and words any error itself.  The result equals what ``model_validate`` gives
-        (fields, fields set, no extras); ``tests/unit/test_fast_read.py`` holds them together.
+        None leaves the envelope to the full validation.  The job is built like :meth:`create`
+        builds one, and equals what ``model_validate`` gives (fields, fields set, no extras);
+        ``tests/unit/test_fast_read.py`` holds them together.
 
         Parameters:
-            data: the decoded envelope (not modified; ``args``/``meta`` are copied, as pydantic copies them).
-            native: ``args``/``meta`` are JSON-native by construction (read by orjson, see
-                :func:`~ojs_kombu.model.jsonvalue.loads_native`): their walk would find nothing, skip it.
+            data: the decoded envelope (not modified).
+            native: ``args``/``meta`` are JSON-native by construction: their walk is skipped.
 
         Returns:
             The job, or None.
         """
-        values: dict[str, Any] = {"specversion": SPEC_VERSION}
-        checks = _NATIVE_FAST_KEYS if native else _FAST_KEYS
-        try:
-            for key, value in data.items():
-                check = checks.get(key)
-                if check is None:
-                    return None  # not a plain field: the model reads it
-                if value is None:
-                    continue  # tolerant: null counts as absent
-                values[key] = check(value)
-        except _Problem:
-            return None
-        if not _REQUIRED.issubset(values):
-            return None
-        return cls._trusted(values)
+        values = read_common(data, native=native)
+        return None if values is None else cls._trusted(values)
 
     # -- writing
 
@@ -491,230 +450,11 @@ _JOB_TEMPLATE = {name: None if field.is_required() else field.default for name, 
 _CREATED_FIELDS: set[str] = {"specversion", "id", "type", "queue", "args", "attempt", "created_at", "enqueued_at"}
 
 
-# --------------------------------------------------------------------------- the fast tolerant read
-
-
-def _fast_specversion(value: Any) -> str:
-    if value != SPEC_VERSION or type(value) is not str:
-        raise _Problem("not the plain specversion")
-    return SPEC_VERSION
-
-
-def _fast_id(value: Any) -> str:
-    if type(value) is not str:
-        raise _Problem("not a string")
-    lowered: str = value.lower()  # Job._tolerant_fixups
-    if UUID_RE.fullmatch(lowered) is None:
-        raise _Problem("not a UUID")
-    return lowered
-
-
-def _fast_text(check: Any) -> Any:
-    # A deployment has a few job types and queues: each name is checked once (a refused one
-    # raises, and is not kept).  Exact strings only, so the memo's equality is str's.
-    known = functools.lru_cache(maxsize=1024)(check)
-
-    def read(value: Any) -> str:
-        if type(value) is not str:
-            raise _Problem("not a string")
-        checked: str = known(value)
-        return checked
-
-    return read
-
-
-def _native_list(value: Any) -> list[Any]:
-    if type(value) is not list:
-        raise _Problem("not a list")
-    return list(value)
-
-
-def _native_dict(value: Any) -> dict[str, Any]:
-    if type(value) is not dict:
-        raise _Problem("not a dict")
-    return dict(value)
-
-
-def _fast_list(value: Any) -> list[Any]:
-    copied = _native_list(value)
-    _walk(copied, True, 0)
-    return copied
-
-
-def _fast_dict(value: Any) -> dict[str, Any]:
-    copied = _native_dict(value)
-    _walk(copied, True, 0)
-    return copied
-
-
-def _fast_int(minimum: int) -> Any:
-    def read(value: Any) -> int:
-        if type(value) is not int or not minimum <= value <= MAX_SAFE_INTEGER:
-            raise _Problem("not an integer in range")
-        return value
-
-    return read
-
-
-def _fast_timestamp(value: Any) -> str:
-    if type(value) is not str:
-        raise _Problem("not a string")
-    checked: str = _check_timestamp(value)
-    return checked
-
-
-#: The JSON values a retry policy read by :func:`_fast_retry` may hold (immutable: a cached policy's copies share them).
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def _fast_retry(value: Any) -> RetryPolicy:
-    """A ``retry`` object of scalars: the model's own reading of it, remembered (adapters send the
-    same few policies on every job: validating one costs more than the rest of the envelope)."""
-    if type(value) is not dict:
-        raise _Problem("not a dict of scalars")
-    types = tuple(map(type, value.values()))
-    if not _SCALARS.issuperset(types):
-        raise _Problem("not a dict of scalars")
-    # The types are part of the key: 1, 1.0 and True are equal (and hash alike) but read differently.
-    return shallow_copy(_tolerant_retry(tuple(value.items()), types))
-
-
-@functools.lru_cache(maxsize=256)
-def _tolerant_retry(items: tuple[tuple[str, Any], ...], types: tuple[type, ...]) -> RetryPolicy:
-    try:
-        return RetryPolicy.model_validate(dict(items), context=mode_context(strict=False))
-    except ValidationError:
-        raise _Problem("the model words the error") from None
-
-
-#: The fields :meth:`Job._read_common` reads, each with the check of its validator.
-_FAST_KEYS: dict[str, Any] = {
-    "specversion": _fast_specversion,
-    "id": _fast_id,
-    "type": _fast_text(check_job_type),
-    "queue": _fast_text(check_queue_name),
-    "args": _fast_list,
-    "meta": _fast_dict,
-    "priority": _fast_int(-MAX_SAFE_INTEGER),
-    "timeout": _fast_int(0),
-    "attempt": _fast_int(0),
-    "retry": _fast_retry,
-    **dict.fromkeys(
-        ("scheduled_at", "expires_at", "created_at", "enqueued_at", "started_at", "completed_at"), _fast_timestamp
-    ),
-}
-#: The same for an envelope read natively (``Job._read_common(native=True)``): ``args``/``meta`` unwalked.
-_NATIVE_FAST_KEYS: dict[str, Any] = {**_FAST_KEYS, "args": _native_list, "meta": _native_dict}
-_REQUIRED = frozenset({"id", "type", "queue", "args"})
-
-
 # --------------------------------------------------------------------------- helpers of Job
-
-
-# Job types and queue names Job.create found valid: a program uses a few, each is checked once.
-# Exact strings only (their equality is str's); bounded, starting over when full.
-_GOOD_TYPES: set[str] = set()
-_GOOD_QUEUES: set[str] = set()
-_GOOD_NAMES_LIMIT = 1024
-
-
-def _remember_name(names: set[str], name: str) -> None:
-    if name.__class__ is str:
-        if len(names) >= _GOOD_NAMES_LIMIT:
-            names.clear()
-        names.add(name)
-
-
-class _Stamps:
-    """The current time as an OJS timestamp, formatted once per millisecond (``Job.create`` is hot)."""
-
-    def __init__(self) -> None:
-        self._last: tuple[int, str] = (-1, "")  # one tuple, replaced whole: safe across threads
-
-    def now(self) -> str:
-        """``_format_ts(datetime.now(UTC))``: UTC, milliseconds, ``Z``."""
-        ms = time.time_ns() // 1_000_000
-        last_ms, stamp = self._last
-        if ms != last_ms:
-            seconds, millis = divmod(ms, 1000)
-            stamp = _format_ts(datetime.fromtimestamp(seconds, UTC).replace(microsecond=millis * 1000))
-            self._last = (ms, stamp)
-        return stamp
-
-
-_STAMPS = _Stamps()
 
 
 def _as_datetime(value: str | None) -> datetime | None:
     return None if value is None else parse_timestamp(value)
-
-
-def _type_name(value: Any) -> str:
-    return type(value).__name__
-
-
-def _checked_int(value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _Problem(f"must be an integer, got {type(value).__name__} {_short(value)}")
-    if not minimum <= value <= MAX_SAFE_INTEGER:
-        raise _Problem(f"must be between {minimum} and {MAX_SAFE_INTEGER}, got {value}")
-    return int(value)
-
-
-def _moment(value: Any, now: datetime, *, round_up: bool) -> str:
-    """A scheduled_at/expires_at argument as an OJS timestamp."""
-    if isinstance(value, timedelta):
-        try:
-            moment = now + value
-        except OverflowError:
-            raise _Problem(f"now + {value!r} is outside the supported dates") from None
-    elif isinstance(value, datetime):
-        moment = _aware(value)
-    elif isinstance(value, str):
-        moment = _timestamp(value)
-    else:
-        raise _Problem(
-            f"expected an aware datetime, an RFC 3339 string or a timedelta from now, got {type(value).__name__}"
-        )
-    try:
-        if round_up and moment.microsecond % 1000:
-            moment += timedelta(microseconds=1000 - moment.microsecond % 1000)
-        return _format_ts(moment)
-    except OverflowError:
-        raise _Problem(f"{moment!r} is outside the supported dates") from None
-
-
-def _tags(tags: Any) -> list[str]:
-    if not isinstance(tags, (list, tuple)):
-        raise _Problem(f"must be a list of strings, got {type(tags).__name__}")
-    for index, tag in enumerate(tags):
-        if not isinstance(tag, str):
-            raise _Problem(f"each tag must be a string, got {type(tag).__name__}", f"[{index}]")
-    return list(tags)
-
-
-def _retry_argument(retry: Any) -> RetryPolicy:
-    if isinstance(retry, RetryPolicy):
-        return retry
-    if not isinstance(retry, Mapping):
-        raise _Problem(f"must be a RetryPolicy or a dict, got {type(retry).__name__}")
-    try:
-        policy: RetryPolicy = RetryPolicy.__pydantic_validator__.validate_python(dict(retry))
-    except _PydanticValidationError as exc:
-        raise _convert(exc, "retry") from None
-    return policy
-
-
-def _unique_argument(unique: Any) -> UniquePolicy:
-    if isinstance(unique, UniquePolicy):
-        return unique
-    if not isinstance(unique, Mapping):
-        raise _Problem(f"must be a UniquePolicy or a dict, got {type(unique).__name__}")
-    try:
-        policy: UniquePolicy = UniquePolicy.__pydantic_validator__.validate_python(dict(unique))
-    except _PydanticValidationError as exc:
-        raise _convert(exc, "unique") from None
-    return policy
 
 
 def _check_size(job: Job) -> None:

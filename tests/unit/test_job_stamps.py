@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from ojs_kombu import Job
-from ojs_kombu.model import job as job_module
+from ojs_kombu.model import job_create
 from ojs_kombu.model.timefmt import _format_ts
 
 
@@ -20,8 +20,8 @@ from ojs_kombu.model.timefmt import _format_ts
     ],
 )
 def test_the_stamp_of_a_nanosecond_clock(monkeypatch: pytest.MonkeyPatch, time_ns: int, expected: str) -> None:
-    monkeypatch.setattr(job_module.time, "time_ns", lambda: time_ns)
-    assert job_module._Stamps().now() == expected
+    monkeypatch.setattr(job_create.time, "time_ns", lambda: time_ns)
+    assert job_create._Stamps().now() == expected
 
 
 def test_created_jobs_carry_the_current_millisecond() -> None:
