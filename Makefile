@@ -28,12 +28,14 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) -m ojs_kombu.testing.broker run -- $(PY) examples/demo.py
 
-# Lint and format (ruff), the layer contracts (import-linter, DESIGN §17) and types (mypy).
+# Lint and format (ruff), the layer contracts (import-linter, DESIGN §17), types (mypy) and the size
+# rule of issue 28 (tools/sizes.py: no module over 700 lines, class over 500, function over 80).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
+	$(PY) -m tools.sizes
 
 # Every test runs on RabbitMQ 4.3 ($OJS_RABBITMQ); then the modules whose behaviour depends on
 # the broker's version (retries, scheduling, dead letters, control streams, quorum queues, Celery,

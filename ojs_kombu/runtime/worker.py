@@ -282,6 +282,11 @@ class Worker:
         self._connection_name = connection_name
         self._handlers = Handlers()
         self._inline = inline
+        self._init_run_state()
+        self._build_consumer()
+
+    def _init_run_state(self) -> None:
+        """The state of start / run / stop: nothing started yet."""
         self._consumer_thread: threading.Thread | None = None
         # Lifecycle: _shutdown wakes run(); _stopping / _stopped bracket stop().
         self._lifecycle = threading.Lock()
@@ -291,7 +296,6 @@ class Worker:
         self._run_active = False
         self._error: WorkerError | None = None
         self._handler_exit: BaseException | None = None
-        self._build_consumer()
 
     def _build_consumer(self) -> None:
         parts = self.assembly.consuming(
