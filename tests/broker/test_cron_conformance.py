@@ -103,6 +103,13 @@ NOT_MET: dict[str, str] = {
         "strict xfail). Holding it back needs a per-cron concurrency limit of 1 at the workers, which "
         "the unique lock (uniq2) or a single-active-consumer queue per cron job could give"
     ),
+    "CRON-21": (
+        "the lease holds one token, so one instance is leader, except when the broker closes the "
+        "leader's connection: it tells the old leader and hands the token on at the same moment, and the "
+        "two overlap for a few milliseconds (measured: 0-7 ms). A tick due then is published by both "
+        "with the same derived job id (which `Worker(deduplicate=True)`, not landed yet, will run once); the lock in "
+        "`CronScheduler.claim_tick` (uniq2) will make it one publish"
+    ),
     "CRON-S03": (
         "the zones come from the machine's tz database through `zoneinfo` (the system's, or the `tzdata` "
         "package when installed, 2026f here), so it is as recent as the machine's; there is no reload "
