@@ -92,6 +92,55 @@ def next_fire(
     return None
 
 
+def dst_skipped(expression: CronExpression, zone: tzinfo, after: datetime, until: datetime) -> list[datetime]:
+    """The occurrences a spring-forward gap swallowed in ``(after, until]`` (CRON-16, CRON-30 ``dst_skip``).
+
+    A wall time the expression matches inside a gap does not exist, so :func:`next_fire` never
+    returns it; the scheduler reports each as a ``cron.skipped`` event with reason ``dst_skip``.
+
+    Parameters:
+        expression: the parsed ``cron`` field (``@every`` has no wall times: always empty).
+        zone: the job's time zone.
+        after, until: aware instants.
+
+    Returns:
+        Each swallowed occurrence as the instant its wall time would have had at the offset before
+        the gap (``02:30`` in New York on the spring-forward day → ``07:30Z``), in order.
+
+    Raises:
+        ValidationError: a naive datetime.
+    """
+    after = _aware(after, "after").astimezone(UTC)
+    until = _aware(until, "until").astimezone(UTC)
+    if expression.interval is not None or until <= after:
+        return []
+    fields = expression.matcher_fields
+    assert fields is not None
+    found: list[datetime] = []
+    start = after.replace(microsecond=0)
+    while start < until:
+        end = min(until, start + timedelta(days=7))  # at most one transition a week in any zone
+        before_offset, after_offset = start.astimezone(zone).utcoffset(), end.astimezone(zone).utcoffset()
+        if before_offset is not None and after_offset is not None and before_offset < after_offset:
+            low, high = start, end.replace(microsecond=0) + timedelta(seconds=1)
+            while high - low > timedelta(seconds=1):  # the first second of the new offset
+                middle = low + timedelta(seconds=(high - low).total_seconds() // 2)
+                low, high = (middle, high) if middle.astimezone(zone).utcoffset() == before_offset else (low, middle)
+            gap_end = high.astimezone(zone).replace(tzinfo=None)
+            gap_start = gap_end - (after_offset - before_offset)
+            for wall in CronSim(fields, gap_start - timedelta(seconds=1)):
+                if wall >= gap_end:
+                    break
+                day = expression.nearest_weekday
+                if day is not None and wall.day != nearest_weekday(wall.year, wall.month, day):
+                    continue
+                instant = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+                if after < instant <= until:
+                    found.append(instant)
+        start = end
+    return found
+
+
 @dataclass(frozen=True)
 class Due:
     """What the evaluation loop does for one cron job at ``now`` (:func:`due`).
@@ -205,6 +254,7 @@ __all__ = [
     "MAX_EVALUATION_INTERVAL",
     "MIN_EVALUATION_INTERVAL",
     "Due",
+    "dst_skipped",
     "due",
     "evaluation_delay",
     "first_due",

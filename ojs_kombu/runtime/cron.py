@@ -45,7 +45,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -69,7 +69,7 @@ from ojs_kombu.model.cron import CronJob, tick_job_id
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
-from ojs_kombu.policy.cron import MAX_EVALUATION_INTERVAL, MIN_EVALUATION_INTERVAL, due
+from ojs_kombu.policy.cron import MAX_EVALUATION_INTERVAL, MIN_EVALUATION_INTERVAL, dst_skipped, due, first_due
 from ojs_kombu.runtime.cron_registry import (
     DEFAULT_READ_TIMEOUT,
     CronRegistry,
@@ -93,7 +93,7 @@ from ojs_kombu.wire.cron import (
     fired_message,
     leader_message,
 )
-from ojs_kombu.wire.events import CronEvent, JobEventRecord, cron_event_message, decode_event
+from ojs_kombu.wire.events import CronEvent, CronSkipReason, JobEventRecord, cron_event_message, decode_event
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,8 @@ ACTIVITY_LOOKBACK = timedelta(hours=1)
 #: Job ids whose latest lifecycle event a scheduler remembers.
 MAX_TRACKED_JOBS = 10_000
 _ACTIVE_EVENTS = frozenset({"started", "failed", "retried"})
+#: More queued occurrences of one ``enqueue`` cron job than this are logged as a warning (CRON-S04).
+MAX_QUEUED_OCCURRENCES = 2
 
 
 class _Activity:
@@ -124,6 +126,10 @@ class _Activity:
 
     def is_active(self, job_id: str | None) -> bool:
         return job_id is not None and self._latest.get(job_id) in _ACTIVE_EVENTS
+
+    def seen(self, job_id: str) -> bool:
+        """Whether any lifecycle event of ``job_id`` was read (a worker took it)."""
+        return job_id in self._latest
 
 
 class CronScheduler:
@@ -177,6 +183,9 @@ class CronScheduler:
         self._connection = self._failover.connection()
         self.book = CronBook()
         self._activity = _Activity()
+        self._queued: dict[str, deque[str]] = {}  # enqueue policy: fired jobs no worker took yet
+        self._taken: set[str] = set()  # enqueue policy: cron jobs one of whose jobs was seen taken
+        self._gaps_checked: dict[str, datetime] = {}  # how far dst_skip occurrences were reported
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._synced = False  # caught up with the stream since this instance became the leader
@@ -188,7 +197,7 @@ class CronScheduler:
         self.fired = 0
         """Occurrences this instance fired (jobs published)."""
         self.skipped = 0
-        """Occurrences this instance skipped (overlap)."""
+        """Occurrences this instance skipped (overlap, disabled)."""
         self.error: OjsError | None = None
         """The permanent error that stopped the scheduler, or None."""
 
@@ -368,10 +377,14 @@ class CronScheduler:
             logger.info("cron scheduler %s: leader, %d cron job(s)", self.scheduler_id, len(self.book.entries))
         wait, fired = MAX_EVALUATION_INTERVAL, False
         for entry in list(self.book.entries.values()):
-            upcoming = next_run_of(entry)
+            cron = entry.cron
+            since = entry.last_run_at or entry.registered_at
+            # A disabled job's occurrences are skipped, not fired (CRON-30 ``disabled``).
+            upcoming = next_run_of(entry) if cron.enabled else first_due(cron.expression, cron.zone, since, None)
             if upcoming is None:
                 continue
             now = utcnow()
+            self._report_dst_skips(entry, since, now)
             outcome = due(
                 entry.cron.expression,
                 entry.cron.zone,
@@ -383,7 +396,10 @@ class CronScheduler:
                 if not self.lease.is_leader:
                     self._synced = False
                     return fired, MIN_EVALUATION_INTERVAL
-                self._fire(entry, outcome.fire_at, now)
+                if cron.enabled:
+                    self._fire(entry, outcome.fire_at, now)
+                else:
+                    self._skip(entry, outcome.fire_at, now, "disabled", None)
                 fired = True
                 upcoming = outcome.next_run_at
             if upcoming is not None:
@@ -435,19 +451,7 @@ class CronScheduler:
         previous = entry.last_job_id
         active = self._activity.is_active(previous)
         if active and cron.overlap_policy == "skip":
-            self._record(CronFired(cron.name, scheduled_time, None, "overlap_skip", now), None)
-            self._event(
-                CronEvent(
-                    "skipped",
-                    cron.name,
-                    cron.cron,
-                    cron.timezone,
-                    scheduled_time,
-                    reason="overlap_skip",
-                    active_job_id=previous,
-                )
-            )
-            self.skipped += 1
+            self._skip(entry, scheduled_time, now, "overlap_skip", previous)
             return
         connection = self._connection.connection
         if active and cron.overlap_policy == "cancel_previous" and previous is not None:
@@ -463,6 +467,8 @@ class CronScheduler:
         self._publish(encode(job), self.names.direct_exchange, cron.queue, cron.queue, job_id=job_id)
         self._record(CronFired(cron.name, scheduled_time, job_id, None, now), job_id)
         self.fired += 1
+        if cron.overlap_policy == "enqueue":
+            self._warn_when_queued(cron, job_id)
         self._event(
             CronEvent(
                 "triggered",
@@ -477,6 +483,64 @@ class CronScheduler:
             )
         )
         logger.info("cron %s: fired %s as job %s", cron.name, format_timestamp(scheduled_time), job_id)
+
+    def _skip(
+        self,
+        entry: CronEntry,
+        scheduled_time: datetime,
+        now: datetime,
+        reason: CronSkipReason,
+        active_job_id: str | None,
+    ) -> None:
+        """Record an occurrence that enqueues nothing and emit its ``cron.skipped`` (CRON-30)."""
+        cron = entry.cron
+        self._record(CronFired(cron.name, scheduled_time, None, reason, now), None)
+        self._event(
+            CronEvent(
+                "skipped",
+                cron.name,
+                cron.cron,
+                cron.timezone,
+                scheduled_time,
+                reason=reason,
+                active_job_id=active_job_id,
+            )
+        )
+        self.skipped += 1
+
+    def _report_dst_skips(self, entry: CronEntry, since: datetime, now: datetime) -> None:
+        """Emit ``cron.skipped`` (``dst_skip``) for occurrences a spring-forward gap swallowed (CRON-30).
+
+        They are events only (nothing is recorded on the cron stream): a leader elected in between
+        may report one again.
+        """
+        cron = entry.cron
+        if not cron.enabled:
+            return
+        checked = max(since, self._gaps_checked.get(cron.name, since))
+        for missing in dst_skipped(cron.expression, cron.zone, checked, now):
+            self._event(CronEvent("skipped", cron.name, cron.cron, cron.timezone, missing, reason="dst_skip"))
+        self._gaps_checked[cron.name] = now
+
+    def _warn_when_queued(self, cron: CronJob, job_id: str) -> None:
+        """CRON-S04: log a warning when more than two occurrences of an ``enqueue`` job wait in its queue.
+
+        Counted from the job lifecycle events: a fired job no worker has taken yet is queued.  Only
+        once a job of this cron job was seen taken, so that workers without job events (whose jobs
+        are never seen taken) do not make it warn on every tick.
+        """
+        queued = self._queued.setdefault(cron.name, deque(maxlen=1000))
+        queued.append(job_id)
+        while queued and self._activity.seen(queued[0]):
+            queued.popleft()
+            self._taken.add(cron.name)
+        waiting = sum(1 for queued_id in queued if not self._activity.seen(queued_id))
+        if cron.name in self._taken and waiting > MAX_QUEUED_OCCURRENCES:
+            logger.warning(
+                "cron %s: %d occurrences are queued behind a running one (overlap_policy 'enqueue')",
+                cron.name,
+                waiting,
+            )
 
     @staticmethod
     def _job(cron: CronJob, scheduled_time: datetime, job_id: str) -> Job:
@@ -537,6 +601,7 @@ class CronScheduler:
 __all__ = [
     "ACTIVITY_LOOKBACK",
     "DEFAULT_READ_TIMEOUT",
+    "MAX_QUEUED_OCCURRENCES",
     "CronRegistry",
     "CronScheduler",
     "CronStreamReader",

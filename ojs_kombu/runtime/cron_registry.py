@@ -333,7 +333,7 @@ class CronRegistry:
             name=name,
             cron=expression,
             type=job_type,
-            args=list(args),
+            args=list(args) if isinstance(args, tuple) else args,  # a dict is refused, not made a list of its keys
             timezone=timezone,
             options={**(options or {}), "queue": queue},
             overlap_policy=overlap_policy,

@@ -8,132 +8,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from kombu import Connection
+from cron_support import check_tick, cron_events, start_cli_scheduler, wait_for
 
-from ojs_kombu import CronRegistry, CronScheduler
 from ojs_kombu.cli import cli
 from ojs_kombu.errors import NotFoundError
-from ojs_kombu.model.cron import tick_job_id
 from ojs_kombu.model.timefmt import parse_timestamp
 from ojs_kombu.runtime.leader import LeaderLease
-from ojs_kombu.wire.events import decode_cron_event
-
-FAST_LEASE = {"heartbeat": 4.0, "renew_interval": 0.5, "renew_timeout": 1.5}
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, step: float = 0.02) -> float:
-    """Seconds until ``condition()`` held; fails after ``timeout``."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(step)
-    return time.monotonic() - started
-
-
-class Jobs:
-    """The jobs arriving in one OJS queue, taken as they come (polled with ``basic_get``)."""
-
-    def __init__(self, url: str, amqp_queue: str) -> None:
-        self.conn = Connection(url)
-        self.channel = self.conn.default_channel
-        self.amqp_queue = amqp_queue
-        self.received: list[tuple[float, dict[str, Any]]] = []
-
-    def poll(self) -> list[dict[str, Any]]:
-        self.channel.queue_declare(self.amqp_queue, passive=True)
-        while (message := self.channel.basic_get(self.amqp_queue, no_ack=True)) is not None:
-            self.received.append((time.monotonic(), json.loads(message.body)))
-        return self.bodies
-
-    @property
-    def bodies(self) -> list[dict[str, Any]]:
-        return [body for _, body in self.received]
-
-    def count(self) -> int:
-        try:
-            return len(self.poll())
-        except Exception:  # noqa: BLE001 - the queue is declared by the first tick
-            self.channel = self.conn.default_channel
-            return 0
-
-    def close(self) -> None:
-        self.conn.release()
-
-
-@pytest.fixture
-def registry(amqp_url, names):
-    with CronRegistry.connect(amqp_url, names=names) as made:
-        yield made
-
-
-@pytest.fixture
-def schedulers(amqp_url, names):
-    made: list[CronScheduler] = []
-
-    def make(count: int = 1) -> list[CronScheduler]:
-        batch = [CronScheduler(amqp_url, names=names, lease_options=FAST_LEASE).start() for _ in range(count)]
-        made.extend(batch)
-        return batch
-
-    yield make
-    for scheduler in made:
-        scheduler.stop()
-
-
-@pytest.fixture
-def jobs(amqp_url, names):
-    opened: list[Jobs] = []
-
-    def make(queue: str) -> Jobs:
-        opened.append(Jobs(amqp_url, names.job_queue(queue)))
-        return opened[-1]
-
-    yield make
-    for found in opened:
-        found.close()
-
-
-def check_tick(body: dict[str, Any], name: str) -> None:
-    """A tick's job carries the cron name and its scheduled time, and its id derives from both."""
-    assert body["meta"]["cron_name"] == name
-    scheduled = parse_timestamp(body["meta"]["cron_triggered_at"])
-    assert body["id"] == tick_job_id(name, scheduled)
-
-
-def cron_events(amqp_url: str, names, expected: int) -> list[Any]:
-    """The cron events of the events stream, read from its start until ``expected`` of them came."""
-    found: list[Any] = []
-    with Connection(amqp_url) as conn:
-        conn.connect()
-        channel = conn.connection.channel()
-        channel.auto_decode = False
-        channel.basic_qos(0, 100, False)
-
-        def on_message(message) -> None:
-            channel.basic_ack(message.delivery_info["delivery_tag"])
-            event = decode_cron_event(message.body, dict(message.properties))
-            if event is not None:
-                found.append(event)
-
-        channel.basic_consume(names.events_stream, callback=on_message, arguments={"x-stream-offset": "first"})
-        deadline = time.monotonic() + 15
-        while len(found) < expected and time.monotonic() < deadline:
-            try:
-                conn.connection.drain_events(timeout=0.5)
-            except TimeoutError:
-                pass
-    return found
 
 
 def test_an_every_second_cron_fires_jobs_with_the_meta_fields_and_derived_ids(
@@ -177,20 +62,6 @@ def test_two_schedulers_fire_each_tick_once(registry, schedulers, jobs):
     assert len(ids) == len(set(ids)), f"duplicate tick ids: {ids}"
     assert [s.is_leader for s in group].count(True) == 1
     assert sorted(s.fired for s in group)[0] == 0  # the follower fired nothing
-
-
-CHILD = "import sys; from ojs_kombu.cli import main; sys.exit(main())"
-
-
-def start_cli_scheduler(amqp_url: str, prefix: str) -> subprocess.Popen[str]:
-    environ = {**os.environ, "OJS_AMQP_URL": amqp_url}
-    environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), environ.get("PYTHONPATH", "")])
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, "cron", "run", "--prefix", prefix, "--log-level", "warning"],
-        env=environ,
-        text=True,
-        stderr=subprocess.PIPE,
-    )
 
 
 def test_a_sigkilled_leader_is_replaced_within_five_seconds(registry, schedulers, jobs, amqp_url, prefix):
@@ -283,30 +154,6 @@ def test_the_cli_adds_lists_and_removes_crons(amqp_url, prefix, schedulers, regi
     code, out = invoke("cron", "remove", "nightly", *connection)
     assert code == 0 and json.loads(out) == {"deleted": True, "name": "nightly"}
     assert registry.list() == []
-
-
-@pytest.fixture
-def slow_worker(amqp_url, prefix):
-    """A worker of the queue ``slow`` publishing job events, whose ``cron.slow`` jobs run until released."""
-    from ojs_kombu import Worker
-
-    release = threading.Event()
-    started: list[str] = []
-    worker = Worker(amqp_url, queues=["slow"], prefix=prefix, events=True, concurrency=1)
-
-    def slow() -> None:
-        from ojs_kombu import current_job
-
-        started.append(current_job().id)
-        while not release.is_set():
-            time.sleep(0.01)
-
-    worker.handler("cron.slow", slow)
-    worker.start()
-    assert worker.wait_until_ready()
-    yield release, started
-    release.set()
-    worker.stop(timeout=10)
 
 
 def test_skip_skips_ticks_while_the_previous_job_runs(registry, schedulers, slow_worker, amqp_url, names):

@@ -8,7 +8,7 @@ import pytest
 
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.cron import MACROS, CronExpression, CronJob, parse_timezone
-from ojs_kombu.policy.cron import due, evaluation_delay, next_fire
+from ojs_kombu.policy.cron import dst_skipped, due, evaluation_delay, next_fire
 
 NY = parse_timezone("America/New_York")
 LONDON = parse_timezone("Europe/London")
@@ -371,6 +371,19 @@ def test_spring_forward_skips_the_missing_hour_in_london():  # CRON-16
         "2026-03-29 02:20:00+0100",
         "2026-03-29 02:40:00+0100",
     ]
+
+
+def test_the_occurrences_a_gap_swallowed_are_reported():  # CRON-30 dst_skip
+    daily = CronExpression.parse("30 2 * * *")
+    # 02:30 EST of 2026-03-08 would have been 07:30Z; a year's window holds that one only.
+    assert dst_skipped(daily, NY, at(2026, 1, 1), at(2027, 1, 1)) == [at(2026, 3, 8, 7, 30)]
+    assert dst_skipped(daily, NY, at(2026, 3, 8, 7, 30), at(2026, 4, 1)) == []  # (after, until]
+    assert dst_skipped(daily, NY, at(2026, 3, 8), at(2026, 3, 8, 7, 30)) == [at(2026, 3, 8, 7, 30)]
+    every_20 = dst_skipped(CronExpression.parse("*/20 * * * *"), LONDON, at(2026, 3, 29), at(2026, 3, 30))
+    assert every_20 == [at(2026, 3, 29, 1, 0), at(2026, 3, 29, 1, 20), at(2026, 3, 29, 1, 40)]
+    assert dst_skipped(daily, NY, at(2026, 10, 1), at(2026, 12, 1)) == []  # fall back swallows nothing
+    assert dst_skipped(daily, parse_timezone("UTC"), at(2026, 1, 1), at(2027, 1, 1)) == []
+    assert dst_skipped(CronExpression.parse("@every 30m"), NY, at(2026, 3, 8), at(2026, 3, 9)) == []
 
 
 def test_fall_back_fires_once_at_the_first_occurrence_in_new_york():  # CRON-17: the spec's example
