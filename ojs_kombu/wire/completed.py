@@ -27,6 +27,7 @@ from typing import Any
 from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.control import json_message
+from ojs_kombu.wire.entities import stream_arguments
 
 #: The ``type`` of a record of completed job ids.
 COMPLETED_TYPE = "ojs.completed"
@@ -99,12 +100,7 @@ class CompletedOptions:
 
     def arguments(self) -> dict[str, Any]:
         """The arguments of the stream."""
-        return {
-            "x-queue-type": "stream",
-            "x-max-age": self.max_age,
-            "x-max-length-bytes": self.max_length_bytes,
-            "x-stream-max-segment-size-bytes": self.max_segment_size_bytes,
-        }
+        return stream_arguments(self.max_age, self.max_length_bytes, self.max_segment_size_bytes)
 
 
 @dataclass(frozen=True)

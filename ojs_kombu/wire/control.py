@@ -41,6 +41,7 @@ from ojs_kombu.model.naming import (
 )
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.wire.codec import OutgoingMessage
+from ojs_kombu.wire.entities import stream_arguments
 
 CONTROL_CONTENT_TYPE = "application/json"
 #: A worker's own catch-up marker (DESIGN §14): published to the control stream at start,
@@ -94,12 +95,7 @@ class ControlOptions:
 
     def arguments(self) -> dict[str, Any]:
         """The arguments of the control stream."""
-        return {
-            "x-queue-type": "stream",
-            "x-max-age": self.max_age,
-            "x-max-length-bytes": self.max_length_bytes,
-            "x-stream-max-segment-size-bytes": self.max_segment_size_bytes,
-        }
+        return stream_arguments(self.max_age, self.max_length_bytes, self.max_segment_size_bytes)
 
 
 @dataclass(frozen=True)

@@ -232,6 +232,25 @@ class QueueOptions:
         return args
 
 
+def stream_arguments(max_age: str, max_length_bytes: int, max_segment_size_bytes: int) -> dict[str, Any]:
+    """The arguments of a stream bounded by age and size (the control, events and completed-ids streams).
+
+    Parameters:
+        max_age: ``x-max-age`` (RabbitMQ units ``Y M D h m s``).
+        max_length_bytes: ``x-max-length-bytes``.
+        max_segment_size_bytes: ``x-stream-max-segment-size-bytes`` (a stream is trimmed by whole segments).
+
+    Returns:
+        The ``Queue.Declare`` arguments, ``x-queue-type`` ``stream`` included.
+    """
+    return {
+        "x-queue-type": "stream",
+        "x-max-age": max_age,
+        "x-max-length-bytes": max_length_bytes,
+        "x-stream-max-segment-size-bytes": max_segment_size_bytes,
+    }
+
+
 def frozen_arguments(arguments: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((arguments or {}).items()))
 
