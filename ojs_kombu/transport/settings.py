@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, NamedTuple, Protocol, cast
 
 from kombu.utils.imports import symbol_by_name
@@ -62,6 +63,21 @@ class TaskCodec(Protocol):
 
 #: What :func:`register_codec` was last given (empty: nothing registered).
 _REGISTERED: list[TaskCodec | type | str] = []
+
+#: The entry point group an installed framework adapter names its codec in (``ojs_celery``'s package
+#: metadata: ``celery = "ojs_celery.protocol:CeleryCodec"``), for a process that never imported it.
+CODEC_ENTRY_POINTS = "ojs_kombu.codecs"
+
+
+def installed_codec() -> str | None:
+    """The ``"module:Class"`` of the codec an installed adapter declares (:data:`CODEC_ENTRY_POINTS`), if any.
+
+    A stock ``celery.Celery(broker="ojs://…")`` app never imports ``ojs_celery``, so nothing
+    registered a codec; the adapter's package metadata still names it, and the transport stays
+    ignorant of which framework that is.  With several, the first by name.
+    """
+    found = sorted(entry_points(group=CODEC_ENTRY_POINTS), key=lambda point: point.name)
+    return found[0].value if found else None
 
 
 def register_codec(codec: TaskCodec | type | str) -> None:
@@ -141,9 +157,12 @@ class Settings:
         Imported and made on first use (a codec may need its framework only then).
 
         Returns:
-            The codec, or None when the option is not set and no codec is registered.
+            The codec, or None when the option is not set, no codec is registered and no installed
+            adapter declares one (:func:`installed_codec`).
         """
         if self.codec is None:
+            if not _REGISTERED and (declared := installed_codec()) is not None:
+                register_codec(declared)
             if not _REGISTERED:
                 return None
             self.codec = _REGISTERED[0]
