@@ -61,10 +61,11 @@ def test_an_invalid_envelope_goes_to_the_dead_letter_queue_with_its_error_code(a
 
 
 def test_a_job_delivered_without_a_task_codec_is_refused_loudly_and_kept(amqp_url, prefix, names, monkeypatch):
-    """No ``codec`` option and none registered (no adapter imported): the delivery raises
-    ``LookupError`` out of the event loop; the job is neither handed on nor dead-lettered, and
-    the broker requeues it when the connection closes."""
+    """No ``codec`` option, none registered and none installed (no adapter imported, no entry
+    point): the delivery raises ``LookupError`` out of the event loop; the job is neither handed on
+    nor dead-lettered, and the broker requeues it when the connection closes."""
     monkeypatch.setattr("ojs_kombu.transport.settings._REGISTERED", [])
+    monkeypatch.setattr("ojs_kombu.transport.settings.CODEC_ENTRY_POINTS", "ojs_kombu.codecs.none-in-this-test")
     queue_name = f"nc{uuid.uuid4().hex[:8]}"
     with Client(amqp_url, prefix=prefix) as client:
         client.enqueue("no.codec", [1], queue=queue_name)
