@@ -134,19 +134,8 @@ def cron(
         **options,
     )
     broker = actor.broker
-    assert isinstance(broker, OjsBroker)
-    return broker.client.register_cron(
-        definition.name,
-        definition.cron,
-        definition.type,
-        definition.args,
-        queue=definition.queue,
-        timezone=definition.timezone,
-        overlap_policy=definition.overlap_policy,
-        enabled=definition.enabled,
-        description=definition.description,
-        options={k: v for k, v in definition.options.items() if k != "queue"},
-    )
+    assert isinstance(broker, OjsBroker)  # cron_job refused any other broker
+    return broker.client.register_cron_job(definition)
 
 
 __all__ = ["cron", "cron_job"]

@@ -37,7 +37,7 @@ from ojs_kombu.client.results import EnqueueResult, JobOptions, QueueCounts
 from ojs_kombu.client.session import ConnectionSettings, Session
 from ojs_kombu.client.uniqueness import Uniqueness
 from ojs_kombu.client.workflows import Workflows
-from ojs_kombu.model.cron import OverlapPolicy
+from ojs_kombu.model.cron import CronJob, OverlapPolicy
 from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names, validate_queue_name
@@ -537,6 +537,10 @@ class Client:
             description=description,
             options=options,
         )
+
+    def register_cron_job(self, cron: CronJob) -> RegisteredCron:
+        """Register (or replace) a built cron definition (:meth:`~ojs_kombu.runtime.cron.CronRegistry.register`)."""
+        return self._cron.register(cron)
 
     def crons(self, *, enabled: bool | None = None) -> list[RegisteredCron]:
         """The registered periodic jobs with their last and next runs (:meth:`~ojs_kombu.runtime.cron.CronRegistry.list`)."""
