@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError as _PydanticValidationError
 
@@ -100,27 +100,19 @@ def _tags(tags: Any) -> list[str]:
     return list(tags)
 
 
-def _retry_argument(retry: Any) -> RetryPolicy:
-    if isinstance(retry, RetryPolicy):
-        return retry
-    if not isinstance(retry, Mapping):
-        raise _Problem(f"must be a RetryPolicy or a dict, got {type(retry).__name__}")
-    try:
-        policy: RetryPolicy = RetryPolicy.__pydantic_validator__.validate_python(dict(retry))
-    except _PydanticValidationError as exc:
-        raise _convert(exc, "retry") from None
-    return policy
+_Policy = TypeVar("_Policy", RetryPolicy, UniquePolicy)
 
 
-def _unique_argument(unique: Any) -> UniquePolicy:
-    if isinstance(unique, UniquePolicy):
-        return unique
-    if not isinstance(unique, Mapping):
-        raise _Problem(f"must be a UniquePolicy or a dict, got {type(unique).__name__}")
+def _policy_argument(value: Any, model: type[_Policy], field: str) -> _Policy:
+    """``retry=`` / ``unique=``: the policy itself, or a dict validated into one (errors under ``field``)."""
+    if isinstance(value, model):
+        return value
+    if not isinstance(value, Mapping):
+        raise _Problem(f"must be a {model.__name__} or a dict, got {type(value).__name__}")
     try:
-        policy: UniquePolicy = UniquePolicy.__pydantic_validator__.validate_python(dict(unique))
+        policy: _Policy = model.__pydantic_validator__.validate_python(dict(value))
     except _PydanticValidationError as exc:
-        raise _convert(exc, "unique") from None
+        raise _convert(exc, field) from None
     return policy
 
 
@@ -205,11 +197,11 @@ def _option_fields(
                 given.add("expires_at")
         if retry is not None:
             field = "retry"
-            state["retry"] = _retry_argument(retry)
+            state["retry"] = _policy_argument(retry, RetryPolicy, "retry")
             given.add("retry")
         if unique is not None:
             field = "unique"
-            state["unique"] = _unique_argument(unique)
+            state["unique"] = _policy_argument(unique, UniquePolicy, "unique")
             given.add("unique")
     except _Problem as problem:
         raise problem.under(field) from None
