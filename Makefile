@@ -49,10 +49,10 @@ VERSIONED_TESTS := tests/broker/test_dead_letters.py tests/broker/test_worker_co
 PEER_SUITES := --ignore=tests/celery/test_celery_suite.py --ignore=tests/dramatiq/test_dramatiq_peer_suite.py
 
 test: lint docs
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra --durations=40 $(PYTEST_ARGS)
 	@if [ -z "$$OJS_AMQP_URL" ] && [ "$${OJS_RABBITMQ:-4.3}" != 3.10 ]; then \
 		echo "== the version-sensitive modules again, on RabbitMQ 3.10"; \
-		OJS_RABBITMQ=3.10 $(PY) -m pytest -q -ra $(PEER_SUITES) $(VERSIONED_TESTS); \
+		OJS_RABBITMQ=3.10 $(PY) -m pytest -q -ra --durations=20 $(PEER_SUITES) $(VERSIONED_TESTS); \
 	fi
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict fails on any warning (broken link, bad reference).
