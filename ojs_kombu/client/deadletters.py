@@ -215,7 +215,20 @@ class DeadLetters(Service):
     def browse(
         self, queue: str, limit: int | None, select: Callable[[DeadLetterEntry], bool] | None
     ) -> list[DeadLetterEntry]:
-        """Up to ``limit`` dead letters of ``queue``, left in place (:meth:`ojs_kombu.Client.dead_letters`)."""
+        """Up to ``limit`` jobs in ``ojs.queue.dlx.{queue}``, oldest first, left in place (:meth:`ojs_kombu.Client.dead_letters`).
+
+        Read with ``Basic.Get`` on a channel then closed without acking, so the broker keeps every
+        one of them.  Inspection is not FETCH: workers never use ``Basic.Get``.
+
+        Parameters:
+            queue: the OJS queue whose dead letters to read.
+            limit: at most this many entries (``None``: all of them).
+            select: only the entries it picks (e.g. a :class:`~ojs_kombu.runtime.deadletter.DeadLetterFilter`);
+                the letters it passes over are read too (held unacked until the browse ends).
+
+        Raises:
+            NotFoundError: the dead letter queue does not exist.
+        """
         validate_queue_name(queue)
         dead_letter_queue = self.session.names.dead_letter_queue(queue)
 
@@ -251,7 +264,29 @@ class DeadLetters(Service):
         progress: Callable[[ReplayProgress], None] | None,
         select: Callable[[DeadLetterEntry], bool] | None,
     ) -> list[str]:
-        """Move dead letters back to their job queue (:meth:`ojs_kombu.Client.replay_dead_letters`)."""
+        """Move dead letters of ``queue`` back to their job queue; returns the replayed job ids.
+
+        Serves :meth:`ojs_kombu.Client.replay_dead_letters`.  Each replayed job starts again at
+        attempt 0 (its error history kept, ``meta["ojs.replay_count"]`` incremented, ``x-death*``
+        and error headers removed); its republish is confirmed before its ack.
+
+        The queue is walked as :class:`DeadLetterWalk` says: at most ``window`` letters
+        unacknowledged, a letter passed over (not among ``ids``, not an OJS job, or past
+        ``limit``) moved to the back unchanged, so the letters left keep their order.
+
+        Parameters:
+            queue: the OJS queue whose ``ojs.queue.dlx.{queue}`` is read.
+            limit: replay at most this many jobs.
+            ids: replay only these job ids.
+            window: dead letters held unacknowledged at most (>= 1).
+            progress: called with a :class:`~ojs_kombu.runtime.deadletter.ReplayProgress` once per
+                window, right before its acks.
+            select: replay only the letters it also picks (a ``DeadLetterFilter``, say).
+
+        Raises:
+            NotFoundError: the dead letter queue does not exist.
+            PublishError: a republish was refused (the walk stops; letters not acked return).
+        """
         wanted = {i.lower() for i in ids} if ids is not None else None
         walk = DeadLetterWalk(
             self.session,
@@ -294,7 +329,29 @@ class DeadLetters(Service):
         limit: int | None,
         progress: Callable[[ReplayProgress], None] | None,
     ) -> int:
-        """Delete dead letters of ``queue`` (:meth:`ojs_kombu.Client.purge_dead_letters`)."""
+        """Delete dead letters of ``queue``: all of them, or exactly those whose id is in ``ids``.
+
+        Serves :meth:`ojs_kombu.Client.purge_dead_letters`.  Without ``ids``, ``select`` and
+        ``limit`` the queue is purged.  Otherwise (``ids``: job ids, or the ``message_id`` of a
+        letter that is not an OJS job; any case) the queue is walked as :meth:`replay` walks it,
+        each chosen letter removed.  Meant for a pipeline that archived some dead letters (e.g. to
+        Parquet) and must remove exactly those.
+
+        Parameters:
+            queue: the OJS queue whose ``ojs.queue.dlx.{queue}`` is purged.
+            ids: delete only these letters.
+            window: letters held unacknowledged at most during a walk (>= 1).
+            select: delete only the letters it also picks (a ``DeadLetterFilter``, say).
+            limit: delete at most this many letters.
+            progress: called once per window of a walk, as for :meth:`replay`.
+
+        Returns:
+            How many letters were deleted.
+
+        Raises:
+            NotFoundError: the dead letter queue does not exist.
+            PublishError: moving a letter to the back was refused (the walk stops; nothing is lost).
+        """
         validate_queue_name(queue)
         if ids is None and select is None and limit is None:
             return self._purge_all(queue)

@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, Unpack, overload
 
-from kombu.connection import Connection
-
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url, safe_url
 from ojs_kombu.amqp.topology import OnConflict, Topology
 from ojs_kombu.amqp.urls import BrokerUrls
@@ -40,7 +38,7 @@ from ojs_kombu.client.workflows import Workflows
 from ojs_kombu.model.cron import CronJob, OverlapPolicy
 from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
-from ojs_kombu.model.naming import Names, validate_queue_name
+from ojs_kombu.model.naming import Names
 from ojs_kombu.model.workflow import Workflow
 from ojs_kombu.model.workflow_info import WorkflowInfo
 from ojs_kombu.policy.schedule import Cascade
@@ -227,37 +225,16 @@ class Client:
         return self._publishing.enqueue_many(list(jobs))
 
     def enqueue_workflow(self, workflow: Workflow) -> str:
-        """Enqueue a workflow (``ojs_kombu.chain``, ``group`` or ``batch``): its first jobs now, the rest as they become due.
+        """Enqueue a workflow (``ojs_kombu.chain``, ``group`` or ``batch``); returns its id.
 
-        Records the definition in the workflow's record stream, opens the fan-in of each group or
-        batch about to run, then publishes the first jobs, each carrying its place in
-        ``meta.workflow``.  Workers advance it from there (``docs/workflows.md``).
-
-        Parameters:
-            workflow: the definition (checked when it was built).
-
-        Returns:
-            The workflow's id.
-
-        Raises:
-            ValidationError: not a workflow, or a job that cannot be encoded (nothing runs).
-            PublishError, BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        Parameters, result and errors: :meth:`~ojs_kombu.client.workflows.Workflows.enqueue`.
         """
         return self._workflows.enqueue(workflow)
 
     def workflow(self, workflow_id: str) -> WorkflowInfo:
         """The state of a workflow (ojs-workflows.md §11.2): its state, every job's, the counters.
 
-        Parameters:
-            workflow_id: what :meth:`enqueue_workflow` returned.
-
-        Returns:
-            Its :class:`~ojs_kombu.model.workflow_info.WorkflowInfo` (``.state == "completed"`` once done;
-            ``.to_dict()`` is the spec's JSON).
-
-        Raises:
-            NotFoundError: no such workflow (or its record is older than its 7-day retention).
-            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        Parameters, result and errors: :meth:`~ojs_kombu.client.workflows.Workflows.workflow`.
         """
         return self._workflows.workflow(workflow_id)
 
@@ -340,23 +317,7 @@ class Client:
     def workers(self, *, stale_after: float = DEFAULT_STALE_AFTER, timeout: float = 10.0) -> list[WorkerPresence]:
         """The live workers, from their latest presence on the events stream (BEAT, DESIGN §14).
 
-        Reads ``ojs.stream.events`` from ``stale_after`` seconds ago and keeps each worker's latest
-        presence, unless it is ``offline`` (stopped gracefully) or older than ``stale_after`` (killed,
-        hung or cut off: presences come every 5 s by default).  Presence times are the workers'
-        clocks: keep hosts in sync (NTP).
-
-        Parameters:
-            stale_after: seconds after which a silent worker counts as gone.
-            timeout: seconds to wait for the read to catch up with the stream.
-
-        Returns:
-            One presence per live worker, sorted by worker id.
-
-        Raises:
-            ValidationError: ``stale_after`` is not > 0.
-            TopologyError: ``ojs.stream.events`` exists and is not a stream.
-            OjsError: the read did not catch up within ``timeout``.
-            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        Parameters, result and errors: :meth:`~ojs_kombu.client.observation.Observation.workers`.
         """
         return self._observation.workers(stale_after, timeout)
 
@@ -365,23 +326,7 @@ class Client:
     ) -> list[JobEventRecord]:
         """Job lifecycle events read back from the events stream, oldest first.
 
-        Workers publish them only when opted in (``Worker(events=True)``); the stream
-        keeps them for its retention (default one hour, :class:`~ojs_kombu.wire.events.EventsOptions`).
-
-        Parameters:
-            since: an aware datetime, or how long ago (``timedelta(minutes=10)``).
-            queue: only the events of this OJS queue.
-            limit: at most this many (the oldest ones).
-            timeout: seconds to wait for the read to catch up with the stream.
-
-        Returns:
-            The events at or after ``since``, in the order the stream holds them.
-
-        Raises:
-            ValidationError: a naive datetime, a bad queue name or a ``limit`` below 1.
-            TopologyError: ``ojs.stream.events`` exists and is not a stream.
-            OjsError: the read did not catch up within ``timeout``.
-            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        Parameters, result and errors: :meth:`~ojs_kombu.client.observation.Observation.events`.
         """
         return self._observation.events(since, queue, limit, timeout)
 
@@ -390,17 +335,7 @@ class Client:
     ) -> list[DeadLetterEntry]:
         """Up to ``limit`` jobs in ``ojs.queue.dlx.{queue}``, oldest first, left in place.
 
-        Read with ``Basic.Get`` on a channel then closed without acking, so the broker keeps every
-        one of them.  Inspection is not FETCH: workers never use ``Basic.Get``.
-
-        Parameters:
-            queue: the OJS queue whose dead letters to read.
-            limit: at most this many entries (``None``: all of them).
-            select: only the entries it picks (e.g. a :class:`~ojs_kombu.runtime.deadletter.DeadLetterFilter`);
-                the letters it passes over are read too (held unacked until the browse ends).
-
-        Raises:
-            NotFoundError: the dead letter queue does not exist.
+        Parameters, result and errors: :meth:`~ojs_kombu.client.deadletters.DeadLetters.browse`.
         """
         return self._dead_letters.browse(queue, limit, select)
 
@@ -416,24 +351,7 @@ class Client:
     ) -> list[str]:
         """Move dead letters of ``queue`` back to their job queue; returns the replayed job ids.
 
-        Each replayed job starts again at attempt 0 (its error history kept, ``meta["ojs.replay_count"]``
-        incremented, ``x-death*`` and error headers removed); its republish is confirmed before its ack.
-
-        The queue is walked as :class:`~ojs_kombu.client.deadletters.DeadLetterWalk` says: at
-        most ``window`` letters unacknowledged, a letter passed over (not among ``ids``, not an
-        OJS job, or past ``limit``) moved to the back unchanged, so the letters left keep their order.
-
-        Parameters:
-            queue: the OJS queue whose ``ojs.queue.dlx.{queue}`` is read.
-            limit: replay at most this many jobs.
-            ids: replay only these job ids.
-            window: dead letters held unacknowledged at most (>= 1).
-            progress: called with a :class:`ReplayProgress` once per window, right before its acks.
-            select: replay only the letters it also picks (a ``DeadLetterFilter``, say).
-
-        Raises:
-            NotFoundError: the dead letter queue does not exist.
-            PublishError: a republish was refused (the walk stops; letters not acked return).
+        Parameters, result and errors: :meth:`~ojs_kombu.client.deadletters.DeadLetters.replay`.
         """
         return self._dead_letters.replay(queue, limit=limit, ids=ids, window=window, progress=progress, select=select)
 
@@ -449,61 +367,21 @@ class Client:
     ) -> int:
         """Delete dead letters of ``queue``: all of them, or exactly those whose id is in ``ids``.
 
-        Without ``ids``, ``select`` and ``limit`` the queue is purged.  Otherwise (``ids``: job
-        ids, or the ``message_id`` of a letter that is not an OJS job; any case) the queue is
-        walked as :meth:`replay_dead_letters` walks it, each chosen letter removed.  Meant for a
-        pipeline that archived some dead letters (e.g. to Parquet) and must remove exactly those.
-
-        Parameters:
-            queue: the OJS queue whose ``ojs.queue.dlx.{queue}`` is purged.
-            ids: delete only these letters.
-            window: letters held unacknowledged at most during a walk (>= 1).
-            select: delete only the letters it also picks (a ``DeadLetterFilter``, say).
-            limit: delete at most this many letters.
-            progress: called once per window of a walk, as for :meth:`replay_dead_letters`.
-
-        Returns:
-            How many letters were deleted.
-
-        Raises:
-            NotFoundError: the dead letter queue does not exist.
-            PublishError: moving a letter to the back was refused (the walk stops; nothing is lost).
+        Parameters, result and errors: :meth:`~ojs_kombu.client.deadletters.DeadLetters.purge`.
         """
         return self._dead_letters.purge(queue, ids=ids, window=window, select=select, limit=limit, progress=progress)
 
     def queue_counts(self, amqp_queues: Iterable[str]) -> dict[str, QueueCounts | None]:
         """Ready messages and consumers of AMQP queues, exact and current (passive ``Queue.Declare``).
 
-        Parameters:
-            amqp_queues: full AMQP queue names (``ojs.queue.email``, ``ojs.schedule.03`` …).
-
-        Returns:
-            Each name with its :class:`QueueCounts`, or None when the queue does not exist.
-
-        Raises:
-            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        Parameters, result and errors: :meth:`~ojs_kombu.client.observation.Observation.queue_counts`.
         """
         return self._observation.queue_counts(amqp_queues)
 
     def paused_queues(self, queues: Iterable[str], *, timeout: float = 10.0) -> dict[str, bool | None]:
-        """Whether each OJS queue is paused, as its workers see it: its control stream read from the start.
+        """Whether each OJS queue is paused, as its workers see it (its control stream replayed).
 
-        Each control stream is declared if missing, then replayed with the workers' own
-        :class:`~ojs_kombu.runtime.control.ControlReader` (one small marker record is published to
-        know it caught up).  Every retained cancel is read: 1 s for 10,000, 5.5 s for 50,000.
-
-        Parameters:
-            queues: OJS queue names.
-            timeout: seconds to wait for the replay.
-
-        Returns:
-            Each queue: True (paused), False, or None when its control queue is a classic
-            queue (degraded mode: no history to read).
-
-        Raises:
-            ValidationError: a bad queue name.
-            OjsError: the streams were not replayed within ``timeout``.
-            BrokerConnectionError, BrokerRefusedError: as for :meth:`enqueue`.
+        Parameters, result and errors: :meth:`~ojs_kombu.client.observation.Observation.paused_queues`.
         """
         return self._observation.paused_queues(queues, timeout)
 
@@ -562,17 +440,7 @@ class Client:
         Raises:
             TopologyConflictError: the queue exists with other arguments (see ``on_conflict``).
         """
-        validate_queue_name(name)
-        if queue_options:
-            self.topology.per_queue[name] = QueueOptions(**queue_options)
-
-        def declare(conn: Connection) -> None:
-            self.topology.declare_queue(conn.connection, name)
-            if scheduling:
-                self.topology.ensure_scheduling(conn.connection, name, self.cascade)
-
-        self._session.run(declare)
-        return self.names.job_queue(name)
+        return self._publishing.declare_queue(name, scheduling, queue_options)
 
     def teardown(self) -> int:
         """Delete every queue and exchange this client declared, messages included.

@@ -37,7 +37,26 @@ class Observation(Service):
     (see :class:`~ojs_kombu.Client`)."""
 
     def workers(self, stale_after: float, timeout: float) -> list[WorkerPresence]:
-        """The live workers, sorted by id (:meth:`ojs_kombu.Client.workers`)."""
+        """The live workers, from their latest presence on the events stream (BEAT, DESIGN §14).
+
+        Reads ``ojs.stream.events`` from ``stale_after`` seconds ago and keeps each worker's latest
+        presence, unless it is ``offline`` (stopped gracefully) or older than ``stale_after`` (killed,
+        hung or cut off: presences come every 5 s by default).  Presence times are the workers'
+        clocks: keep hosts in sync (NTP).  Serves :meth:`ojs_kombu.Client.workers`.
+
+        Parameters:
+            stale_after: seconds after which a silent worker counts as gone.
+            timeout: seconds to wait for the read to catch up with the stream.
+
+        Returns:
+            One presence per live worker, sorted by worker id.
+
+        Raises:
+            ValidationError: ``stale_after`` is not > 0.
+            TopologyError: ``ojs.stream.events`` exists and is not a stream.
+            OjsError: the read did not catch up within ``timeout``.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`ojs_kombu.Client.enqueue`.
+        """
         if isinstance(stale_after, bool) or not isinstance(stale_after, int | float) or not stale_after > 0:
             raise ValidationError(f"stale_after must be > 0 seconds, got {stale_after!r}", field="stale_after")
         horizon = utcnow() - timedelta(seconds=stale_after)
@@ -57,7 +76,26 @@ class Observation(Service):
     def events(
         self, since: datetime | timedelta, queue: str | None, limit: int | None, timeout: float
     ) -> list[JobEventRecord]:
-        """Job lifecycle events from the events stream, oldest first (:meth:`ojs_kombu.Client.events`)."""
+        """Job lifecycle events read back from the events stream, oldest first (:meth:`ojs_kombu.Client.events`).
+
+        Workers publish them only when opted in (``Worker(events=True)``); the stream
+        keeps them for its retention (default one hour, :class:`~ojs_kombu.wire.events.EventsOptions`).
+
+        Parameters:
+            since: an aware datetime, or how long ago (``timedelta(minutes=10)``).
+            queue: only the events of this OJS queue.
+            limit: at most this many (the oldest ones).
+            timeout: seconds to wait for the read to catch up with the stream.
+
+        Returns:
+            The events at or after ``since``, in the order the stream holds them.
+
+        Raises:
+            ValidationError: a naive datetime, a bad queue name or a ``limit`` below 1.
+            TopologyError: ``ojs.stream.events`` exists and is not a stream.
+            OjsError: the read did not catch up within ``timeout``.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`ojs_kombu.Client.enqueue`.
+        """
         start = utcnow() - since if isinstance(since, timedelta) else since
         if not isinstance(start, datetime) or start.tzinfo is None or start.utcoffset() is None:
             raise ValidationError(f"since must be an aware datetime or a timedelta, got {since!r}", field="since")
@@ -100,7 +138,19 @@ class Observation(Service):
         session.run(read)
 
     def queue_counts(self, amqp_queues: Iterable[str]) -> dict[str, QueueCounts | None]:
-        """Ready messages and consumers of AMQP queues (:meth:`ojs_kombu.Client.queue_counts`)."""
+        """Ready messages and consumers of AMQP queues, exact and current (passive ``Queue.Declare``).
+
+        Serves :meth:`ojs_kombu.Client.queue_counts`.
+
+        Parameters:
+            amqp_queues: full AMQP queue names (``ojs.queue.email``, ``ojs.schedule.03`` …).
+
+        Returns:
+            Each name with its :class:`~ojs_kombu.client.results.QueueCounts`, or None when the queue does not exist.
+
+        Raises:
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`ojs_kombu.Client.enqueue`.
+        """
         wanted = list(dict.fromkeys(amqp_queues))
 
         def inspect(conn: Connection) -> dict[str, QueueCounts | None]:
@@ -123,7 +173,26 @@ class Observation(Service):
         return self.session.run(inspect)
 
     def paused_queues(self, queues: Iterable[str], timeout: float) -> dict[str, bool | None]:
-        """Whether each OJS queue is paused, as its workers see it (:meth:`ojs_kombu.Client.paused_queues`)."""
+        """Whether each OJS queue is paused, as its workers see it: its control stream read from the start.
+
+        Each control stream is declared if missing, then replayed with the workers' own
+        :class:`~ojs_kombu.runtime.control.ControlReader` (one small marker record is published to
+        know it caught up).  Every retained cancel is read: 1 s for 10,000, 5.5 s for 50,000.
+        Serves :meth:`ojs_kombu.Client.paused_queues`.
+
+        Parameters:
+            queues: OJS queue names.
+            timeout: seconds to wait for the replay.
+
+        Returns:
+            Each queue: True (paused), False, or None when its control queue is a classic
+            queue (degraded mode: no history to read).
+
+        Raises:
+            ValidationError: a bad queue name.
+            OjsError: the streams were not replayed within ``timeout``.
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`ojs_kombu.Client.enqueue`.
+        """
         wanted = [validate_queue_name(q) for q in dict.fromkeys(queues)]
         session = self.session
 

@@ -28,6 +28,7 @@ from ojs_kombu.model.naming import validate_queue_name
 from ojs_kombu.observability.tracing import current_trace_meta, with_trace_context
 from ojs_kombu.policy.schedule import check_delay, delay_ms_until
 from ojs_kombu.wire.codec import OutgoingMessage, encode, encode_body, properties_key
+from ojs_kombu.wire.entities import QueueOptions
 
 #: ``enqueue_many`` pauses the cyclic garbage collector for batches of at least this many jobs
 #: (``Client(gc_pause=True)``, :mod:`ojs_kombu.client._gc_pause`); a smaller batch's objects
@@ -151,6 +152,35 @@ class Publishing(Service):
             One :class:`EnqueueResult` per job, in order.
         """
         return self.publish(jobs)
+
+    def declare_queue(self, name: str, scheduling: bool, queue_options: dict[str, Any]) -> str:
+        """Declare job queue ``name`` with its DLQ (and its scheduling cascade) now (:meth:`ojs_kombu.Client.declare_queue`).
+
+        Parameters:
+            name: the OJS queue.
+            scheduling: also declare the scheduling cascade and its binding to the queue.
+            queue_options: :class:`~ojs_kombu.wire.entities.QueueOptions` fields replacing the
+                client-wide options for this queue (none: the client-wide ones).
+
+        Returns:
+            The AMQP queue name.
+
+        Raises:
+            ValidationError: a bad queue name or option.
+            TopologyConflictError: the queue exists with other arguments (see ``on_conflict``).
+        """
+        validate_queue_name(name)
+        session = self.session
+        if queue_options:
+            session.topology.per_queue[name] = QueueOptions(**queue_options)
+
+        def declare(conn: Connection) -> None:
+            session.topology.declare_queue(conn.connection, name)
+            if scheduling:
+                session.topology.ensure_scheduling(conn.connection, name, session.cascade)
+
+        session.run(declare)
+        return session.names.job_queue(name)
 
     def publish(self, jobs: list[Job]) -> list[EnqueueResult]:
         """Publish a batch (one job: a bad job raises its ValidationError); one outcome per job.

@@ -23,10 +23,22 @@ class Workflows(Service):
     """Enqueues workflows and reads their state through the client's session."""
 
     def enqueue(self, workflow: Workflow) -> str:
-        """Record ``workflow``, open its first fan-ins and publish its first jobs (as :meth:`ojs_kombu.Client.enqueue_workflow`).
+        """Enqueue a workflow (``ojs_kombu.chain``, ``group`` or ``batch``): its first jobs now, the rest as they become due.
+
+        Serves :meth:`ojs_kombu.Client.enqueue_workflow`.  Records the definition in the
+        workflow's record stream, opens the fan-in of each group or batch about to run, then
+        publishes the first jobs, each carrying its place in ``meta.workflow``.  Workers advance
+        it from there (``docs/workflows.md``).
+
+        Parameters:
+            workflow: the definition (checked when it was built).
 
         Returns:
             The workflow's id.
+
+        Raises:
+            ValidationError: not a workflow, or a job that cannot be encoded (nothing runs).
+            PublishError, BrokerConnectionError, BrokerRefusedError: as for :meth:`ojs_kombu.Client.enqueue`.
         """
         if not isinstance(workflow, (Chain, Group, Batch)):
             raise ValidationError(
@@ -45,10 +57,20 @@ class Workflows(Service):
         return self.session.run(start)
 
     def workflow(self, workflow_id: str) -> WorkflowInfo:
-        """The state of workflow ``workflow_id`` (as :meth:`ojs_kombu.Client.workflow`).
+        """The state of a workflow (ojs-workflows.md §11.2): its state, every job's, the counters.
+
+        Serves :meth:`ojs_kombu.Client.workflow`.
+
+        Parameters:
+            workflow_id: what :meth:`enqueue` returned.
 
         Returns:
-            Its :class:`~ojs_kombu.model.workflow_info.WorkflowInfo`.
+            Its :class:`~ojs_kombu.model.workflow_info.WorkflowInfo` (``.state == "completed"`` once done;
+            ``.to_dict()`` is the spec's JSON).
+
+        Raises:
+            NotFoundError: no such workflow (or its record is older than its 7-day retention).
+            BrokerConnectionError, BrokerRefusedError: as for :meth:`ojs_kombu.Client.enqueue`.
         """
         if not isinstance(workflow_id, str) or not workflow_id:
             raise ValidationError("a workflow id is a non-empty string", field="workflow_id")
