@@ -57,6 +57,7 @@ from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.locks import Held, UniqueLocks
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.amqp.reconnect import Forever, Reconnector
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import (
     BrokerRefusedError,
@@ -181,6 +182,8 @@ class CronScheduler:
             connection_name=f"ojs-cron-scheduler {self.scheduler_id}",
         )
         self._connection = self._failover.connection()
+        # Transient failures are retried until stop(); a permanent refusal stops the scheduler.
+        self._reconnect = Reconnector(Forever(), self._failover, url=self.url, name="cron scheduler")
         self.book = CronBook()
         self._activity = _Activity()
         self._queued: dict[str, deque[str]] = {}  # enqueue policy: fired jobs no worker took yet
@@ -227,17 +230,16 @@ class CronScheduler:
                 try:
                     self._connect()
                     self._serve()
-                except (BrokerRefusedError, TopologyError) as exc:
-                    self.error = exc
-                    logger.error("cron scheduler stopped: %s", exc)
-                    raise
+                except TopologyError:
+                    raise  # an entity exists with other arguments: permanent, like a refusal
                 except errors as exc:
                     self.ready.clear()
                     self._disconnect(graceful=False)
-                    delay = self._failover.failed(self._connection)
-                    if not self._stopping.is_set():
-                        logger.warning("cron scheduler: %s; reconnecting in %.1fs", exc, delay)
-                    self._stopping.wait(delay)
+                    self._stopping.wait(self._reconnect.failed(exc, self._connection))
+        except (BrokerRefusedError, TopologyError) as exc:
+            self.error = exc
+            logger.error("cron scheduler stopped: %s", exc)
+            raise
         finally:
             self._disconnect(graceful=True)
             self.lease.stop()
@@ -284,6 +286,7 @@ class CronScheduler:
 
     def _connect(self) -> None:
         with map_exceptions(url=self.url):
+            self._reconnect.connecting()
             self._failover.connect(self._connection)
             connection = self._connection.connection
             self.topology.ensure_cron(connection)
@@ -296,7 +299,8 @@ class CronScheduler:
                 self._follow_events(connection)
             self._publisher = ConfirmedPublisher(connection, window=100)
             self._events_channel = connection.channel()
-        self._failover.succeeded()
+        self._reconnect.succeeded()
+        self._reconnect.reset()
         self._synced = False
         self.ready.set()
         logger.info(

@@ -49,6 +49,7 @@ from ojs_kombu.amqp.connection import close_quietly, resolve_url, safe_url
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.lease import LeaseChannel
+from ojs_kombu.amqp.reconnect import Forever, Reconnector
 from ojs_kombu.errors import BrokerRefusedError, OjsError, TopologyError, ValidationError
 from ojs_kombu.model.naming import Names
 
@@ -131,6 +132,8 @@ class LeaderLease:
             connection_name=connection_name,
         )
         self._connection = self._failover.connection()
+        # Transient failures are retried as long as the lease runs; a permanent refusal stops it.
+        self._reconnect = Reconnector(Forever(), self._failover, url=self.url, name="cron leader lease")
         self._lease: LeaseChannel | None = None
         self._holding = False
         self._confirmed = 0.0
@@ -236,25 +239,26 @@ class LeaderLease:
         )
         while not self._stopping.is_set():
             try:
-                self._connect()
-                self._serve()
+                try:
+                    self._connect()
+                    self._serve()
+                except TopologyError:
+                    raise  # the lease queue exists with other arguments: permanent, like a refusal
+                except errors as exc:
+                    self._set_holding(False, f"{type(exc).__name__}: {exc}")
+                    self._disconnect(graceful=False)
+                    self._stopping.wait(self._reconnect.failed(exc, self._connection))
             except (BrokerRefusedError, TopologyError) as exc:
                 self.error = exc
                 self._set_holding(False, str(exc))
                 logger.error("cron leader lease stopped: %s", exc)
                 self._disconnect(graceful=False)
                 return
-            except errors as exc:
-                self._set_holding(False, f"{type(exc).__name__}: {exc}")
-                self._disconnect(graceful=False)
-                delay = self._failover.failed(self._connection)
-                if not self._stopping.is_set():
-                    logger.warning("cron leader lease: %s; reconnecting in %.1fs", exc, delay)
-                self._stopping.wait(delay)
         self._disconnect(graceful=True)
 
     def _connect(self) -> None:
         with map_exceptions(url=self.url):
+            self._reconnect.connecting()
             self._failover.connect(self._connection)
             channel = self._connection.connection.channel()
             lease = LeaseChannel(
@@ -266,7 +270,8 @@ class LeaderLease:
             self.seeded = lease.seed() or self.seeded
             lease.consume()
             self._lease = lease
-        self._failover.succeeded()
+        self._reconnect.succeeded()
+        self._reconnect.reset()
         logger.info("cron leader lease: waiting for the token on %s (%s)", self.queue, safe_url(self._failover.current))
 
     def _serve(self) -> None:

@@ -15,18 +15,18 @@ import threading
 import time
 from typing import Any
 
-from ojs_kombu.amqp.connection import close_quietly, connect_once, make_connection, resolve_url
+from ojs_kombu.amqp.connection import close_quietly, resolve_url
 from ojs_kombu.amqp.errors import map_exceptions
+from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.reconnect import Forever, Reconnector
 from ojs_kombu.amqp.windows import WindowTokens
-from ojs_kombu.errors import ValidationError
+from ojs_kombu.errors import BrokerRefusedError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.ratelimit import RateLimitPolicy
 from ojs_kombu.policy.ratelimit import WindowSchedule
 from ojs_kombu.runtime.leader import LeaderLease
 
 logger = logging.getLogger(__name__)
-
-_RECONNECT_DELAY = 1.0
 
 
 class WindowRefiller:
@@ -64,11 +64,16 @@ class WindowRefiller:
                     raise ValidationError(
                         f"two {schedule.kind} windows for key {policy.key!r}: {known} and {schedule}", field="key"
                     )
-        self._kombu = make_connection(
+        self._failover = Failover(
             self.url, heartbeat=0, ssl=ssl, transport_options=transport_options, connection_name="ojs-window-refiller"
         )
+        self._kombu = self._failover.connection()
+        # Transient failures are retried until stop(); a permanent refusal (403, 530) stops the refiller.
+        self._reconnect = Reconnector(Forever(), self._failover, url=self.url, name="window refiller")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.error: BrokerRefusedError | None = None
+        """The permanent refusal that stopped the refiller, or None."""
         self.refills: list[tuple[str, str, int, float]] = []
         """``(key, kind, slot, unix time)`` of the last refills (at most 1,000), for tests and metrics."""
 
@@ -103,26 +108,36 @@ class WindowRefiller:
         return self.lease is None or self.lease.is_leader
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with map_exceptions(url=self.url):
-                    connect_once(self._kombu)
-                    channel = self._kombu.connection.channel()
-                    try:
-                        self._serve(WindowTokens(channel, self.names))
-                    finally:
-                        close_quietly(channel)
-            except Exception as exc:  # noqa: BLE001 - the refiller outlives broker trouble
-                logger.warning("window refiller: %s; reconnecting in %.1fs", exc, _RECONNECT_DELAY)
-                try:
-                    self._kombu.collect()
-                except Exception:  # noqa: BLE001
-                    pass
-                self._stop.wait(_RECONNECT_DELAY)
         try:
-            self._kombu.release()
-        except Exception:  # noqa: BLE001
-            pass
+            while not self._stop.is_set():
+                try:
+                    self._connect_and_serve()
+                except Exception as exc:  # noqa: BLE001 - the refiller outlives broker trouble
+                    try:
+                        self._kombu.collect()
+                    except Exception:  # noqa: BLE001 - closing a broken connection
+                        pass
+                    self._stop.wait(self._reconnect.failed(exc, self._kombu))
+        except BrokerRefusedError as exc:
+            self.error = exc
+            logger.error("window refiller stopped: %s", exc)
+        finally:
+            try:
+                self._kombu.release()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _connect_and_serve(self) -> None:
+        with map_exceptions(url=self.url):
+            self._reconnect.connecting()
+            self._failover.connect(self._kombu)
+            self._reconnect.succeeded()
+            self._reconnect.reset()
+            channel = self._kombu.connection.channel()
+            try:
+                self._serve(WindowTokens(channel, self.names))
+            finally:
+                close_quietly(channel)
 
     def _serve(self, tokens: WindowTokens) -> None:
         for (key, _), schedule in self.windows.items():

@@ -1,7 +1,8 @@
 """The reconnect primitive and the client's session against a real broker.
 
 * a permanent refusal (wrong password, missing vhost) fails fast with its typed error under
-  every policy, even ``Forever`` (the worker's beacon stops instead of retrying for ever);
+  every policy, even ``Forever`` (the worker's beacon, the cron scheduler, its leader lease and the
+  window refiller stop instead of retrying for ever);
 * a budgeted retry survives a connection closed by the broker; ``OnePass`` tries each node once;
 * a worker's consumer (``Forever``) reconnects after the broker closed its connection, after the
   §9 back-off, and consumes again; refused for good, it stops at once with the typed error;
@@ -32,7 +33,10 @@ from ojs_kombu.client.deadletters import DeadLetters
 from ojs_kombu.client.observation import Observation
 from ojs_kombu.client.publishing import Publishing
 from ojs_kombu.client.session import ConnectionSettings
+from ojs_kombu.runtime.cron import CronScheduler
+from ojs_kombu.runtime.leader import LeaderLease
 from ojs_kombu.runtime.presence import Beacon
+from ojs_kombu.runtime.refill import WindowRefiller
 
 SECRET = "not-the-password-4711"
 
@@ -294,3 +298,30 @@ def test_the_gc_pause_ends_when_the_broker_stops_confirming(node, prefix):
     assert paused_until and paused_until[-1] - started < 2.5  # ... without the collector paused
     assert gc.isenabled()
     node.management().delete_by_prefix(prefix + ".")
+
+
+@pytest.mark.parametrize("refusal", ["password", "vhost"])
+def test_the_cron_scheduler_its_lease_and_the_window_refiller_refused_for_good_stop_at_once(amqp_url, names, refusal):
+    if refusal == "password":
+        url, code = _with(amqp_url, password=SECRET), 403
+    else:
+        url, code = _with(amqp_url, vhost=f"no-such-vhost-{uuid.uuid4().hex[:8]}"), 530
+    started = time.monotonic()
+    lease = LeaderLease(url, names=names).start()
+    refiller = WindowRefiller([], url, names=names).start()
+    scheduler = CronScheduler(url, names=names)
+    try:
+        with pytest.raises(AccessRefusedError) as raised:
+            scheduler.run()
+        wait_until(lambda: lease.error is not None and refiller.error is not None, message="both loops stopped")
+        assert time.monotonic() - started < 5.0  # not a single back-off (~1 s) slept, let alone forever
+        for thread in (lease._thread, refiller._thread):  # ended, not waiting to retry
+            assert thread is not None
+            thread.join(5)
+            assert not thread.is_alive()
+        for error in (raised.value, scheduler.error, lease.error, refiller.error):
+            assert isinstance(error, AccessRefusedError) and error.reply_code == code, error
+            assert SECRET not in str(error)
+    finally:
+        lease.stop(timeout=5)
+        refiller.stop(timeout=5)
