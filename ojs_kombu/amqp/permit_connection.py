@@ -4,7 +4,9 @@ A :class:`PermitConnection` owns one connection, used by one thread at a time un
 a keeper thread services the AMQP heartbeat while permits are held and jobs run.  An AMQP or
 socket failure drops the whole connection (the broker returns every token it held and removes
 every index consumer), bumps its *generation* (a permit of an earlier one is not held any more)
-and is raised typed; the next call reconnects.
+and is raised typed; the next call reconnects, trying each node of a failover list once, back to
+back (:class:`~ojs_kombu.amqp.reconnect.OnePass`): a call fails fast, its caller decides whether
+to try again later, but never because one node of a cluster is down.
 
 A *hold* is an exclusive consumer on a marker queue (an empty, durable, classic queue): the
 holder's claim on a permit index, or the seeding lock.  RabbitMQ lets one consumer at a time
@@ -23,8 +25,10 @@ from amqp import Channel
 from amqp import Message as WireMessage
 from amqp.exceptions import AccessRefused, PreconditionFailed
 
-from ojs_kombu.amqp.connection import connect_once, make_connection, resolve_url, safe_url
+from ojs_kombu.amqp.connection import resolve_url, safe_url
 from ojs_kombu.amqp.errors import map_exceptions
+from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.reconnect import OnePass, Reconnector
 from ojs_kombu.amqp.refusals import parse_precondition_failed
 from ojs_kombu.errors import BrokerConnectionError, OjsError, PermitLostError
 
@@ -73,13 +77,14 @@ class PermitConnection:
         connection_name: str,
     ) -> None:
         self.url = resolve_url(url)
-        self._kombu = make_connection(
+        self._failover = Failover(
             self.url,
             heartbeat=heartbeat,
             ssl=ssl,
             transport_options=transport_options,
             connection_name=connection_name,
         )
+        self._kombu = self._failover.connection()
         self._io = threading.RLock()
         self._connection: Any = None
         self._tokens: Channel | None = None  # holds every token received, unacked
@@ -97,8 +102,8 @@ class PermitConnection:
         if self._closed:
             raise PermitLostError("the Permits is closed")
         if self._connection is None:
+            self._connect()
             with map_exceptions(url=self.url):
-                connect_once(self._kombu)
                 self._connection = self._kombu.connection  # the py-amqp connection
                 self._tokens = self._connection.channel()
                 self._tokens.basic_qos(0, 1, False)  # a waiting acquire receives one token at a time
@@ -106,6 +111,25 @@ class PermitConnection:
                 self._keeper = threading.Thread(target=self._keep, name="ojs-permits-keeper", daemon=True)
                 self._keeper.start()
         return self._connection
+
+    def _connect(self) -> None:
+        """Connect to the first node that answers, each node tried once (see the module).
+
+        Raises:
+            BrokerConnectionError: no node answered.
+            BrokerRefusedError: a permanent refusal (403, 530, a failed TLS verification), at once.
+        """
+        retry = Reconnector(OnePass(len(self._failover.urls)), self._failover, url=self.url, name="permits connection")
+        while True:
+            retry.connecting()
+            try:
+                self._failover.connect(self._kombu)
+            except (OSError, *self._kombu.connection_errors) as exc:
+                self._kombu.collect()
+                retry.failed(exc, self._kombu)  # the next node at once (0 s), or raises once all failed
+                continue
+            retry.succeeded()
+            return
 
     def _control_channel(self) -> Channel:
         if self._control is None or not self._control.is_open:

@@ -11,9 +11,11 @@ after a failure, as kombu's ``Connection.ensure`` serves kombu (DESIGN §9, §22
   - :class:`Budgeted` — a time budget counted from the first failure (and
     optionally a number of reconnections), each connection attempt capped by
     what is left of it: the :class:`~ojs_kombu.client.Client`'s ``publish_timeout``;
-  - :class:`Forever` — long-running loops (a worker's beacon, a consumer) that
-    ride out any outage;
-  - :class:`OnePass` — each node of the failover list once, back to back, no back-off;
+  - :class:`Forever` — long-running loops (a consumer, a worker's beacon, the cron
+    scheduler and its leader lease, the window refiller) that ride out any outage;
+  - :class:`OnePass` — each node of the failover list once, back to back, no back-off:
+    a call that must fail fast, but not because one node is down (the connection of
+    :class:`~ojs_kombu.amqp.permits.Permits`, which a job's ``acquire`` opens);
 
 * **one rule for permanent errors**, whatever the policy: a refusal that the
   same request meets again (403 ACCESS_REFUSED, 530 NOT_ALLOWED, a failed TLS
@@ -133,6 +135,9 @@ class Forever:
 @dataclass(frozen=True)
 class OnePass:
     """Try each of ``nodes`` nodes once, back to back; give up when every one failed.
+
+    Parameters:
+        nodes: how many nodes the failover list has (``len(failover.urls)``).
 
     Raises:
         ValidationError: ``nodes`` < 1.

@@ -2,7 +2,8 @@
 
 Against a real broker: N permits are never held by more than N holders at once (recorded start and
 end times), a SIGKILLed holder's permit goes back through the broker, seeding by many connections
-at once mints exactly N tokens, duplicates are removed, resizing, renewal of a worn token.
+at once mints exactly N tokens, duplicates are removed, resizing, renewal of a worn token, a lost
+connection reconnected by the next call (over a failover list whose first node is down).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -361,7 +363,12 @@ def test_a_lost_connection_loses_its_permits_and_the_next_call_reconnects(
     amqp_url: str, names: Names, management: ManagementClient
 ) -> None:
     name = f"{names.prefix}-lost"
-    with Permits(amqp_url, names=names, connection_name=name) as permits, Permits(amqp_url, names=names) as other:
+    with socket.socket() as probe:  # a port nothing listens on: the first node of the list is down
+        probe.bind(("127.0.0.1", 0))
+        down = f"amqp://guest:guest@127.0.0.1:{probe.getsockname()[1]}//"
+    # One pass over the nodes: a call connects to the next node at once when the first is down.
+    nodes = f"{down};{amqp_url}"
+    with Permits(nodes, names=names, connection_name=name) as permits, Permits(amqp_url, names=names) as other:
         permits.ensure("k", 1)
         other.ensure("k", 1)
         permit = permits.acquire("k", timeout=2)
