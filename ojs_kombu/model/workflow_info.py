@@ -17,6 +17,7 @@ from ojs_kombu.model.workflow import (
     Outcome,
     Path,
     StepState,
+    Workflow,
     WorkflowState,
     WorkflowType,
     evaluate,
@@ -89,6 +90,7 @@ class WorkflowInfo:
         created_at: when it was enqueued.
         completed_at: when it reached a terminal state.
         errors: the failed jobs' errors (§9.6): ``job_id``, ``code``, ``message``, ``attempt``.
+        definition: the definition it was enqueued with (its shape: what the dashboard draws).
     """
 
     id: str
@@ -103,6 +105,7 @@ class WorkflowInfo:
     created_at: str | None = None
     completed_at: str | None = None
     errors: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    definition: Workflow | None = field(default=None, repr=False, compare=False)
 
     def step(self, *path: int | str) -> StepInfo:
         """The step at ``path``.
@@ -155,7 +158,8 @@ class WorkflowInfo:
 def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
     """Fold a workflow's records into its state.
 
-    Records: ``{"kind": "definition", "workflow": ..., "at": ...}`` first; ``{"kind": "step",
+    Records: ``{"kind": "definition", "workflow": ..., "at": ...}`` first (or without ``at``, then
+    ``{"kind": "enqueued", "at": ...}``); ``{"kind": "step",
     "path", "state", "result", "error", "attempt", "at"}`` per job that ended (the first of a path
     wins: a job run again after a crash records again); ``{"kind": "finished", "state", "at"}``.
     Others are ignored.
@@ -179,6 +183,8 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
         if kind == "definition" and definition is None:
             definition = record.get("workflow")
             created_at = record.get("at")
+        elif kind == "enqueued" and created_at is None:
+            created_at = record.get("at")  # what WorkflowRunner.start records after the definition
         elif kind == "step":
             path = tuple(record.get("path") or ())
             if path and path not in outcomes and record.get("state") in ("completed", "failed"):
@@ -242,6 +248,7 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
         created_at=created_at,
         completed_at=completed_at,
         errors=tuple(errors),
+        definition=root,
     )
 
 

@@ -31,6 +31,8 @@ def test_a_chain_from_pending_to_completed():
     info = workflow_info(records)
     assert info.state == "completed" and info.result == 20
     assert info.completed_at == "2026-11-27T10:00:05Z" and info.created_at == "2026-11-27T10:00:00Z"
+    enqueued = [{**_definition(w), "at": None}, {"kind": "enqueued", "at": "2026-11-27T10:00:01Z"}]
+    assert workflow_info(enqueued).created_at == "2026-11-27T10:00:01Z"  # as WorkflowRunner.start records it
     data = info.to_dict()
     assert data["metadata"] == {
         "job_count": 3,
