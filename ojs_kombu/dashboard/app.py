@@ -413,10 +413,7 @@ class Dashboard:
 
     def workflow(self, request: Request) -> Response:
         """GET /workflows/{id}: the workflow's graph (:mod:`~ojs_kombu.dashboard.wfgraph`), its steps and result."""
-        workflow_id = request.path_params["id"]
-        if not UUID_RE.fullmatch(workflow_id):
-            raise ValidationError(f"a workflow id is a lowercase UUID, got {workflow_id!r}", field="id")
-        info = self.workflows.get(workflow_id)
+        info = self.workflows.get(_workflow_id(request))
         ended = info.state in ("completed", "failed", "cancelled")
         running = set() if ended else {job.job_id for w in self.client.workers() for job in w.active}
         states = step_states(info, running)
@@ -430,12 +427,34 @@ class Dashboard:
             svg=graph(info, states, link=link),
         )  # fmt: skip
 
+    async def confirm_workflow_cancel(self, request: Request) -> Response:
+        """POST /workflows/{id}/confirm: the confirmation step of a workflow's cancel."""
+        await posted_form(request)
+        return self.page(request, "confirm_workflow.html", workflow_id=_workflow_id(request))
+
+    async def cancel_workflow(self, request: Request) -> Response:
+        """POST /workflows/{id}/cancel: cancel the confirmed workflow (``Client.cancel_workflow``)."""
+        form = await posted_form(request)
+        if form.get("confirmed") != "yes":
+            return Response("not confirmed", status_code=400)
+        workflow_id = _workflow_id(request)
+        self.client.cancel_workflow(workflow_id)
+        return RedirectResponse(f"/workflows/{workflow_id}?cancelled=1", status_code=303)
+
     async def cancel(self, request: Request) -> Response:
         """POST /jobs/cancel: cancel the job ``id`` of ``queue``."""
         form = await posted_form(request)
         job_id, queue = str(form.get("id", "")), str(form.get("queue", ""))
         self.client.cancel(job_id, queue=queue)
         return RedirectResponse(f"/jobs?id={quote(job_id)}&queue={quote(queue)}&cancelled=1", status_code=303)
+
+
+def _workflow_id(request: Request) -> str:
+    """The workflow id of the URL, checked (a lowercase UUID)."""
+    workflow_id = str(request.path_params["id"])
+    if not UUID_RE.fullmatch(workflow_id):
+        raise ValidationError(f"a workflow id is a lowercase UUID, got {workflow_id!r}", field="id")
+    return workflow_id
 
 
 def _queue_of(info: WorkflowInfo, path: tuple[int | str, ...]) -> str:
@@ -509,6 +528,8 @@ def create_app(
         Route("/limits", g(dash.limits)),
         Route("/workflows", g(dash.workflows_page)),
         Route("/workflows/{id}", g(dash.workflow)),
+        Route("/workflows/{id}/confirm", ag(dash.confirm_workflow_cancel), methods=["POST"]),
+        Route("/workflows/{id}/cancel", ag(dash.cancel_workflow), methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(_STATIC)), name="static"),
     ]
     app = Starlette(

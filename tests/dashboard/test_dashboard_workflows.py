@@ -1,6 +1,6 @@
 """The Workflows pages of the dashboard (issue 32 item 4) in headless Chromium over a real broker and a Worker:
 the list of recent workflows, each workflow's graph with its steps' states updating without a reload, every
-step a link reached with the keyboard."""
+step a link reached with the keyboard, and cancelling a workflow from its page."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from support import wait_until
+from test_dashboard import shown
 from test_dashboard_live import ISO_AGE, PYTHON_VALUES, read
 
-from ojs_kombu import Job, RetryPolicy, Worker, batch, chain, group
+from ojs_kombu import Job, RetryPolicy, Worker, batch, chain, current_job, group
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,6 +45,16 @@ def test_the_workflow_graph_shows_each_steps_state_and_updates_itself(
 
     worker.handler("member", member)
     worker.handler("report", lambda: "reported")
+    held_stopped = threading.Event()
+
+    def hold() -> None:
+        try:
+            while not current_job().cancelled.wait(0.05):
+                pass
+        finally:
+            held_stopped.set()
+
+    worker.handler("hold", hold)
     worker.start()
     try:
         assert worker.wait_until_ready()
@@ -68,6 +79,7 @@ def test_the_workflow_graph_shows_each_steps_state_and_updates_itself(
         wait_until(lambda: row_state(browser, wide.id) == "completed", timeout=20, message="wide completed")
         assert row_state(browser, nightly.id) in ("pending", "running")  # its first step waits for the gate
         assert not PYTHON_VALUES.search(text)
+        docs_shot(browser, "workflows")
 
         # the chain's graph: a row, its first step under way, the rest waiting
         # (elements are read and clicked in one script call: a live update may replace them in between)
@@ -119,6 +131,22 @@ def test_the_workflow_graph_shows_each_steps_state_and_updates_itself(
         cells = browser.find_elements(By.CSS_SELECTOR, ".wfgraph rect.cell")
         assert len(cells) == 30
         assert set(states(browser, wide.id).values()) == {"completed"}
+        assert not browser.find_elements(By.ID, "cancel-workflow")  # it ended: nothing to cancel
+
+        # cancel a running workflow from its page, after a confirmation
+        held = chain(job("hold"), job("report"), name="held")
+        client.enqueue_workflow(held)
+        browser.get(f"{served.base}/workflows/{held.id}")
+        wait_until(lambda: states(browser, held.id).get("0") in ("pending", "active"), timeout=10,
+                   message="the held chain's page")  # fmt: skip
+        browser.execute_script("document.getElementById('cancel-workflow').click()")
+        shown(browser, "h1", f"Confirm: cancel workflow {held.id}")
+        browser.find_element(By.ID, "confirm").click()
+        shown(browser, "#cancelled", "Workflow cancelled.")
+        assert read(browser, "#state") == "cancelled"
+        assert states(browser, held.id) == {"0": "cancelled", "1": "cancelled"}
+        assert held_stopped.wait(10)  # the running step got the normal cancel
+        assert client.workflow(held.id).state == "cancelled"
     finally:
         gate.set()
         worker.stop()
