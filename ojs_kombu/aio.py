@@ -302,6 +302,22 @@ class AsyncClient:
         """
         return await self._call(lambda client: client.workflow(workflow_id))
 
+    async def cancel_workflow(self, workflow_id: str) -> WorkflowInfo:
+        """Cancel a workflow (:meth:`Client.cancel_workflow`).
+
+        Parameters:
+            workflow_id: what :meth:`enqueue_workflow` returned.
+
+        Returns:
+            Its :class:`~ojs_kombu.model.workflow_info.WorkflowInfo`, cancelled.
+
+        Raises:
+            WorkflowStateError: it already ended.
+            NotFoundError: no such workflow.
+            BrokerConnectionError, BrokerRefusedError, ClientClosedError: as for :meth:`enqueue`.
+        """
+        return await self._call(lambda client: client.cancel_workflow(workflow_id))
+
     async def pause(self, queue: str) -> None:
         """Pause ``queue`` on every worker (:meth:`Client.pause`).
 

@@ -4,8 +4,10 @@ Each root workflow has a stream ``ojs.workflow.{id}.log`` (:meth:`Names.workflow
 declared by :meth:`WorkflowLog.open` when the workflow is enqueued, with a first record holding its
 definition (``workflow_to_dict``).  Every job of the workflow that ends for good appends one
 ``step`` record (path, state, result or error, job id); the end of the workflow appends a
-``finished`` record.  :meth:`WorkflowLog.read` reads the stream from its first record to a marker
-it appends itself, so it sees every record confirmed before the call.
+``finished`` record; ``Client.cancel_workflow`` a ``cancelled`` record, after declaring the
+workflow's cancel marker (:meth:`WorkflowLog.mark_cancelled`).  :meth:`WorkflowLog.read` reads the
+stream from its first record to a marker it appends itself, so it sees every record confirmed
+before the call.
 
 A stream is read without being consumed, by any number of readers, and survives a broker restart;
 records are appended with publisher confirms.  Retention is :data:`~ojs_kombu.amqp.fanin.STREAM_MAX_AGE`
@@ -33,6 +35,8 @@ from ojs_kombu.model.naming import Names
 from ojs_kombu.wire.codec import OutgoingMessage
 
 _READ_TIMEOUT: Final = 30.0
+#: ``x-expires`` of a workflow's cancel marker: 7 days (as long as its record stream is kept).
+CANCEL_MARKER_EXPIRES_MS: Final = 7 * 24 * 3600 * 1000
 
 
 class WorkflowLog:
@@ -153,6 +157,47 @@ class WorkflowLog:
         finally:
             close_quietly(channel)
 
+    def mark_cancelled(self, workflow_id: str) -> None:
+        """Declare the workflow's cancel marker (:meth:`Names.workflow_cancel_queue`; idempotent).
+
+        A durable classic queue that holds nothing: it exists, which :meth:`cancelled` asks with a
+        passive declare (one round trip), far cheaper than reading the record stream on every step.
+        It removes itself after :data:`CANCEL_MARKER_EXPIRES_MS` unused, the record stream's retention.
+
+        Parameters:
+            workflow_id: the root workflow's id.
+
+        Raises:
+            BrokerRefusedError: the broker refused the declaration.
+        """
+        channel = self.connection.channel()
+        try:
+            with map_exceptions():
+                channel.queue_declare(
+                    self.names.workflow_cancel_queue(workflow_id), durable=True, auto_delete=False,
+                    arguments={"x-expires": CANCEL_MARKER_EXPIRES_MS},
+                )  # fmt: skip
+        finally:
+            close_quietly(channel)
+
+    def cancelled(self, workflow_id: str) -> bool:
+        """Whether the workflow was cancelled (its cancel marker exists).
+
+        Parameters:
+            workflow_id: the root workflow's id.
+
+        Returns:
+            True once ``Client.cancel_workflow`` declared the marker.
+        """
+        channel = self.connection.channel()
+        try:
+            channel.queue_declare(self.names.workflow_cancel_queue(workflow_id), passive=True)
+            return True
+        except NotFound:
+            return False
+        finally:
+            close_quietly(channel)
+
     def delete(self, workflow_id: str) -> None:
         """Delete the workflow's stream (idempotent).
 
@@ -172,4 +217,4 @@ class WorkflowLog:
         self._publisher.close()
 
 
-__all__ = ["WorkflowLog"]
+__all__ = ["CANCEL_MARKER_EXPIRES_MS", "WorkflowLog"]

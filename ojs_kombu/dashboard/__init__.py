@@ -3,7 +3,9 @@
 Pages: the overview (jobs per minute / hour, wait and run times, queues, depth sparklines, rates,
 totals), a queue, its dead letters (filter, select, replay or purge after a confirmation), the workers
 (pause / resume a queue), a job's story (timeline, INFO, cancel), the crons (runs, leader, enable /
-disable) and the limits and unique locks held (:mod:`ojs_kombu.dashboard.holds`).
+disable), the limits and unique locks held (:mod:`ojs_kombu.dashboard.holds`), and the workflows
+(:mod:`ojs_kombu.dashboard.workflows` finds them, :mod:`ojs_kombu.dashboard.wfgraph` draws each one's
+steps; cancel).
 :mod:`ojs_kombu.dashboard.app` builds the Starlette application;
 :mod:`ojs_kombu.dashboard.security` holds its token, CSRF and read-only checks;
 :mod:`ojs_kombu.dashboard.overview` the queue rows it shares with ``ojs-amqp status``;

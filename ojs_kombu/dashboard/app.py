@@ -35,9 +35,15 @@ from ojs_kombu.dashboard.security import CSRF_FIELD, CsrfError, Guard, csrf_toke
 from ojs_kombu.dashboard.stats import CHARTED, LABELS, EventHistory, Series
 from ojs_kombu.dashboard.story import timeline
 from ojs_kombu.dashboard.svg import bars, sparkline
+from ojs_kombu.dashboard.wfgraph import STATE_LABELS, graph, step_states
+from ojs_kombu.dashboard.workflows import Workflows
 from ojs_kombu.errors import NotFoundError, OjsError, ValidationError
+from ojs_kombu.model.ids import UUID_RE
 from ojs_kombu.model.info import JobInfo
+from ojs_kombu.model.job import Job
 from ojs_kombu.model.timefmt import utcnow
+from ojs_kombu.model.workflow import node_at
+from ojs_kombu.model.workflow_info import StepInfo, WorkflowInfo
 from ojs_kombu.runtime.cron import RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry, DeadLetterFilter
 from ojs_kombu.wire.events import JobEventRecord
@@ -102,6 +108,7 @@ class Dashboard:
         self.refresh = refresh
         self.history = DepthHistory()
         self.replays = Replays()
+        self.workflows = Workflows(client, management)
         self.events = EventHistory(lambda since, limit: client.events(since, limit=limit, timeout=EVENTS_READ_TIMEOUT))
         self._sample_every = sample_every
         self._stop = threading.Event()
@@ -396,12 +403,66 @@ class Dashboard:
         found = holds(self.client, self.management)
         return self.page(request, "limits.html", holds=found, note=self.redact(found.note), shown=LOCKS_SHOWN)
 
+    def workflows_page(self, request: Request) -> Response:
+        """GET /workflows: the newest workflows (:mod:`~ojs_kombu.dashboard.workflows`); ``?id=`` opens one."""
+        wanted = request.query_params.get("id", "").strip().lower()
+        if wanted:
+            return RedirectResponse(f"/workflows/{quote(wanted, safe='')}", status_code=303)
+        listing = self.workflows.recent()
+        return self.page(request, "workflows.html", listing=listing, note=self.redact(listing.note))
+
+    def workflow(self, request: Request) -> Response:
+        """GET /workflows/{id}: the workflow's graph (:mod:`~ojs_kombu.dashboard.wfgraph`), its steps and result."""
+        info = self.workflows.get(_workflow_id(request))
+        ended = info.state in ("completed", "failed", "cancelled")
+        running = set() if ended else {job.job_id for w in self.client.workers() for job in w.active}
+        states = step_states(info, running)
+        queues = {s.path: q for s in info.steps if (q := _queue_of(info, s.path))}
+
+        def link(step: StepInfo, job: Job) -> str:
+            return f"/jobs?id={quote(step.job_id, safe='')}&queue={quote(job.queue, safe='')}"
+
+        return self.page(
+            request, "workflow.html", info=info, states=states, labels=STATE_LABELS, queues=queues,
+            svg=graph(info, states, link=link),
+        )  # fmt: skip
+
+    async def confirm_workflow_cancel(self, request: Request) -> Response:
+        """POST /workflows/{id}/confirm: the confirmation step of a workflow's cancel."""
+        await posted_form(request)
+        return self.page(request, "confirm_workflow.html", workflow_id=_workflow_id(request))
+
+    async def cancel_workflow(self, request: Request) -> Response:
+        """POST /workflows/{id}/cancel: cancel the confirmed workflow (``Client.cancel_workflow``)."""
+        form = await posted_form(request)
+        if form.get("confirmed") != "yes":
+            return Response("not confirmed", status_code=400)
+        workflow_id = _workflow_id(request)
+        self.client.cancel_workflow(workflow_id)
+        return RedirectResponse(f"/workflows/{workflow_id}?cancelled=1", status_code=303)
+
     async def cancel(self, request: Request) -> Response:
         """POST /jobs/cancel: cancel the job ``id`` of ``queue``."""
         form = await posted_form(request)
         job_id, queue = str(form.get("id", "")), str(form.get("queue", ""))
         self.client.cancel(job_id, queue=queue)
         return RedirectResponse(f"/jobs?id={quote(job_id)}&queue={quote(queue)}&cancelled=1", status_code=303)
+
+
+def _workflow_id(request: Request) -> str:
+    """The workflow id of the URL, checked (a lowercase UUID)."""
+    workflow_id = str(request.path_params["id"])
+    if not UUID_RE.fullmatch(workflow_id):
+        raise ValidationError(f"a workflow id is a lowercase UUID, got {workflow_id!r}", field="id")
+    return workflow_id
+
+
+def _queue_of(info: WorkflowInfo, path: tuple[int | str, ...]) -> str:
+    """The queue of the job at ``path`` of ``info``'s definition ("" when unknown)."""
+    if info.definition is None:
+        return ""
+    job = node_at(info.definition, path)
+    return job.queue if isinstance(job, Job) else ""
 
 
 def _async_guarded(dash: Dashboard, endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
@@ -465,6 +526,10 @@ def create_app(
         Route("/crons/{name}/confirm", ag(dash.confirm_cron), methods=["POST"]),
         Route("/crons/{name}/{action:str}", ag(dash.act_on_cron), methods=["POST"]),
         Route("/limits", g(dash.limits)),
+        Route("/workflows", g(dash.workflows_page)),
+        Route("/workflows/{id}", g(dash.workflow)),
+        Route("/workflows/{id}/confirm", ag(dash.confirm_workflow_cancel), methods=["POST"]),
+        Route("/workflows/{id}/cancel", ag(dash.cancel_workflow), methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(_STATIC)), name="static"),
     ]
     app = Starlette(

@@ -305,6 +305,13 @@ class Names:
         """
         return self._name(f"ojs.workflow.{workflow_id}.log")
 
+    def workflow_cancel_queue(self, workflow_id: str) -> str:
+        """The queue whose existence says a workflow was cancelled: ``ojs.workflow.{workflow_id}.cancelled``.
+
+        Declared by ``Client.cancel_workflow``; the workers look for it before enqueueing a workflow's next jobs.
+        """
+        return self._name(f"ojs.workflow.{workflow_id}.cancelled")
+
     @staticmethod
     def fan_in_lock_key(workflow_id: str) -> str:
         """The unique-lock key guarding a fan-in's callbacks: ``fanin.{workflow_id}`` (lock queue ``ojs.lock.fanin.{id}``)."""

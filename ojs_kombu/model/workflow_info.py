@@ -17,6 +17,7 @@ from ojs_kombu.model.workflow import (
     Outcome,
     Path,
     StepState,
+    Workflow,
     WorkflowState,
     WorkflowType,
     evaluate,
@@ -87,8 +88,9 @@ class WorkflowInfo:
         completed_count: of those, completed.
         failed_count: of those, failed.
         created_at: when it was enqueued.
-        completed_at: when it reached a terminal state.
+        completed_at: when it reached a terminal state (was cancelled: ``cancelled_at`` in :meth:`to_dict`).
         errors: the failed jobs' errors (§9.6): ``job_id``, ``code``, ``message``, ``attempt``.
+        definition: the definition it was enqueued with (its shape: what the dashboard draws).
     """
 
     id: str
@@ -103,6 +105,7 @@ class WorkflowInfo:
     created_at: str | None = None
     completed_at: str | None = None
     errors: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    definition: Workflow | None = field(default=None, repr=False, compare=False)
 
     def step(self, *path: int | str) -> StepInfo:
         """The step at ``path``.
@@ -135,7 +138,7 @@ class WorkflowInfo:
         if self.created_at is not None:
             metadata["created_at"] = self.created_at
         if self.completed_at is not None:
-            metadata["completed_at"] = self.completed_at
+            metadata["cancelled_at" if self.state == "cancelled" else "completed_at"] = self.completed_at
         data: dict[str, Any] = {
             "id": self.id,
             "type": self.type,
@@ -155,9 +158,12 @@ class WorkflowInfo:
 def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
     """Fold a workflow's records into its state.
 
-    Records: ``{"kind": "definition", "workflow": ..., "at": ...}`` first; ``{"kind": "step",
+    Records: ``{"kind": "definition", "workflow": ..., "at": ...}`` first (or without ``at``, then
+    ``{"kind": "enqueued", "at": ...}``); ``{"kind": "step",
     "path", "state", "result", "error", "attempt", "at"}`` per job that ended (the first of a path
-    wins: a job run again after a crash records again); ``{"kind": "finished", "state", "at"}``.
+    wins: a job run again after a crash records again); ``{"kind": "finished", "state", "at"}``, or
+    ``{"kind": "cancelled", "at"}`` (``Client.cancel_workflow``; the first of the two is the workflow's
+    end: then every job that had not ended, and every job that ended cancelled, is ``cancelled``).
     Others are ignored.
 
     Parameters:
@@ -179,19 +185,23 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
         if kind == "definition" and definition is None:
             definition = record.get("workflow")
             created_at = record.get("at")
+        elif kind == "enqueued" and created_at is None:
+            created_at = record.get("at")  # what WorkflowRunner.start records after the definition
         elif kind == "step":
             path = tuple(record.get("path") or ())
             if path and path not in outcomes and record.get("state") in ("completed", "failed"):
                 outcomes[path] = Outcome(record["state"], record.get("result"), record.get("error"))
                 steps_meta[path] = record
-        elif kind == "finished" and finished is None:
-            finished = record
+        elif kind in ("finished", "cancelled") and finished is None:
+            finished = record  # the first end recorded is the workflow's
     if not isinstance(definition, Mapping):
         raise ValidationError("the workflow's records hold no definition", field="workflow")
     root = workflow_from_dict(definition)
     known = {path: outcome for path, outcome in outcomes.items() if _exists(root, path)}
     status = evaluate(root, known)
     runnable = {item.path for item in status.runnable}
+    cancelled = finished is not None and finished.get("kind") == "cancelled"
+    uncounted = 0  # jobs counted failed by evaluate that the workflow's cancel ended
     steps: list[StepInfo] = []
     errors: list[dict[str, Any]] = []
     for path, step_state in status.steps.items():
@@ -202,6 +212,10 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
         if step_state == "waiting" and path in runnable:
             step_state = "pending"  # its turn came: it was enqueued
         error = dict(outcome.error or {}) if outcome is not None and outcome.state == "failed" else None
+        if cancelled and (step_state in _UNENDED or (error is not None and error.get("code") == "cancelled")):
+            if step_state == "failed" and not isinstance(path[-1], str):
+                uncounted += 1
+            step_state, error = "cancelled", None  # §11.3: pending and waiting jobs are cancelled
         attempt = meta.get("attempt")
         steps.append(
             StepInfo(
@@ -226,7 +240,9 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
             )
     state: WorkflowState = status.state
     completed_at = None
-    if finished is not None and finished.get("state") in ("completed", "failed"):
+    if cancelled:
+        state, completed_at = "cancelled", finished.get("at") if finished is not None else None
+    elif finished is not None and finished.get("state") in ("completed", "failed"):
         state = finished["state"]
         completed_at = finished.get("at")
     return WorkflowInfo(
@@ -238,11 +254,15 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
         result=status.result if state in ("completed", "failed") else None,
         job_count=status.job_count,
         completed_count=status.completed_count,
-        failed_count=status.failed_count,
+        failed_count=status.failed_count - uncounted,
         created_at=created_at,
         completed_at=completed_at,
         errors=tuple(errors),
+        definition=root,
     )
+
+
+_UNENDED = frozenset({"waiting", "pending", "active"})
 
 
 def _exists(root: Any, path: Path) -> bool:

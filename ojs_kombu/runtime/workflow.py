@@ -123,6 +123,7 @@ class WorkflowRunner:
         self.fan_in = FanIn(connection, names=self.names)
         self.log = WorkflowLog(connection, names=self.names)
         self._publisher = ConfirmedPublisher(connection)
+        self._cancelled_ids: set[str] = set()
 
     def start(self, workflow: Workflow) -> str:
         """Record ``workflow``'s definition, open its first fan-ins and publish its first jobs.
@@ -139,7 +140,7 @@ class WorkflowRunner:
         """
         self.log.open(workflow.id, {**workflow_to_dict(workflow)})
         self.log.append(workflow.id, {"kind": "enqueued", "at": _now()})
-        self.perform(start_workflow(workflow))
+        self.perform(start_workflow(workflow), new=True)
         return workflow.id
 
     def ended(
@@ -194,7 +195,12 @@ class WorkflowRunner:
         self.perform(actions, root=context.continuation)
 
     def perform(
-        self, actions: list[WorkflowAction], ready: Ready | None = None, root: Mapping[str, Any] | None = None
+        self,
+        actions: list[WorkflowAction],
+        ready: Ready | None = None,
+        root: Mapping[str, Any] | None = None,
+        *,
+        new: bool = False,
     ) -> None:
         """Carry out ``actions`` in order; the jobs they enqueue are published last, after every fan-in opened.
 
@@ -203,8 +209,13 @@ class WorkflowRunner:
             ready: the fan-in's ``Ready`` these actions follow (their jobs go out through
                 :meth:`FanIn.fire`, which skips those an earlier run of this winner published).
             root: the root definition, when known: a ``Finished`` then deletes its fan-in streams.
+            new: the workflow is being enqueued (it cannot have been cancelled: its cancel marker is not looked for).
+
+        A cancelled workflow's jobs (:meth:`WorkflowLog.cancelled <ojs_kombu.amqp.workflowlog.WorkflowLog.cancelled>`)
+        are not published: each ends ``cancelled`` at once (:meth:`ended`).
         """
         jobs: list[tuple[str, OutgoingMessage]] = []
+        enqueues: list[Enqueue] = []
         for action in actions:
             if isinstance(action, OpenFanIn):
                 self.fan_in.open(action.id, action.count, action.continuation)
@@ -212,11 +223,18 @@ class WorkflowRunner:
                 job = workflow_job(action.job, action.context)
                 self.topology.ensure_queue(self.connection, job.queue)
                 jobs.append((self.names.job_queue(job.queue), encode(job, app_id=self.app_id)))
+                enqueues.append(action)
             elif isinstance(action, Report):
                 self._report(action)
             elif isinstance(action, Finished):
                 self._finished(action, root)
         if not jobs:
+            return
+        if not new and self._cancelled(enqueues[0].context.id):
+            # Client.cancel_workflow: each job due now ends cancelled instead of running, so the
+            # planner carries the workflow to its end (fan-ins cleaned up) as for a job cancelled.
+            for enqueue in enqueues:
+                self.ended(workflow_job(enqueue.job, enqueue.context), enqueue.context, "cancelled")
             return
         if ready is not None:
             self.fan_in.fire(ready, jobs)
@@ -230,6 +248,15 @@ class WorkflowRunner:
         self._publisher.wait(tickets)
         for ticket in tickets:
             ticket.raise_for_error()
+
+    def _cancelled(self, workflow_id: str) -> bool:
+        """Whether the workflow was cancelled (remembered once seen: a cancel is never undone)."""
+        if workflow_id in self._cancelled_ids:
+            return True
+        if self.log.cancelled(workflow_id):
+            self._cancelled_ids.add(workflow_id)
+            return True
+        return False
 
     def _report(self, report: Report) -> None:
         ref = report.fan_in

@@ -13,9 +13,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support import wait_until
 
 from ojs_kombu import AsyncClient, Client, Job, RetryPolicy, WorkflowInfo, batch, chain, current_job, group
+from ojs_kombu.errors import WorkflowStateError
+from ojs_kombu.runtime.workflow import fan_in_ids
 
 
 def test_chain_of_three_passes_results_step_to_step(client: Client, worker_factory):
@@ -247,3 +250,49 @@ def test_a_cancelled_member_counts_as_failed(client: Client, worker_factory):
     wait_until(lambda: client.workflow(w.id).state == "completed", timeout=20, message="the batch ended")
     assert fired == [{"0": 0, "1": {"error": {"code": "cancelled", "message": "the job was cancelled"}}}]
     assert client.workflow(w.id).step(1).state == "failed"
+
+
+def test_cancel_workflow_drops_pending_jobs_cancels_the_running_one_and_never_runs_the_rest(
+    client: Client, worker_factory, names
+):
+    worker = worker_factory(("wf",), concurrency=1)
+    ran: list[int] = []
+    started, stopped = threading.Event(), threading.Event()
+
+    def block() -> None:
+        job = current_job()
+        started.set()
+        try:
+            while not job.cancelled.wait(0.05):
+                pass
+        finally:  # Cancelled is raised in the handler (cancel_running="interrupt")
+            stopped.set()
+
+    worker.handler("block", block)
+    worker.handler("count", ran.append)
+    job = lambda kind, *args: Job.create(kind, list(args), queue="wf")  # noqa: E731
+    w = chain(batch([job("block"), job("count", 1), job("count", 2)], on_complete=job("count", 99)), job("count", 3))
+    done = chain(job("count", 7))
+    client.enqueue_workflow(w)
+    client.enqueue_workflow(done)
+    worker.start()
+    assert started.wait(20)  # one at a time: the other members wait in the queue behind it
+
+    info = client.cancel_workflow(w.id)
+    assert info.state == "cancelled"
+    assert {s.state for s in info.steps} == {"cancelled"}  # the running member and the jobs never run
+    assert info.to_dict()["metadata"]["cancelled_at"] == info.completed_at is not None
+    assert stopped.wait(10)  # the running member got the normal cancel
+    fan_ins = [names.fan_in_stream(i) for i in fan_in_ids(w)]
+    wait_until(lambda: set(client.queue_counts(fan_ins).values()) == {None}, timeout=20,
+               message="the workflow carried to its end: its fan-ins deleted")  # fmt: skip
+    wait_until(lambda: client.workflow(done.id).state == "completed", timeout=20, message="the other workflow ran")
+    assert ran == [7]  # members 1 and 2 dropped; on_complete and the chain's next step never enqueued
+    assert client.queue_counts([names.job_queue("wf")])[names.job_queue("wf")].ready == 0
+    after = client.workflow(w.id)
+    assert (after.state, after.failed_count, after.errors) == ("cancelled", 0, ())
+    assert {s.state for s in after.steps} == {"cancelled"}
+    for ended in (w.id, done.id):  # the spec's 409
+        with pytest.raises(WorkflowStateError) as refused:
+            client.cancel_workflow(ended)
+        assert refused.value.current == client.workflow(ended).state and refused.value.requested == "cancelled"

@@ -31,6 +31,8 @@ def test_a_chain_from_pending_to_completed():
     info = workflow_info(records)
     assert info.state == "completed" and info.result == 20
     assert info.completed_at == "2026-11-27T10:00:05Z" and info.created_at == "2026-11-27T10:00:00Z"
+    enqueued = [{**_definition(w), "at": None}, {"kind": "enqueued", "at": "2026-11-27T10:00:01Z"}]
+    assert workflow_info(enqueued).created_at == "2026-11-27T10:00:01Z"  # as WorkflowRunner.start records it
     data = info.to_dict()
     assert data["metadata"] == {
         "job_count": 3,
@@ -69,3 +71,22 @@ def test_a_failed_batch_member_and_its_error_report():
 def test_records_without_a_definition_are_refused():
     with pytest.raises(ValidationError):
         workflow_info([{"kind": "step", "path": [0], "state": "completed"}])
+
+
+def test_a_cancel_ends_the_workflow_and_every_job_that_had_not_ended():
+    w = chain(*(Job.create("s", [i]) for i in range(3)))
+    cancelled_job = {"code": "cancelled", "message": "the job was cancelled"}
+    records = [
+        _definition(w),
+        {"kind": "step", "path": [0], "state": "completed", "result": 0, "attempt": 1},
+        {"kind": "cancelled", "at": "2026-11-27T10:00:03Z"},
+        {"kind": "step", "path": [1], "state": "failed", "error": cancelled_job},  # dropped by the worker
+        {"kind": "finished", "state": "failed", "at": "2026-11-27T10:00:04Z"},  # the planner's end, after
+    ]
+    info = workflow_info(records)
+    assert (info.state, info.completed_at, info.result) == ("cancelled", "2026-11-27T10:00:03Z", None)
+    assert [s.state for s in info.steps] == ["completed", "cancelled", "cancelled"]
+    assert (info.completed_count, info.failed_count, info.errors) == (1, 0, ())
+    assert info.to_dict()["metadata"]["cancelled_at"] == "2026-11-27T10:00:03Z"
+    finished_first = [*records[:2], records[4], records[2]]  # it ended before the cancel was recorded
+    assert workflow_info(finished_first).state == "failed"
