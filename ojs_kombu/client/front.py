@@ -239,21 +239,9 @@ class Client:
         return self._workflows.workflow(workflow_id)
 
     def cancel_workflow(self, workflow_id: str) -> WorkflowInfo:
-        """Cancel a workflow (ojs-workflows.md §11.3): its jobs not yet enqueued never run, those
-        enqueued get the normal :meth:`cancel` (dropped if not yet run; a running one has
-        ``current_job().cancelled`` set, and ends as its handler lets it), and its state is ``cancelled``.
+        """Cancel a workflow (ojs-workflows.md §11.3): its jobs not yet enqueued never run, the others get :meth:`cancel`.
 
-        Parameters:
-            workflow_id: what :meth:`enqueue_workflow` returned.
-
-        Returns:
-            Its :class:`~ojs_kombu.model.workflow_info.WorkflowInfo`, ``.state == "cancelled"``: every
-            job that had not ended reads ``cancelled`` (``.to_dict()["metadata"]["cancelled_at"]`` says when).
-
-        Raises:
-            WorkflowStateError: it already ended (completed, failed or cancelled: the spec's 409).
-            NotFoundError: no such workflow.
-            PublishError, BrokerConnectionError, BrokerRefusedError: as for :meth:`cancel`.
+        Parameters, result and errors: :meth:`~ojs_kombu.client.workflows.Workflows.cancel`.
         """
         return self._workflows.cancel(workflow_id)
 

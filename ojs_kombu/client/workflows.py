@@ -94,10 +94,22 @@ class Workflows(Service):
         return self.session.run(read)
 
     def cancel(self, workflow_id: str) -> WorkflowInfo:
-        """Cancel workflow ``workflow_id`` (as :meth:`ojs_kombu.Client.cancel_workflow`; see the module).
+        """Cancel a workflow (:meth:`ojs_kombu.Client.cancel_workflow`, ojs-workflows.md §11.3).
+
+        Its jobs not yet enqueued never run, those enqueued get the normal :meth:`ojs_kombu.Client.cancel` (dropped if not yet run; a running one has
+        ``current_job().cancelled`` set, and ends as its handler lets it), and its state is ``cancelled``.
+
+        Parameters:
+            workflow_id: what :meth:`ojs_kombu.Client.enqueue_workflow` returned.
 
         Returns:
-            Its state once cancelled.
+            Its :class:`~ojs_kombu.model.workflow_info.WorkflowInfo`, ``.state == "cancelled"``: every
+            job that had not ended reads ``cancelled`` (``.to_dict()["metadata"]["cancelled_at"]`` says when).
+
+        Raises:
+            WorkflowStateError: it already ended (completed, failed or cancelled: the spec's 409).
+            NotFoundError: no such workflow.
+            PublishError, BrokerConnectionError, BrokerRefusedError: as for :meth:`ojs_kombu.Client.cancel`.
         """
         _check_id(workflow_id)
 

@@ -175,25 +175,9 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
     Raises:
         ValidationError: no definition record.
     """
-    definition: Mapping[str, Any] | None = None
-    created_at: str | None = None
-    outcomes: dict[Path, Outcome] = {}
-    steps_meta: dict[Path, Mapping[str, Any]] = {}
-    finished: Mapping[str, Any] | None = None
-    for record in records:
-        kind = record.get("kind")
-        if kind == "definition" and definition is None:
-            definition = record.get("workflow")
-            created_at = record.get("at")
-        elif kind == "enqueued" and created_at is None:
-            created_at = record.get("at")  # what WorkflowRunner.start records after the definition
-        elif kind == "step":
-            path = tuple(record.get("path") or ())
-            if path and path not in outcomes and record.get("state") in ("completed", "failed"):
-                outcomes[path] = Outcome(record["state"], record.get("result"), record.get("error"))
-                steps_meta[path] = record
-        elif kind in ("finished", "cancelled") and finished is None:
-            finished = record  # the first end recorded is the workflow's
+    records_read = _fold(records)
+    definition, created_at, outcomes = records_read.definition, records_read.created_at, records_read.outcomes
+    steps_meta, finished = records_read.steps_meta, records_read.finished
     if not isinstance(definition, Mapping):
         raise ValidationError("the workflow's records hold no definition", field="workflow")
     root = workflow_from_dict(definition)
@@ -260,6 +244,36 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
         errors=tuple(errors),
         definition=root,
     )
+
+
+@dataclass
+class _Records:
+    """A workflow's records read once: what :func:`workflow_info` builds its state from."""
+
+    definition: Mapping[str, Any] | None = None
+    created_at: str | None = None
+    outcomes: dict[Path, Outcome] = field(default_factory=dict)
+    steps_meta: dict[Path, Mapping[str, Any]] = field(default_factory=dict)
+    finished: Mapping[str, Any] | None = None
+
+
+def _fold(records: Iterable[Mapping[str, Any]]) -> _Records:
+    read = _Records()
+    for record in records:
+        kind = record.get("kind")
+        if kind == "definition" and read.definition is None:
+            read.definition = record.get("workflow")
+            read.created_at = record.get("at")
+        elif kind == "enqueued" and read.created_at is None:
+            read.created_at = record.get("at")  # what WorkflowRunner.start records after the definition
+        elif kind == "step":
+            path = tuple(record.get("path") or ())
+            if path and path not in read.outcomes and record.get("state") in ("completed", "failed"):
+                read.outcomes[path] = Outcome(record["state"], record.get("result"), record.get("error"))
+                read.steps_meta[path] = record
+        elif kind in ("finished", "cancelled") and read.finished is None:
+            read.finished = record  # the first end recorded is the workflow's
+    return read
 
 
 _UNENDED = frozenset({"waiting", "pending", "active"})
