@@ -1,0 +1,103 @@
+"""Concurrency limits across worker processes (ojs-rate-limiting.md §5.1, RL-001..RL-003; issue 31 item 3).
+
+Two ``Worker`` processes with ``concurrency=8`` each run jobs of one key limited to 3: the handlers
+record their start and end (one monotonic clock for the machine), and the drill asserts that never
+more than 3 ran at once, that every job completed, and that the permits of a SIGKILLed worker came
+back by themselves (the survivor alone reaches 3 at once again).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from support import wait_until
+
+from ojs_kombu import Client, Job, RateLimitPolicy, RetryPolicy
+
+LIMITED_WORKER = Path(__file__).resolve().parent.parent / "helpers" / "limited_worker.py"
+
+
+def _max_overlap(intervals: list[tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])  # ends first on ties
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def test_two_worker_processes_never_run_more_than_the_key_allows_and_a_killed_ones_permits_return(
+    amqp_url: str, prefix: str, client: Client, tmp_path: Path
+):
+    log = tmp_path / "runs.log"
+    stderr = open(tmp_path / "workers.stderr", "ab")  # closed in finally
+    processes: list[subprocess.Popen] = []
+
+    def spawn() -> subprocess.Popen:
+        process = subprocess.Popen(
+            [sys.executable, str(LIMITED_WORKER), "--prefix", prefix, "--log", str(log), "--concurrency", "8"],
+            env={**os.environ, "OJS_AMQP_URL": amqp_url},
+            stdout=stderr,
+            stderr=stderr,
+        )
+        processes.append(process)
+        return process
+
+    def events() -> list[tuple[str, float, int, int]]:
+        if not log.exists():
+            return []
+        rows = [line.split(" ") for line in log.read_text().splitlines() if line.count(" ") == 3]
+        return [(kind, float(t), int(n), int(pid)) for kind, t, n, pid in rows]
+
+    policy = RateLimitPolicy(key=f"{prefix}-api", concurrency=3)
+    retry = RetryPolicy(max_attempts=5, initial_interval="PT0.1S", jitter=False)
+    total = 40
+    try:
+        victim, survivor = spawn(), spawn()
+        client.enqueue_many(
+            [Job.create("limited.run", [n], queue="limited", rate_limit=policy, retry=retry) for n in range(total)]
+        )
+
+        def victim_mid_run() -> bool:  # ten jobs done, and the victim holds a permit (a run of its started, not ended)
+            rows = events()
+            opened = {n for kind, _, n, pid in rows if kind == "start" and pid == victim.pid}
+            closed = {n for kind, _, n, pid in rows if kind == "end" and pid == victim.pid}
+            return sum(kind == "end" for kind, *_ in rows) >= 10 and bool(opened - closed)
+
+        wait_until(victim_mid_run, timeout=30, interval=0.01, message="the victim running a job after 10 runs")
+        victim.kill()
+        victim.wait()
+        killed_at = time.monotonic()
+        wait_until(
+            lambda: {n for kind, _, n, _ in events() if kind == "end"} == set(range(total)),
+            timeout=60,
+            message="every job completed",
+        )
+        rows = events()
+        starts = {(n, pid): t for kind, t, n, pid in rows if kind == "start"}
+        ends = {(n, pid): t for kind, t, n, pid in rows if kind == "end"}
+        # A run the SIGKILL interrupted held its permit until the kill.
+        intervals = [(t, ends.get(run, killed_at)) for run, t in starts.items()]
+        assert _max_overlap(intervals) <= 3, sorted(intervals)
+        pids = {pid for _, _, _, pid in rows}
+        assert pids == {victim.pid, survivor.pid}, "both workers ran jobs"
+        assert any(pid == victim.pid and run not in ends for run in starts for _, pid in [run]), "killed mid-run"
+        after_kill = [
+            (t, end)
+            for (n, pid), t in starts.items()
+            if pid == survivor.pid and t > killed_at
+            for end in [ends[(n, pid)]]
+        ]
+        assert _max_overlap(after_kill) == 3, "the survivor took the killed worker's permits"
+        assert survivor.poll() is None
+        print(f"limits drill: {len(starts)} runs, peak {_max_overlap(intervals)}, {len(after_kill)} after the kill")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        stderr.close()
