@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Literal
@@ -36,6 +35,7 @@ from typing import Literal
 from ojs_kombu.amqp.permits import Permit, Permits
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.ratelimit import RateLimitPolicy
+from ojs_kombu.observability.limit_metrics import LIMIT_METRICS
 from ojs_kombu.observability.logs import job_log_extra
 from ojs_kombu.policy.retry import Decision, Failure, Outcome
 from ojs_kombu.runtime.delivery import Delivery
@@ -62,13 +62,6 @@ Admitted = Sequence[Permit]
 Verdict = Admitted | Literal["parked", "settled"]
 """What :meth:`Limiter.admit` decided: run holding these permits, parked (``"wait"``), or settled
 (rescheduled, dropped)."""
-
-_LIMITERS: weakref.WeakSet[Limiter] = weakref.WeakSet()  # every live limiter of the process (the metrics)
-
-
-def limiters() -> list[Limiter]:
-    """The limiters of this process's workers (what the metrics collector reads)."""
-    return list(_LIMITERS)
 
 
 class Limiter:
@@ -106,7 +99,7 @@ class Limiter:
         self._exceeded: dict[str, int] = {}
         self._unenforced: set[str] = set()
         self._stop = threading.Event()
-        _LIMITERS.add(self)
+        LIMIT_METRICS.watch(self)
 
     # -- what a job needs ------------------------------------------------------------------------
 
@@ -329,4 +322,4 @@ class Limiter:
         return iter(rows)
 
 
-__all__ = ["RESCHEDULE_DELAY", "WAIT_REQUEUE_DELAY", "Admitted", "Limiter", "Verdict", "limiters"]
+__all__ = ["RESCHEDULE_DELAY", "WAIT_REQUEUE_DELAY", "Admitted", "Limiter", "Verdict"]

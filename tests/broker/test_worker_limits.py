@@ -13,7 +13,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+from prometheus_client import REGISTRY
 from support import wait_until
 
 from ojs_kombu import Client, Job, RateLimitPolicy, RetryPolicy
@@ -101,3 +103,45 @@ def test_two_worker_processes_never_run_more_than_the_key_allows_and_a_killed_on
                 process.kill()
                 process.wait()
         stderr.close()
+
+
+def _sample(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_queue_policy_on_limit_actions_and_metrics_in_one_worker(client: Client, worker_factory, prefix: str):
+    """A queue's policy holds its jobs to 1 at once; a paused key (concurrency 0) drops or reschedules
+    per ``on_limit`` (never running either); the ``ojs_rate_limit_*`` metrics tell it."""
+    queue_key, paused = f"{prefix}-queue", f"{prefix}-paused"
+    worker = worker_factory(("lq",), concurrency=4, rate_limits={"lq": {"key": queue_key, "concurrency": 1}})
+    runs: list[tuple[float, float]] = []
+    ran: list[int] = []
+    events: list[Any] = []
+    worker.lifecycle.subscribe(events.append)
+
+    @worker.handler("limited.run")
+    def run(n: int) -> None:
+        started = time.monotonic()
+        ran.append(n)
+        time.sleep(0.1)
+        runs.append((started, time.monotonic()))
+
+    worker.start()
+    drop = Job.create("limited.run", [-1], queue="lq", rate_limit={"key": paused, "concurrency": 0, "on_limit": "drop"})
+    again = RateLimitPolicy(key=paused, concurrency=0, on_limit="reschedule")
+    client.enqueue_many([drop, Job.create("limited.run", [-2], queue="lq", rate_limit=again)])
+    client.enqueue_many([Job.create("limited.run", [n], queue="lq") for n in range(5)])
+    wait_until(lambda: (_sample("ojs_rate_limit_waiting", key=queue_key) or 0) >= 1, message="a job waiting")
+    wait_until(lambda: sorted(ran) == list(range(5)), timeout=20, message="the queue's jobs ran")
+    assert _max_overlap(runs) == 1
+    wait_until(
+        lambda: (_sample("ojs_rate_limit_exceeded_total", key=paused, strategy="concurrency") or 0) >= 3,
+        timeout=10,
+        message="the rescheduled job came back and was held again",
+    )
+    failed = [e for e in events if e.event == "failed" and e.job_id == drop.id]
+    assert len(failed) == 1 and failed[0].error["code"] == "rate_limited"
+    assert not [e for e in events if e.event == "retried" and e.job_id == drop.id]
+    assert -1 not in ran and -2 not in ran
+    assert _sample("ojs_rate_limit_active", key=queue_key) == 0
+    assert (_sample("ojs_rate_limit_exceeded_total", key=queue_key, strategy="concurrency") or 0) >= 1
