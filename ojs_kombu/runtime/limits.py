@@ -73,6 +73,9 @@ class Limiter:
         settler: settles the jobs rescheduled, dropped or sent back.
         resubmit: hands a parked delivery whose permits were taken to a handler thread.
         park_limit: most jobs parked per key (at least 1).
+        generation: the consumer's connection generation now; a parked delivery of an older one
+            (the connection was lost: the broker has it back) is never run, but given to ``forsake``.
+        forsake: counts such a delivery out.
     """
 
     def __init__(
@@ -83,6 +86,8 @@ class Limiter:
         resubmit: Callable[[Delivery], None],
         *,
         park_limit: int,
+        generation: Callable[[], int] | None = None,
+        forsake: Callable[[Delivery], None] | None = None,
     ) -> None:
         self._make_permits = permits
         self._permits: Permits | None = None
@@ -90,6 +95,8 @@ class Limiter:
         self.settler = settler
         self.resubmit = resubmit
         self.park_limit = max(1, park_limit)
+        self._generation = generation
+        self._forsake = forsake
         self._lock = threading.Lock()
         self._ensured: dict[str, int] = {}  # key -> the limit passed to ensure() last
         self._parked: dict[str, deque[tuple[Delivery, Job]]] = {}
@@ -260,6 +267,13 @@ class Limiter:
                     del self._waiters[key]
                     return
                 delivery, job = parked[0]
+                stale = self._generation is not None and delivery.generation != self._generation()
+                if stale:
+                    parked.popleft()
+            if stale:
+                if self._forsake is not None:
+                    self._forsake(delivery)
+                continue
             try:
                 taken, blocked = self._take(self.policies(job))
             except Exception:  # the permits' connection failed: reopened on the next turn

@@ -196,6 +196,11 @@ class Processing:
             self.in_flight -= 1
             self.unsettled -= 1
 
+    def forsake(self, delivery: Delivery) -> None:
+        """A delivery parked for its permits whose connection was lost (the broker has it back): counted out, never run."""
+        with self._lock:
+            self.unsettled -= 1
+
     def hand_back(self, delivery: Delivery) -> None:
         """An unstarted job at shutdown: back to its queue unchanged (no attempt spent)."""
         if self.limiter is not None:

@@ -364,6 +364,8 @@ class Worker:
             self.settler,
             self.dispatch.submit,
             park_limit=self.concurrency // 2,
+            generation=lambda: self.consumer.generation,
+            forsake=processing.forsake,
         )
 
     def _permits(self) -> Permits:
