@@ -12,10 +12,11 @@ The permits are asked for without waiting (``Basic.Get``).  A job that cannot ta
 
 * ``"wait"`` (the default): the delivery stays unacknowledged in this worker (*parked*: it holds no
   slot of the concurrency), and one waiter thread per key asks for its permits every
-  :data:`WAITER_POLL` seconds, then hands the job back to the handler threads.  At most :attr:`Limiter.park_limit` jobs are parked
-  per key: one more goes back to its queue after :data:`WAIT_REQUEUE_DELAY` (republished, then
-  acked: no attempt spent), so the prefetch keeps room for jobs of other keys (spec §8.1: a limited
-  job is skipped, the next one runs).
+  :data:`WAITER_POLL` seconds, then hands the job back to the handler threads.  At most
+  :attr:`Limiter.park_limit` jobs are parked at once (the Worker's ``concurrency // 2``): one more goes
+  back to its queue through the scheduling cascade, delivered again :data:`WAIT_REQUEUE_DELAY` later
+  (republished, then acked: no attempt spent), so the prefetch keeps room for jobs of other keys
+  (spec §8.1: a limited job is skipped, the next one runs).
 * ``"reschedule"``: back into the scheduling cascade, due :data:`RESCHEDULE_DELAY` later (a
   concurrency limit has no known time of release).
 * ``"drop"``: a failed attempt (``rate_limited``) that is discarded (``failed`` event, not retried).
@@ -72,7 +73,8 @@ class Limiter:
         queue_policies: a policy per queue (spec §7.2), applied to every job of that queue.
         settler: settles the jobs rescheduled, dropped or sent back.
         resubmit: hands a parked delivery whose permits were taken to a handler thread.
-        park_limit: most jobs parked per key (at least 1).
+        park_limit: most jobs parked at once, all keys together (at least 1): parked deliveries
+            count in the prefetch, which must keep room for jobs of other keys.
         generation: the consumer's connection generation now; a parked delivery of an older one
             (the connection was lost: the broker has it back) is never run, but given to ``forsake``.
         forsake: counts such a delivery out.
@@ -247,7 +249,7 @@ class Limiter:
     def _park(self, delivery: Delivery, job: Job, key: str) -> Verdict:
         with self._lock:
             parked = self._parked.setdefault(key, deque())
-            if not self._stop.is_set() and len(parked) < self.park_limit:
+            if not self._stop.is_set() and sum(map(len, self._parked.values())) < self.park_limit:
                 parked.append((delivery, job))
                 if key not in self._waiters:
                     thread = threading.Thread(target=self._wait_loop, args=(key,), name=f"ojs-limit-{key}", daemon=True)
