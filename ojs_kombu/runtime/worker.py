@@ -34,6 +34,9 @@ cancelled while running                      ``current_job().cancelled`` set, ``
                                              ack whatever the handler then does, never retried
 ``expires_at`` passed                        ack, not run (logged)
 ``scheduled_at`` still ahead                 back into the scheduler (confirmed), then ack
+no free permit for its ``rate_limit``        ``on_limit``: wait unacked off the concurrency slots
+(or its queue's ``rate_limits``)             (or back through the scheduler), reschedule, or drop
+                                             (``docs/limits.md``)
 undecodable / invalid envelope / no handler  republished to the DLQ with ``x-ojs-error-code``
                                              and ``x-ojs-error-message``, then ack
 handler raised ``SystemExit`` or             a failed attempt like any exception (retry or DLQ),
