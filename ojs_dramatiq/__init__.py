@@ -17,6 +17,9 @@ Control plane: ``broker.cancel(message.message_id, queue_name=...)`` cancels a m
 wherever it is (queued, delayed, waiting for a retry, or running: see
 :mod:`ojs_dramatiq.running` and :func:`current_cancelled`); ``broker.pause(queue_name)`` /
 ``broker.resume(queue_name)`` stop and restart its consumers in every worker.
+
+Limits: :class:`OjsConcurrentRateLimiter` is Dramatiq's ``ConcurrentRateLimiter`` without Redis
+(permits on the broker, across processes; ``docs/limits.md``).
 """
 
 from .broker import OjsBroker
@@ -30,10 +33,12 @@ from .encoder import (
     ojs_queue_for,
     retry_policy_for,
 )
+from .limits import OjsConcurrentRateLimiter
 from .running import OjsRunning, RunningMessage, current_cancelled
 
 __all__ = [
     "OjsBroker",
+    "OjsConcurrentRateLimiter",
     "OjsEncoder",
     "OjsMessageProxy",
     "OjsRunning",

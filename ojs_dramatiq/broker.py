@@ -52,6 +52,7 @@ from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly
 from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.reconnect import Budgeted, Reconnector
 from ojs_kombu.amqp.urls import BrokerUrls
 from ojs_kombu.client import Client
@@ -257,6 +258,7 @@ class OjsBroker(dramatiq.Broker):
         self._consumers: dict[str, weakref.WeakSet[OjsConsumer]] = {}
         self._admin: Connection | None = None
         self._admin_lock = threading.Lock()
+        self._permits: Permits | None = None
         self._admin_failover = Failover(
             self.client.url,
             heartbeat=0,
@@ -272,6 +274,21 @@ class OjsBroker(dramatiq.Broker):
 
     def __repr__(self) -> str:
         return f"<OjsBroker {self.client!r}>"
+
+    @property
+    def permits(self) -> Permits:
+        """The concurrency permits of this broker's process (a connection of its own, opened on first
+        use; :class:`~ojs_dramatiq.OjsConcurrentRateLimiter` takes them)."""
+        with self._admin_lock:
+            if self._permits is None:
+                self._permits = Permits(
+                    self.client.url,
+                    names=self.names,
+                    ssl=self.ssl,
+                    transport_options=self.transport_options,
+                    connection_name=f"ojs_dramatiq permits {self.client.connection_name}",
+                )
+            return self._permits
 
     def add_middleware(
         self, middleware: Middleware, *, before: type[Middleware] | None = None, after: type[Middleware] | None = None
@@ -577,6 +594,9 @@ class OjsBroker(dramatiq.Broker):
         self.assembly.close()
         with self._admin_lock:
             self._drop_admin()
+            permits, self._permits = self._permits, None
+        if permits is not None:
+            permits.close()
 
     def _retry_queues(self, ojs_queue: str) -> list[str]:
         head = self.names.retry_queue(ojs_queue, 0)[:-1]

@@ -185,7 +185,8 @@ class Client:
             args: its positional arguments (JSON values).
             options: the keyword options of :meth:`Job.create` (:class:`JobOptions`): ``queue``,
                 ``kwargs``, ``meta``, ``priority``, ``retry``, ``scheduled_at``, ``expires_at``,
-                ``unique`` (a :class:`~ojs_kombu.UniquePolicy`: see ``docs/unique-jobs.md``), ...
+                ``unique`` (a :class:`~ojs_kombu.UniquePolicy`: see ``docs/unique-jobs.md``),
+                ``rate_limit`` (a :class:`~ojs_kombu.RateLimitPolicy`: see ``docs/limits.md``), ...
 
         Returns:
             The confirmed job.  A duplicate under ``unique=UniquePolicy(on_conflict="ignore")``

@@ -11,6 +11,7 @@ from typing import Any, TypedDict
 from ojs_kombu.errors import OjsError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
+from ojs_kombu.model.ratelimit import RateLimitPolicy
 
 
 class JobOptions(TypedDict, total=False):
@@ -27,6 +28,7 @@ class JobOptions(TypedDict, total=False):
     tags: list[str] | tuple[str, ...] | None
     id: str | uuid.UUID | None
     unique: UniquePolicy | Mapping[str, Any] | None
+    rate_limit: RateLimitPolicy | Mapping[str, Any] | None
 
 
 @dataclass

@@ -235,12 +235,15 @@ class Job(OjsModel):
         tags: list[str] | tuple[str, ...] | None = None,
         id: str | _uuid.UUID | None = None,
         unique: UniquePolicy | Mapping[str, Any] | None = None,
+        rate_limit: RateLimitPolicy | Mapping[str, Any] | None = None,
     ) -> Job:
         """Build a new job envelope, ready to publish.
 
         ``args`` are the positional arguments (a tuple becomes a list); ``kwargs`` go
         to ``meta["kwargs"]`` and ``tags`` to ``meta["tags"]`` (both omitted when
-        empty).  ``retry`` is a :class:`RetryPolicy` or a dict of its fields.
+        empty).  ``retry`` is a :class:`RetryPolicy` or a dict of its fields; so are ``unique``
+        (:class:`UniquePolicy`) and ``rate_limit`` (:class:`~ojs_kombu.model.ratelimit.RateLimitPolicy`,
+        the spec's ``rate_limit`` object: limits shared by every job of its key, ``docs/limits.md``).
         ``scheduled_at``/``expires_at`` take an aware datetime, an RFC 3339 string or
         a ``timedelta`` from now; they are emitted in UTC with milliseconds
         (``scheduled_at`` rounded up, so a job never becomes due early).  The id is
@@ -300,9 +303,12 @@ class Job(OjsModel):
                 or now is not None
                 or retry is not None
                 or unique is not None
+                or rate_limit is not None
             ):
                 field = None  # the helper reports under the option at fault
-                _option_fields(state, given, now, priority, timeout, scheduled_at, expires_at, retry, unique)
+                _option_fields(
+                    state, given, now, priority, timeout, scheduled_at, expires_at, retry, unique, rate_limit
+                )
             job = construct_trusted(cls, state, given, {})
             if size > _SIZE_BUDGET:
                 _check_size(job)

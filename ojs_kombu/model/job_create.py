@@ -20,6 +20,7 @@ from ojs_kombu.model._problems import convert_pydantic_error as _convert
 from ojs_kombu.model._problems import short_repr as _short
 from ojs_kombu.model.jsonvalue import MAX_SAFE_INTEGER, _walk
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
+from ojs_kombu.model.ratelimit import RateLimitPolicy
 from ojs_kombu.model.timefmt import _aware, _format_ts, _timestamp
 
 # Job types and queue names Job.create found valid: a program uses a few, each is checked once.
@@ -100,11 +101,11 @@ def _tags(tags: Any) -> list[str]:
     return list(tags)
 
 
-_Policy = TypeVar("_Policy", RetryPolicy, UniquePolicy)
+_Policy = TypeVar("_Policy", RetryPolicy, UniquePolicy, RateLimitPolicy)
 
 
 def _policy_argument(value: Any, model: type[_Policy], field: str) -> _Policy:
-    """``retry=`` / ``unique=``: the policy itself, or a dict validated into one (errors under ``field``)."""
+    """``retry=`` / ``unique=`` / ``rate_limit=``: the policy itself, or a dict validated into one (errors under ``field``)."""
     if isinstance(value, model):
         return value
     if not isinstance(value, Mapping):
@@ -166,6 +167,7 @@ def _option_fields(
     expires_at: Any,
     retry: Any,
     unique: Any,
+    rate_limit: Any = None,
 ) -> None:
     """Check the options given (not None) and set them in the job's ``state`` and ``given`` fields.
 
@@ -174,7 +176,7 @@ def _option_fields(
 
     Raises:
         Problem: under the option at fault.
-        ValidationError: a ``retry`` or ``unique`` dict the policy model refuses.
+        ValidationError: a ``retry``, ``unique`` or ``rate_limit`` dict the policy model refuses.
     """
     field = "priority"
     try:
@@ -203,5 +205,9 @@ def _option_fields(
             field = "unique"
             state["unique"] = _policy_argument(unique, UniquePolicy, "unique")
             given.add("unique")
+        if rate_limit is not None:
+            field = "rate_limit"
+            state["rate_limit"] = _policy_argument(rate_limit, RateLimitPolicy, "rate_limit")
+            given.add("rate_limit")
     except _Problem as problem:
         raise problem.under(field) from None

@@ -1,8 +1,8 @@
 """The job's rate limit policy (``ojs-rate-limiting.md`` §6): :class:`RateLimitPolicy` and :class:`RateWindow`.
 
-Carried in the envelope as the ``rate_limit`` object (spec §6.1), set per job (``job.rate_limit =
-policy``, validated on assignment; ``Job.create(..., rate_limit=...)`` and ``Client.enqueue`` come
-with the Client's wiring)::
+Carried in the envelope as the ``rate_limit`` object (spec §6.1), set per job
+(``Job.create(..., rate_limit=policy)``, ``Client.enqueue(..., rate_limit=...)``, or
+``job.rate_limit = policy``, validated on assignment)::
 
     {"key": "stripe-api", "concurrency": 5,
      "rate": {"limit": 100, "period": "PT1M"},

@@ -119,6 +119,10 @@ class Dispatch:
             except IndexError:
                 return
 
+    def submit(self, delivery: Delivery) -> None:
+        """Hand ``delivery`` to the handler threads (a job parked for its permits, now admitted)."""
+        self._work.put(delivery)
+
     def unstarted(self) -> Iterator[Delivery]:
         """At shutdown: take every delivery no thread has started yet, one at a time."""
         self.to_pool()  # the consumer thread's unstarted ones join the handler threads' queue

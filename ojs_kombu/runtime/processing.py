@@ -9,6 +9,8 @@ handler in the calling thread, an ``async def`` as a task of the worker's event 
 Settler: :meth:`~ojs_kombu.runtime.settle.Settler.succeed` (with the handler's return value),
 :meth:`~ojs_kombu.runtime.settle.Settler.cancel` (cancelled while it ran), or
 :meth:`~ojs_kombu.runtime.settle.Settler.fail_attempt` (its retry policy decides).
+A job with concurrency limits takes its permits first (:class:`~ojs_kombu.runtime.limits.Limiter`),
+and gives them back once its run is settled.
 While the worker drains (a graceful shutdown) a job not started yet is handed back instead.
 It also counts what the shutdown waits for: the deliveries not yet settled, the jobs running.
 """
@@ -36,6 +38,7 @@ from ojs_kombu.runtime.coroutines import CoroutineRunner
 from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.handlers import Handlers
 from ojs_kombu.runtime.lifecycle import Lifecycle
+from ojs_kombu.runtime.limits import Admitted, Limiter
 from ojs_kombu.runtime.settle import Settler
 
 logger = logging.getLogger(__name__)
@@ -158,6 +161,8 @@ class Processing:
         self._runner_lock = threading.Lock()
         #: The batch handlers' collectors (set by the Worker): a job of theirs joins a batch.
         self.batching: BatchTaker | None = None
+        #: The concurrency limits (set by the Worker): a limited job runs holding its permits.
+        self.limiter: Limiter | None = None
 
     def received(self) -> None:
         """A delivery arrived (counted until it is settled)."""
@@ -191,8 +196,15 @@ class Processing:
             self.in_flight -= 1
             self.unsettled -= 1
 
+    def forsake(self, delivery: Delivery) -> None:
+        """A delivery parked for its permits whose connection was lost (the broker has it back): counted out, never run."""
+        with self._lock:
+            self.unsettled -= 1
+
     def hand_back(self, delivery: Delivery) -> None:
         """An unstarted job at shutdown: back to its queue unchanged (no attempt spent)."""
+        if self.limiter is not None:
+            self.limiter.forget(delivery)
         try:
             self.settler.hand_back(delivery)
         finally:
@@ -202,8 +214,11 @@ class Processing:
     def _process(self, delivery: Delivery) -> bool:
         """Run ``delivery``'s job and settle it; True when it went to the event loop instead
         (an ``async def`` handler), which settles it when its coroutine ends."""
+        limiter = self.limiter
         job = self.settler.triage(delivery)
         if job is None:
+            if limiter is not None:
+                limiter.forget(delivery)  # admitted after waiting, then cancelled meanwhile ...
             return False
         if self.batching is not None and self.batching.take(delivery, job):
             return True  # settled, and counted out, when its batch has run (runtime/batching.py)
@@ -213,8 +228,28 @@ class Processing:
             self.settler.reject_invalid(delivery, "unknown_type", f"no handler is registered for job type {job.type!r}")
             self.settler.ended(job, "discarded")
             return False
+        held: Admitted = ()
+        if limiter is not None:
+            verdict = limiter.admit(delivery, job)
+            if isinstance(verdict, str):
+                if verdict == "parked":  # not running, still unsettled: back through handle() with its permits
+                    with self._lock:
+                        self.in_flight -= 1
+                    return True
+                return False  # settled: rescheduled or dropped
+            held = verdict
+            if held:
+                try:
+                    return self._run(delivery, job, attempt, handler, held)
+                except BaseException:
+                    limiter.release(held)  # settled already, or a bug of ours before: not held past it
+                    raise
+        return self._run(delivery, job, attempt, handler, held)
+
+    def _run(self, delivery: Delivery, job: Job, attempt: int, handler: Callable[..., Any], held: Admitted) -> bool:
+        """Run ``job``'s handler and settle it (True: it went to the event loop, which settles it)."""
         if self.handlers.is_async(job.type):
-            self._coroutines().submit(partial(self._run_coroutine, delivery, job, attempt, handler))
+            self._coroutines().submit(partial(self._run_coroutine, delivery, job, attempt, handler, held))
             return True
         token = None
         self.lifecycle.emit("started", job, attempt)
@@ -224,9 +259,9 @@ class Processing:
                 with job_span(job, attempt):
                     result = handler(*job.args, **job.kwargs)
         except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
-            self._settle_run(delivery, job, attempt, exc)
+            self._settle_run(delivery, job, attempt, exc, held=held)
         else:
-            self._settle_run(delivery, job, attempt, None, result)
+            self._settle_run(delivery, job, attempt, None, result, held=held)
         finally:
             if token is not None:
                 _current_job.reset(token)
@@ -249,7 +284,9 @@ class Processing:
         if self.batching is not None:
             self.batching.stop()
 
-    async def _run_coroutine(self, delivery: Delivery, job: Job, attempt: int, handler: Callable[..., Any]) -> None:
+    async def _run_coroutine(
+        self, delivery: Delivery, job: Job, attempt: int, handler: Callable[..., Any], held: Admitted = ()
+    ) -> None:
         """A coroutine job, as :meth:`_process` runs a plain one: its own task, its own ``current_job()``.
 
         In ``"interrupt"`` mode a cancel cancels the task (``asyncio.CancelledError`` in the handler);
@@ -285,7 +322,7 @@ class Processing:
                 outcome = exc
             finally:
                 self.cancellations.leave(entry)
-            self._settle_run(delivery, job, attempt, outcome, result)
+            self._settle_run(delivery, job, attempt, outcome, result, held=held)
         except asyncio.CancelledError:
             logger.warning(
                 "job %s still running when the worker stopped; the broker will redeliver it",
@@ -295,6 +332,8 @@ class Processing:
         except Exception:  # noqa: BLE001 - logged with its traceback, the delivery dead-lettered
             self.settler.reject_unexpected(delivery)
         finally:
+            if held and self.limiter is not None:
+                self.limiter.release(held)  # given back by _settle_run already, unless it was not reached
             self._done()
 
     def _settle_run(
@@ -306,10 +345,20 @@ class Processing:
         result: Any = None,
         *,
         settler: Settler | None = None,
+        held: Admitted = (),
     ) -> None:
         """Settle a run of ``job`` whose handler returned ``result`` (``exc`` None) or raised ``exc``
-        (through ``settler``: a batch's keeps its acks; default the worker's)."""
-        settler = settler or self.settler
+        (through ``settler``: a batch's keeps its acks; default the worker's), then give back the
+        permits it ran ``held`` (the one place they are given back after a run)."""
+        try:
+            self._settle_outcome(delivery, job, attempt, exc, result, settler or self.settler)
+        finally:
+            if held and self.limiter is not None:
+                self.limiter.release(held)
+
+    def _settle_outcome(
+        self, delivery: Delivery, job: Job, attempt: int, exc: BaseException | None, result: Any, settler: Settler
+    ) -> None:
         if self.cancellations.is_cancelled(job.id):
             settler.cancel(delivery, job, attempt, "running")  # whatever the handler then did
             if exc is not None and not isinstance(exc, Exception | Cancelled):

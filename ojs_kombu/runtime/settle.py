@@ -22,7 +22,8 @@ adapter's consumer) do with every delivery they take:
 * :meth:`Settler.skip`: a job the framework chose not to run (a Dramatiq middleware
   skipped it): ack, no event;
 * :meth:`Settler.hand_back` returns an unstarted job at shutdown without
-  spending an attempt.
+  spending an attempt; :meth:`Settler.reschedule` one its rate limit keeps from
+  starting, into the scheduling cascade.
 
 With a :class:`~ojs_kombu.runtime.lifecycle.Lifecycle` the Settler emits the
 lifecycle events of what it settles (the job metrics and the activity behind INFO
@@ -443,7 +444,16 @@ class Settler:
             self.reject_invalid(delivery, "invalid_schedule", str(exc))
             return
         logger.debug("job %s arrived %d ms early; delaying it again", job.id, delay_ms, extra=job_log_extra(job))
-        when = job.scheduled_datetime or utcnow() + timedelta(milliseconds=delay_ms)
+        self._into_cascade(delivery, job, job.scheduled_datetime or utcnow() + timedelta(milliseconds=delay_ms))
+
+    def reschedule(self, delivery: Delivery, job: Job, delay_ms: int) -> None:
+        """A job its rate limit keeps from starting now: back into the cascade, unchanged (no attempt
+        spent), delivered ``delay_ms`` from now (``on_limit="reschedule"``, ``ojs-rate-limiting.md`` §6.2)."""
+        logger.debug("job %s is rate limited; rescheduled in %d ms", job.id, delay_ms, extra=job_log_extra(job))
+        self._into_cascade(delivery, job, utcnow() + timedelta(milliseconds=delay_ms))
+
+    def _into_cascade(self, delivery: Delivery, job: Job, when: datetime) -> None:
+        """Republish ``delivery`` unchanged into the scheduling cascade, due at ``when`` (confirmed), then ack."""
         message, queue = delivery.outgoing(), job.queue
         self.consumer.republish(
             delivery,

@@ -34,6 +34,9 @@ cancelled while running                      ``current_job().cancelled`` set, ``
                                              ack whatever the handler then does, never retried
 ``expires_at`` passed                        ack, not run (logged)
 ``scheduled_at`` still ahead                 back into the scheduler (confirmed), then ack
+no free permit for its ``rate_limit``        ``on_limit``: wait unacked off the concurrency slots
+(or its queue's ``rate_limits``)             (or back through the scheduler), reschedule, or drop
+                                             (``docs/limits.md``)
 undecodable / invalid envelope / no handler  republished to the DLQ with ``x-ojs-error-code``
                                              and ``x-ojs-error-message``, then ack
 handler raised ``SystemExit`` or             a failed attempt like any exception (retry or DLQ),
@@ -98,15 +101,17 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url, safe_url
+from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.amqp.urls import BrokerUrls
 from ojs_kombu.errors import OjsError, ValidationError, WorkerError
 from ojs_kombu.model.naming import Names, validate_job_type, validate_queue_name
+from ojs_kombu.model.ratelimit import RateLimitPolicy
 from ojs_kombu.observability.server import DEFAULT_METRICS_HOST, MetricsServer, check_metrics_port, serve_metrics
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.assembly import Assembly
@@ -117,6 +122,7 @@ from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.dispatch import Dispatch
 from ojs_kombu.runtime.handlers import BatchSpec, Handlers
 from ojs_kombu.runtime.lifecycle import JobEvent
+from ojs_kombu.runtime.limits import Limiter
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
 from ojs_kombu.runtime.processing import Processing, RunningJob, current_job
 from ojs_kombu.wire.completed import CompletedOptions
@@ -138,6 +144,26 @@ def _queues(queues: Iterable[str]) -> list[str]:
     if not names:
         raise ValidationError("a worker needs at least one queue", field="queues")
     return names
+
+
+def _rate_limits(
+    rate_limits: Mapping[str, RateLimitPolicy | Mapping[str, Any]] | None, queues: list[str]
+) -> dict[str, RateLimitPolicy]:
+    policies: dict[str, RateLimitPolicy] = {}
+    for queue, policy in (rate_limits or {}).items():
+        if queue not in queues:
+            raise ValidationError(
+                f"rate_limits names {queue!r}, which is not one of the worker's queues", field="rate_limits"
+            )
+        if not isinstance(policy, RateLimitPolicy):
+            if not isinstance(policy, Mapping):
+                raise ValidationError(
+                    f"rate_limits[{queue!r}] must be a RateLimitPolicy or a dict, got {type(policy).__name__}",
+                    field="rate_limits",
+                )
+            policy = RateLimitPolicy.model_validate(dict(policy))
+        policies[queue] = policy
+    return policies
 
 
 def _concurrency(concurrency: int) -> int:
@@ -202,9 +228,15 @@ class Worker:
             :attr:`completed_log`; :attr:`deduplicated` counts them).  The prefetch count grows
             by 64: completed jobs wait unacked for their record's confirm.
         completed_options: bounds of what ``deduplicate`` remembers (age, stream size, ids in memory).
+        rate_limits: a :class:`~ojs_kombu.RateLimitPolicy` (or a dict of its fields) per queue of the
+            worker (``{"email": RateLimitPolicy(key="queue:email", concurrency=20)}``, spec §7.2): every
+            job of the queue is limited by it, besides its own ``rate_limit``; give every worker of the
+            queue the same one.  Limits hold across processes (``docs/limits.md``); only ``concurrency``
+            is enforced so far.
 
     Raises:
-        ValidationError: a queue name, the concurrency, ``dead_letter_mode`` or ``metrics_port`` is invalid.
+        ValidationError: a queue name, the concurrency, ``dead_letter_mode``, ``metrics_port`` or a
+            ``rate_limits`` policy is invalid.
     """
 
     def __init__(
@@ -234,8 +266,12 @@ class Worker:
         inline: bool = True,
         deduplicate: bool = False,
         completed_options: CompletedOptions | None = None,
+        rate_limits: Mapping[str, RateLimitPolicy | Mapping[str, Any]] | None = None,
     ):
         self.queues = _queues(queues)
+        #: The policy of each queue that has one (``rate_limits``).
+        self.rate_limits = _rate_limits(rate_limits, self.queues)
+        self._ssl, self._transport_options = ssl, transport_options
         self.concurrency = _concurrency(concurrency)
         self.url = resolve_url(url)
         self.grace_period = grace_period
@@ -324,6 +360,25 @@ class Worker:
         self._apply_prefetch()
         #: Where each delivered job runs: the consumer thread or a handler thread.
         self.dispatch = Dispatch(self.consumer, processing.handle, lambda: processing.in_flight, inline=self._inline)
+        #: The concurrency limits of the jobs (``rate_limit``, ``rate_limits``): permits on a connection of its own.
+        self.limiter = processing.limiter = Limiter(
+            self._permits,
+            self.rate_limits,
+            self.settler,
+            self.dispatch.submit,
+            park_limit=self.concurrency // 2,
+            generation=lambda: self.consumer.generation,
+            forsake=processing.forsake,
+        )
+
+    def _permits(self) -> Permits:
+        return Permits(
+            self.url,
+            names=self.names,
+            ssl=self._ssl,
+            transport_options=self._transport_options,
+            connection_name=f"{self._consumer_name()} permits",
+        )
 
     @property
     def deduplicated(self) -> int:
@@ -555,6 +610,8 @@ class Worker:
         # Deliveries keep arriving until the broker has confirmed the cancel (Basic.CancelOk).
         while time.monotonic() < deadline and self.consumer.consuming and self.consumer.connected.is_set():
             time.sleep(0.01)
+        for delivery in self.limiter.stop():  # parked, waiting for a permit
+            processing.hand_back(delivery)
         for delivery in self.dispatch.unstarted():  # no thread has started them yet
             processing.hand_back(delivery)
         while time.monotonic() < deadline and processing.unsettled:
@@ -573,6 +630,7 @@ class Worker:
         self.dispatch.handover.stop()
         self.dispatch.join_threads(timeout=0.5)
         processing.stop_coroutines()  # coroutines still running past the grace period: left to the broker
+        self.limiter.close()  # permits of jobs still running past the grace period: back with the connection
         self.consumer.close()  # a late handler's settle request is dropped, never written to a closed fd
         self.assembly.close()
         if self._beacon is not None:

@@ -120,6 +120,27 @@ def test_a_bad_field_is_a_validation_error_naming_it(fields: dict[str, object], 
     with pytest.raises(ValidationError) as info:
         job.rate_limit = fields  # type: ignore[assignment]
     assert info.value.field == f"rate_limit.{field}"
+    with pytest.raises(ValidationError) as info:
+        Job.create("a.b", rate_limit=fields)
+    assert info.value.field == f"rate_limit.{field}"
+
+
+def test_job_create_carries_rate_limit_as_the_spec_object_read_back_by_job() -> None:
+    policy = RateLimitPolicy(key="tenant:acme", concurrency=3, throttle={"limit": 1, "period": "PT1S"})
+    job = Job.create("report.generate", [1], rate_limit=policy)
+    assert job.rate_limit is policy
+    wire = json.loads(job.to_json())
+    assert wire["rate_limit"] == {"key": "tenant:acme", "concurrency": 3, "throttle": {"limit": 1, "period": "PT1S"}}
+    for strict in (True, False):
+        back = Job.from_json(job.to_json_bytes(), strict=strict)
+        assert back.rate_limit == policy
+        assert back.rate_limit is not None and back.rate_limit.action == "wait"
+    as_dict = Job.create("a.b", rate_limit={"key": "k", "concurrency": 0, "on_limit": "reschedule"})
+    assert as_dict.rate_limit == RateLimitPolicy(key="k", concurrency=0, on_limit="reschedule")
+    assert "rate_limit" not in Job.create("a.b").to_dict()
+    with pytest.raises(ValidationError) as info:
+        Job.create("a.b", rate_limit="k")  # type: ignore[arg-type]
+    assert info.value.field == "rate_limit"
 
 
 def test_keys_of_the_spec_patterns_are_accepted() -> None:

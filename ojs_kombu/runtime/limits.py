@@ -1,0 +1,341 @@
+"""Concurrency limits across workers, applied before a job runs (``ojs-rate-limiting.md`` §5.1, §6.2, §8).
+
+A job is limited by its own ``rate_limit`` (:class:`~ojs_kombu.model.ratelimit.RateLimitPolicy`)
+and by its queue's policy (``Worker(rate_limits={queue: policy})``, spec §7.2): both must allow it.
+:class:`Limiter` takes one permit per key with a ``concurrency`` (:class:`~ojs_kombu.amqp.permits.Permits`,
+one connection of the worker's own, opened by the first limited job) before the handler runs, and the
+:class:`~ojs_kombu.runtime.processing.Processing` gives them back once the run is settled.  A permit
+held by a worker that dies returns to the broker with its connection.
+
+The permits are asked for without waiting (``Basic.Get``).  A job that cannot take them all follows ``on_limit``
+(of the first policy that stopped it):
+
+* ``"wait"`` (the default): the delivery stays unacknowledged in this worker (*parked*: it holds no
+  slot of the concurrency), and one waiter thread per key asks for its permits every
+  :data:`WAITER_POLL` seconds, then hands the job back to the handler threads.  At most
+  :attr:`Limiter.park_limit` jobs are parked at once (the Worker's ``concurrency // 2``): one more goes
+  back to its queue through the scheduling cascade, delivered again :data:`WAIT_REQUEUE_DELAY` later
+  (republished, then acked: no attempt spent), so the prefetch keeps room for jobs of other keys
+  (spec §8.1: a limited job is skipped, the next one runs).
+* ``"reschedule"``: back into the scheduling cascade, due :data:`RESCHEDULE_DELAY` later (a
+  concurrency limit has no known time of release).
+* ``"drop"``: a failed attempt (``rate_limited``) that is discarded (``failed`` event, not retried).
+
+Only ``concurrency`` is enforced here; a policy's ``rate`` and ``throttle`` are not yet (their token
+layer, :mod:`ojs_kombu.amqp.windows`, needs the leader's refiller): a worker logs it once per key.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Literal
+
+from ojs_kombu.amqp.permits import Permit, Permits
+from ojs_kombu.model.job import Job
+from ojs_kombu.model.ratelimit import RateLimitPolicy
+from ojs_kombu.observability.limit_metrics import LIMIT_METRICS
+from ojs_kombu.observability.logs import job_log_extra
+from ojs_kombu.policy.retry import Decision, Failure, Outcome
+from ojs_kombu.runtime.delivery import Delivery
+from ojs_kombu.runtime.settle import Settler
+
+logger = logging.getLogger(__name__)
+
+RESCHEDULE_DELAY = 1.0
+"""Seconds a job limited with ``on_limit="reschedule"`` goes back into the scheduling cascade for."""
+
+WAIT_REQUEUE_DELAY = 0.5
+"""Seconds a waiting job beyond :attr:`Limiter.park_limit` waits in the cascade before it is delivered again."""
+
+WAITER_POLL = 0.02
+"""Seconds between two attempts of a waiter thread to take its oldest parked job's permits.
+
+A waiter asks without waiting (``Basic.Get``) rather than subscribing: a subscribed wait holds the
+permits' connection in turns of 0.2 s, and every release and every first attempt of the worker
+(on its consumer thread) would wait for the turn to end."""
+
+Admitted = Sequence[Permit]
+"""The permits a job holds while it runs (empty: it has no concurrency limit)."""
+
+Verdict = Admitted | Literal["parked", "settled"]
+"""What :meth:`Limiter.admit` decided: run holding these permits, parked (``"wait"``), or settled
+(rescheduled, dropped)."""
+
+
+class Limiter:
+    """The concurrency limits of one worker's jobs (see the module docstring).
+
+    Parameters:
+        permits: makes the :class:`~ojs_kombu.amqp.permits.Permits` (called by the first limited job).
+        queue_policies: a policy per queue (spec §7.2), applied to every job of that queue.
+        settler: settles the jobs rescheduled, dropped or sent back.
+        resubmit: hands a parked delivery whose permits were taken to a handler thread.
+        park_limit: most jobs parked at once, all keys together (at least 1): parked deliveries
+            count in the prefetch, which must keep room for jobs of other keys.
+        generation: the consumer's connection generation now; a parked delivery of an older one
+            (the connection was lost: the broker has it back) is never run, but given to ``forsake``.
+        forsake: counts such a delivery out.
+    """
+
+    def __init__(
+        self,
+        permits: Callable[[], Permits],
+        queue_policies: Mapping[str, RateLimitPolicy],
+        settler: Settler,
+        resubmit: Callable[[Delivery], None],
+        *,
+        park_limit: int,
+        generation: Callable[[], int] | None = None,
+        forsake: Callable[[Delivery], None] | None = None,
+    ) -> None:
+        self._make_permits = permits
+        self._permits: Permits | None = None
+        self.queue_policies = dict(queue_policies)
+        self.settler = settler
+        self.resubmit = resubmit
+        self.park_limit = max(1, park_limit)
+        self._generation = generation
+        self._forsake = forsake
+        self._lock = threading.Lock()
+        self._ensured: dict[str, int] = {}  # key -> the limit passed to ensure() last
+        self._parked: dict[str, deque[tuple[Delivery, Job]]] = {}
+        self._waiters: dict[str, threading.Thread] = {}
+        self._admitted: dict[int, tuple[Delivery, list[Permit]]] = {}  # parked, permits taken, handed back
+        self._holding: dict[str, int] = {}
+        self._exceeded: dict[str, int] = {}
+        self._unenforced: set[str] = set()
+        self._stop = threading.Event()
+        LIMIT_METRICS.watch(self)
+
+    # -- what a job needs ------------------------------------------------------------------------
+
+    def policies(self, job: Job) -> list[RateLimitPolicy]:
+        """The policies with a ``concurrency`` that apply to ``job`` (its own, its queue's), one per key, sorted.
+
+        Two policies of one key: the smaller ``concurrency`` holds.
+
+        Parameters:
+            job: the job.
+
+        Returns:
+            The policies, sorted by key.
+        """
+        found: dict[str, RateLimitPolicy] = {}
+        for policy in (self.queue_policies.get(job.queue), job.rate_limit):
+            if policy is None:
+                continue
+            if (policy.rate is not None or policy.throttle is not None) and policy.key not in self._unenforced:
+                self._unenforced.add(policy.key)
+                logger.warning(
+                    "rate limit key %r: its rate and throttle are not enforced by the worker yet, only its concurrency",
+                    policy.key,
+                )
+            if policy.concurrency is None:
+                continue
+            other = found.get(policy.key)
+            if other is None or (other.concurrency or 0) > policy.concurrency:
+                found[policy.key] = policy
+        return [found[key] for key in sorted(found)]
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def admit(self, delivery: Delivery, job: Job) -> Verdict:
+        """Take ``job``'s permits without waiting, or apply ``on_limit``.
+
+        Parameters:
+            delivery: the job's delivery (parked with ``"wait"``).
+            job: the job, triaged.
+
+        Returns:
+            The permits to hold while it runs (empty without limits), ``"parked"`` or ``"settled"``.
+        """
+        with self._lock:
+            admitted = self._admitted.pop(id(delivery), None)
+        if admitted is not None:
+            return admitted[1]
+        if job.rate_limit is None and job.queue not in self.queue_policies:
+            return ()
+        policies = self.policies(job)
+        if not policies:
+            return ()
+        try:
+            taken, blocked = self._take(policies)
+        except Exception:  # the broker or the permits' connection failed: the job is kept
+            logger.warning(
+                "job %s: its permits could not be asked for; rescheduled in %.1f s",
+                job.id,
+                RESCHEDULE_DELAY,
+                exc_info=True,
+                extra=job_log_extra(job),
+            )
+            self.settler.reschedule(delivery, job, int(RESCHEDULE_DELAY * 1000))
+            return "settled"
+        if blocked is None:
+            return taken
+        self._count_exceeded(blocked.key)
+        action = blocked.action
+        if action == "drop":
+            reason = f"rate limit {blocked.key!r}: concurrency {blocked.concurrency} reached (on_limit drop)"
+            attempt = job.attempt + 1
+            failure = Failure("rate_limited", "RateLimited", reason)
+            self.settler.fail_attempt(delivery, job, attempt, failure, Decision(Outcome.DISCARD, reason=reason))
+            return "settled"
+        if action == "reschedule":
+            self.settler.reschedule(delivery, job, int(RESCHEDULE_DELAY * 1000))
+            return "settled"
+        return self._park(delivery, job, blocked.key)
+
+    def _take(self, policies: list[RateLimitPolicy]) -> tuple[list[Permit], RateLimitPolicy | None]:
+        """One permit of each policy's key, in order, none waited for (two jobs needing the same keys
+        never wait on each other).  Returns the permits taken and None, or nothing held and the policy
+        that stopped it."""
+        permits = self._connection()
+        taken: list[Permit] = []
+        try:
+            for policy in policies:
+                key, limit = policy.key, policy.concurrency or 0
+                if self._ensured.get(key) != limit:
+                    permits.ensure(key, limit)
+                    self._ensured[key] = limit
+                permit = permits.acquire(key, timeout=0.0)
+                if permit is None:
+                    self.release(taken)
+                    return [], policy
+                taken.append(permit)
+                with self._lock:
+                    self._holding[key] = self._holding.get(key, 0) + 1
+        except BaseException:
+            self.release(taken)
+            raise
+        return taken, None
+
+    def _connection(self) -> Permits:
+        permits = self._permits
+        if permits is None:
+            with self._lock:
+                if self._permits is None:
+                    self._permits = self._make_permits()
+                permits = self._permits
+        return permits
+
+    def release(self, held: Sequence[Permit]) -> None:
+        """Give ``held`` back (after the run is settled); a permit lost with its connection is already back.
+
+        Parameters:
+            held: what :meth:`admit` returned.
+        """
+        for permit in held:
+            if permit.released:
+                continue
+            with self._lock:
+                self._holding[permit.key] = self._holding.get(permit.key, 1) - 1
+            try:
+                permit.release()
+            except Exception:  # the connection is lost: the broker took the permit back
+                logger.info("permit %r was lost with its connection: the broker returned it", permit, exc_info=True)
+
+    def forget(self, delivery: Delivery) -> None:
+        """``delivery`` will not run (settled by its triage, handed back): give back the permits it was admitted with."""
+        with self._lock:
+            admitted = self._admitted.pop(id(delivery), None)
+        if admitted is not None:
+            self.release(admitted[1])
+
+    # -- waiting ---------------------------------------------------------------------------------
+
+    def _park(self, delivery: Delivery, job: Job, key: str) -> Verdict:
+        with self._lock:
+            parked = self._parked.setdefault(key, deque())
+            if not self._stop.is_set() and sum(map(len, self._parked.values())) < self.park_limit:
+                parked.append((delivery, job))
+                if key not in self._waiters:
+                    thread = threading.Thread(target=self._wait_loop, args=(key,), name=f"ojs-limit-{key}", daemon=True)
+                    self._waiters[key] = thread
+                    thread.start()
+                return "parked"
+        logger.debug("job %s waits for a permit of %r in the cascade", job.id, key, extra=job_log_extra(job))
+        self.settler.reschedule(delivery, job, int(WAIT_REQUEUE_DELAY * 1000))
+        return "settled"
+
+    def _wait_loop(self, key: str) -> None:
+        """One key's waiter: take the permits of its oldest parked job, hand the job to a handler thread."""
+        while True:
+            with self._lock:
+                parked = self._parked.get(key)
+                if self._stop.is_set() or not parked:
+                    del self._waiters[key]
+                    return
+                delivery, job = parked[0]
+                stale = self._generation is not None and delivery.generation != self._generation()
+                if stale:
+                    parked.popleft()
+            if stale:
+                if self._forsake is not None:
+                    self._forsake(delivery)
+                continue
+            try:
+                taken, blocked = self._take(self.policies(job))
+            except Exception:  # the permits' connection failed: reopened on the next turn
+                logger.warning("waiting for a permit of %r failed; trying again", key, exc_info=True)
+                self._stop.wait(1.0)
+                continue
+            if blocked is not None:
+                self._stop.wait(WAITER_POLL)
+                continue
+            with self._lock:
+                handed = not self._stop.is_set() and bool(parked) and parked[0][0] is delivery
+                if handed:
+                    parked.popleft()
+                    self._admitted[id(delivery)] = (delivery, taken)
+            if handed:
+                self.resubmit(delivery)
+            else:
+                self.release(taken)
+
+    def stop(self) -> list[Delivery]:
+        """Stop parking and waiting; the parked deliveries, to be handed back unchanged.
+
+        Returns:
+            Every delivery parked now (none is handed to a handler thread afterwards).
+        """
+        with self._lock:
+            self._stop.set()
+            parked = [delivery for queue in self._parked.values() for delivery, _ in queue]
+            self._parked.clear()
+        return parked
+
+    def close(self) -> None:
+        """Close the permits' connection (the permits still held return to the broker)."""
+        with self._lock:
+            permits, self._permits = self._permits, None
+            waiters = list(self._waiters.values())
+        for thread in waiters:
+            thread.join(timeout=1.0)
+        if permits is not None:
+            permits.close()
+
+    # -- what the metrics read -------------------------------------------------------------------
+
+    def _count_exceeded(self, key: str) -> None:
+        with self._lock:
+            self._exceeded[key] = self._exceeded.get(key, 0) + 1
+
+    def snapshot(self) -> Iterator[tuple[str, int, int, int]]:
+        """Per key: permits this worker holds now, jobs it has parked waiting, times a limit stopped a job.
+
+        Returns:
+            ``(key, active, waiting, exceeded)`` tuples.
+        """
+        with self._lock:
+            keys = set(self._holding) | set(self._parked) | set(self._exceeded)
+            rows = [
+                (key, self._holding.get(key, 0), len(self._parked.get(key, ())), self._exceeded.get(key, 0))
+                for key in sorted(keys)
+            ]
+        return iter(rows)
+
+
+__all__ = ["RESCHEDULE_DELAY", "WAIT_REQUEUE_DELAY", "Admitted", "Limiter", "Verdict"]

@@ -1,0 +1,155 @@
+"""Concurrency limits across worker processes (ojs-rate-limiting.md §5.1, RL-001..RL-003; issue 31 item 3).
+
+Two ``Worker`` processes with ``concurrency=8`` each run jobs of one key limited to 3: the handlers
+record their start and end (one monotonic clock for the machine), and the drill asserts that never
+more than 3 ran at once, that every job completed, and that the permits of a SIGKILLed worker came
+back by themselves (the survivor alone reaches 3 at once again).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY
+from support import wait_until
+
+from ojs_kombu import Client, Job, RateLimitPolicy, RetryPolicy
+
+LIMITED_WORKER = Path(__file__).resolve().parent.parent / "helpers" / "limited_worker.py"
+
+
+def _max_overlap(intervals: list[tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])  # ends first on ties
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def test_two_worker_processes_never_run_more_than_the_key_allows_and_a_killed_ones_permits_return(
+    amqp_url: str, prefix: str, client: Client, tmp_path: Path
+):
+    log = tmp_path / "runs.log"
+    stderr = open(tmp_path / "workers.stderr", "ab")  # closed in finally
+    processes: list[subprocess.Popen] = []
+
+    def spawn() -> subprocess.Popen:
+        process = subprocess.Popen(
+            [sys.executable, str(LIMITED_WORKER), "--prefix", prefix, "--log", str(log), "--concurrency", "8"],
+            env={**os.environ, "OJS_AMQP_URL": amqp_url},
+            stdout=stderr,
+            stderr=stderr,
+        )
+        processes.append(process)
+        return process
+
+    def events() -> list[tuple[str, float, int, int]]:
+        if not log.exists():
+            return []
+        rows = [line.split(" ") for line in log.read_text().splitlines() if line.count(" ") == 3]
+        return [(kind, float(t), int(n), int(pid)) for kind, t, n, pid in rows]
+
+    policy = RateLimitPolicy(key=f"{prefix}-api", concurrency=3)
+    retry = RetryPolicy(max_attempts=5, initial_interval="PT0.1S", jitter=False)
+    total = 40
+    try:
+        victim, survivor = spawn(), spawn()
+        client.enqueue_many(
+            [Job.create("limited.run", [n], queue="limited", rate_limit=policy, retry=retry) for n in range(total)]
+        )
+
+        def victim_mid_run() -> bool:  # ten jobs done, and the victim holds a permit (a run of its started, not ended)
+            rows = events()
+            opened = {n for kind, _, n, pid in rows if kind == "start" and pid == victim.pid}
+            closed = {n for kind, _, n, pid in rows if kind == "end" and pid == victim.pid}
+            return sum(kind == "end" for kind, *_ in rows) >= 10 and bool(opened - closed)
+
+        wait_until(victim_mid_run, timeout=30, interval=0.01, message="the victim running a job after 10 runs")
+        victim.kill()
+        victim.wait()
+        killed_at = time.monotonic()
+        wait_until(
+            lambda: {n for kind, _, n, _ in events() if kind == "end"} == set(range(total)),
+            timeout=60,
+            message="every job completed",
+        )
+        rows = events()
+        starts = {(n, pid): t for kind, t, n, pid in rows if kind == "start"}
+        ends = {(n, pid): t for kind, t, n, pid in rows if kind == "end"}
+        # A run the SIGKILL interrupted held its permit until the kill.
+        intervals = [(t, ends.get(run, killed_at)) for run, t in starts.items()]
+        assert _max_overlap(intervals) <= 3, sorted(intervals)
+        pids = {pid for _, _, _, pid in rows}
+        assert pids == {victim.pid, survivor.pid}, "both workers ran jobs"
+        assert any(pid == victim.pid and run not in ends for run in starts for _, pid in [run]), "killed mid-run"
+        after_kill = [
+            (t, end)
+            for (n, pid), t in starts.items()
+            if pid == survivor.pid and t > killed_at
+            for end in [ends[(n, pid)]]
+        ]
+        assert _max_overlap(after_kill) == 3, "the survivor took the killed worker's permits"
+        assert survivor.poll() is None
+        print(f"limits drill: {len(starts)} runs, peak {_max_overlap(intervals)}, {len(after_kill)} after the kill")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        stderr.close()
+
+
+def _sample(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_queue_policy_on_limit_actions_and_metrics_in_one_worker(client: Client, worker_factory, prefix: str, names):
+    """A queue's policy holds its jobs to 1 at once; a paused key (concurrency 0) drops, reschedules or
+    keeps waiting per ``on_limit`` (never running); the ``ojs_rate_limit_*`` metrics tell it; a stopping
+    worker hands its waiting job back to the queue."""
+    queue_key, paused = f"{prefix}-queue", f"{prefix}-paused"
+    worker = worker_factory(("lq",), concurrency=4, rate_limits={"lq": {"key": queue_key, "concurrency": 1}})
+    runs: list[tuple[float, float]] = []
+    ran: list[int] = []
+    events: list[Any] = []
+    worker.lifecycle.subscribe(events.append)
+
+    @worker.handler("limited.run")
+    def run(n: int) -> None:
+        started = time.monotonic()
+        ran.append(n)
+        time.sleep(0.1)
+        runs.append((started, time.monotonic()))
+
+    worker.start()
+    drop = Job.create("limited.run", [-1], queue="lq", rate_limit={"key": paused, "concurrency": 0, "on_limit": "drop"})
+    again = RateLimitPolicy(key=paused, concurrency=0, on_limit="reschedule")
+    waits = Job.create("limited.run", [-3], queue="lq", rate_limit={"key": paused, "concurrency": 0})
+    client.enqueue_many([drop, Job.create("limited.run", [-2], queue="lq", rate_limit=again), waits])
+    client.enqueue_many([Job.create("limited.run", [n], queue="lq") for n in range(5)])
+    wait_until(lambda: (_sample("ojs_rate_limit_waiting", key=queue_key) or 0) >= 1, message="a job waiting")
+    wait_until(lambda: len(runs) == 5, timeout=20, message="the queue's jobs ran")
+    assert sorted(ran) == list(range(5))
+    assert _max_overlap(runs) == 1
+    wait_until(
+        lambda: (_sample("ojs_rate_limit_exceeded_total", key=paused, strategy="concurrency") or 0) >= 3,
+        timeout=10,
+        message="the rescheduled job came back and was held again",
+    )
+    failed = [e for e in events if e.event == "failed" and e.job_id == drop.id]
+    assert len(failed) == 1 and failed[0].error["code"] == "rate_limited"
+    assert not [e for e in events if e.event == "retried" and e.job_id == drop.id]
+    assert not {-1, -2, -3} & set(ran)
+    wait_until(lambda: _sample("ojs_rate_limit_active", key=queue_key) == 0, message="the last run's permit back")
+    assert (_sample("ojs_rate_limit_exceeded_total", key=queue_key, strategy="concurrency") or 0) >= 1
+    assert _sample("ojs_rate_limit_waiting", key=paused) == 1  # the "wait" job, parked
+    worker.stop(timeout=5)
+    counts = client.queue_counts([names.job_queue("lq")])[names.job_queue("lq")]
+    assert counts is not None and counts.ready >= 1  # handed back (the rescheduled one may be in the cascade)
+    assert not [e for e in events if e.job_id == waits.id]  # never started, never failed
