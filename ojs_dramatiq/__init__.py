@@ -30,11 +30,13 @@ from .encoder import (
     ojs_queue_for,
     retry_policy_for,
 )
+from .groups import OjsGroupCallbacks
 from .running import OjsRunning, RunningMessage, current_cancelled
 
 __all__ = [
     "OjsBroker",
     "OjsEncoder",
+    "OjsGroupCallbacks",
     "OjsMessageProxy",
     "OjsRunning",
     "RunningMessage",

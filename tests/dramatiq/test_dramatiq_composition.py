@@ -7,12 +7,10 @@ import threading
 import dramatiq
 import pytest
 from dramatiq import group, pipeline
-from dramatiq.middleware import GroupCallbacks
-from dramatiq.rate_limits.backends import StubBackend as StubRateLimiterBackend
 from dramatiq.results import Results
 from dramatiq.results.backends import StubBackend
 
-from ojs_dramatiq import OjsBroker
+from ojs_dramatiq import OjsBroker, OjsGroupCallbacks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,7 +67,7 @@ def test_pipelines_pipe_results_through_the_broker(ojs_broker, start_worker, res
 
 
 def test_groups_and_their_completion_callbacks(ojs_broker, start_worker, results):
-    ojs_broker.add_middleware(GroupCallbacks(StubRateLimiterBackend()))
+    ojs_broker.add_middleware(OjsGroupCallbacks())  # the fan-in, no Redis: test_dramatiq_groups.py across processes
     done = threading.Event()
 
     @dramatiq.actor(store_results=True)
