@@ -8,7 +8,8 @@
     dramatiq.set_broker(OjsBroker("amqp://guest:guest@localhost:5672/%2F"))  # before importing actors
 
 Actors, ``send()``, ``send_with_options(delay=...)``, middleware, pipelines,
-groups, results and the ``dramatiq`` CLI work unchanged; the messages on the
+groups, results and the ``dramatiq`` CLI work unchanged (group completion callbacks without
+Redis: :class:`OjsGroupCallbacks` in ``GroupCallbacks``' place); the messages on the
 wire are OJS job envelopes that any OJS worker (``ojs_kombu``, ``ojs_celery``,
 other SDKs) can run, and jobs from any OJS producer reach the actor whose name
 maps to their type.  See the README, "Migrating a Dramatiq project".

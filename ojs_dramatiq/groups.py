@@ -119,11 +119,20 @@ class GroupCounts(RateLimiterBackend):
         """
         hook = self._owner.hook()
         hook.run(lambda runner: runner.fan_in.open(key, value), job_id=key)
+        self.note(key, value)
+        return True
+
+    def note(self, key: str, count: int) -> None:
+        """Note that group ``key`` has ``count`` members, the next ones this process publishes.
+
+        Parameters:
+            key: the group's ``group_completion_uuid``.
+            count: how many members it has.
+        """
         with self._lock:
-            self._groups[key] = [value, 0]
+            self._groups[key] = [count, 0]
             while len(self._groups) > MAX_OPEN_GROUPS:
                 self._groups.popitem(last=False)
-        return True
 
     def take_index(self, key: str) -> tuple[int, int] | None:
         """The place of the next member of group ``key`` published by this process.
@@ -132,7 +141,8 @@ class GroupCounts(RateLimiterBackend):
             key: the group's ``group_completion_uuid``.
 
         Returns:
-            ``(index, count)``, or None when :meth:`add` did not open this group here.
+            ``(index, count)``, or None when :meth:`add` did not open this group here (or all
+            its members have their place already).
         """
         with self._lock:
             entry = self._groups.get(key)
