@@ -176,10 +176,13 @@ class OjsGroupCallbacks(GroupCallbacks):
         Raises:
             RuntimeError: it was not added to an :class:`~ojs_dramatiq.OjsBroker`.
         """
+        hook: WorkflowHook = self._broker().assembly.workflow
+        return hook
+
+    def _broker(self) -> _GroupBroker:
         if self.broker is None:
             raise RuntimeError("OjsGroupCallbacks works on an OjsBroker: add it with broker.add_middleware()")
-        hook: WorkflowHook = self.broker.assembly.workflow
-        return hook
+        return self.broker
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
         """Give a member of a group run by this process its place in the group (``ojs_group``)."""
@@ -213,8 +216,15 @@ class OjsGroupCallbacks(GroupCallbacks):
         member = _member(message.options)
         if member is None:
             return
-        uuid, index, count, callbacks = member
-        hook = self.hook()
+        uuid, index, count, data = member
+        broker = self._broker()
+        try:  # what a foreign producer put in the options must not make the member run forever
+            callbacks = [(callback, broker.job_for(callback)) for callback in _callback_messages(broker, data)]
+        except Exception:
+            logger.exception(
+                "group %s: its completion callbacks are not valid messages; member %d not counted", uuid, index
+            )
+            return
         error = None if state == "completed" else {"code": "handler_error", "message": "the group member failed"}
 
         def report(runner: WorkflowRunner) -> list[Message[Any]]:
@@ -228,25 +238,24 @@ class OjsGroupCallbacks(GroupCallbacks):
             return self._fire(runner, outcome, callbacks)
 
         try:
-            fired = hook.run(report, job_id=message.message_id)
+            fired = self.hook().run(report, job_id=message.message_id)
         except ValidationError:
-            logger.exception("group %s: a completion callback cannot be published", uuid)
+            logger.exception("group %s: a completion callback cannot be published (over 1 MiB?)", uuid)
             return
-        except Exception:
+        except Exception:  # the broker, twice: the member runs again and reports again, which counts once
             if state == "completed" and isinstance(message, OjsMessageProxy):
                 logger.exception("group %s: the report of member %d failed; the member is handed back", uuid, index)
-                message.origin.requeue([message])  # it runs again and reports again: counted once
+                message.origin.requeue([message])
             else:
                 logger.exception("group %s: the report of failed member %d failed", uuid, index)
             return
-        assert self.broker is not None  # hook() checked it
         for callback in fired:
-            self.broker.emit_after("enqueue", callback, None)
+            broker.emit_after("enqueue", callback, None)
 
-    def _fire(self, runner: WorkflowRunner, ready: Ready, callbacks: list[Mapping[str, Any]]) -> list[Message[Any]]:
+    def _fire(
+        self, runner: WorkflowRunner, ready: Ready, callbacks: list[tuple[Message[Any], Job]]
+    ) -> list[Message[Any]]:
         """Publish the callbacks of a group whose members all ended (none if one failed), then delete its fan-in."""
-        broker = self.broker
-        assert broker is not None
         if ready.failed:
             logger.info(
                 "group %s: members %s failed; its completion callbacks do not run",
@@ -255,16 +264,31 @@ class OjsGroupCallbacks(GroupCallbacks):
             )
             runner.fan_in.cleanup(ready.workflow_id)
             return []
-        messages: list[Message[Any]] = [Message(**callback) for callback in callbacks]
-        jobs = {}
-        for callback in messages:
-            broker.declare_queue(callback.queue_name)
+        broker = self._broker()
+        outgoing = {}
+        for callback, job in callbacks:
             broker.emit_before("enqueue", callback, None)
-            job = broker.job_for(callback)
-            jobs[job.id] = (callback, runner.outgoing(job))
-        published = runner.fan_in.fire(ready, [outgoing for _, outgoing in jobs.values()])
+            outgoing[job.id] = (callback, runner.outgoing(job))
+        published = runner.fan_in.fire(ready, [message for _, message in outgoing.values()])
         runner.fan_in.cleanup(ready.workflow_id)
-        return [jobs[job_id][0] for job_id in published]
+        return [outgoing[job_id][0] for job_id in published]
+
+
+def _callback_messages(broker: _GroupBroker, data: list[Any]) -> list[Message[Any]]:
+    """The completion callbacks of a group, from its members' ``group_completion_callbacks``, their queues declared.
+
+    Raises:
+      TypeError: an entry is not a message's fields.
+      ValidationError: a queue name that has no OJS queue name.
+    """
+    messages = []
+    for fields in data:
+        if not isinstance(fields, dict):
+            raise TypeError(f"a completion callback must be a message's fields, got {type(fields).__name__}")
+        message: Message[Any] = Message(**fields)
+        broker.declare_queue(message.queue_name)
+        messages.append(message)
+    return messages
 
 
 def _member_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -278,7 +302,7 @@ def _member_options(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _member(options: Mapping[str, Any]) -> tuple[str, int, int, list[Mapping[str, Any]]] | None:
+def _member(options: Mapping[str, Any]) -> tuple[str, int, int, list[Any]] | None:
     """``(group uuid, index, count, callbacks)`` of a member message, or None for any other message."""
     uuid = options.get("group_completion_uuid")
     callbacks = options.get("group_completion_callbacks")

@@ -8,7 +8,7 @@ from dramatiq import pipeline
 from dramatiq.brokers.stub import StubBroker
 
 from ojs_dramatiq import OjsGroupCallbacks
-from ojs_dramatiq.groups import GROUP_OPTION, MAX_OPEN_GROUPS, _member, _member_options
+from ojs_dramatiq.groups import GROUP_OPTION, MAX_OPEN_GROUPS, _callback_messages, _member, _member_options
 
 
 @pytest.fixture
@@ -60,3 +60,13 @@ def test_a_member_is_counted_only_with_a_valid_place(place, expected):
         options[GROUP_OPTION] = place
     assert _member(options) == expected
     assert _member({"pipe_target": {}}) is None  # no group at all
+
+
+def test_callbacks_from_the_options_are_messages_or_a_clear_error(stub):
+    callback = dramatiq.Actor(lambda: None, broker=stub, actor_name="cb", queue_name="q", priority=0, options={})
+    fields = callback.message().asdict()
+    assert _callback_messages(stub, [fields])[0].message_id == fields["message_id"]
+    with pytest.raises(TypeError, match="message's fields"):
+        _callback_messages(stub, ["cb"])
+    with pytest.raises(TypeError):
+        _callback_messages(stub, [{"actor_name": "cb"}])  # a foreign producer's options: the member is not counted
