@@ -21,11 +21,10 @@ callbacks under a unique lock:
 
 * ``group.run()`` finds this middleware (it is a ``GroupCallbacks``) and creates its barrier of
   ``n`` parties in :attr:`OjsGroupCallbacks.rate_limiter_backend` (a :class:`GroupCounts`), which
-  notes ``n`` for this process only;
+  opens the group's fan-in stream ``ojs.workflow.{group_completion_uuid}`` and notes ``n``;
 * before each member is published (``before_enqueue``), its options get ``ojs_group``:
   ``{"index": i, "count": n}`` (a member pipeline: its last message, inside the ``pipe_target``
-  chain, which is what ``group.run`` gives the group's options); before the first member, the
-  group's fan-in stream ``ojs.workflow.{group_completion_uuid}`` is opened;
+  chain, which is what ``group.run`` gives the group's options);
 * a member whose actor returned reports ``completed`` (``after_process_message``, before the ack);
   a member failed for good reports ``failed`` (``before_nack``).  The one reporter that sees all
   ``n`` publishes the ``group_completion_callbacks`` (confirmed, each once: their message ids are
@@ -34,7 +33,7 @@ callbacks under a unique lock:
   failed for good means they never run (the stream is deleted all the same).
 
 The reports use the broker's workflow connection (:attr:`ojs_kombu.runtime.assembly.Assembly.workflow`),
-one report at a time per process (about a millisecond).  A report the broker refused twice hands
+one report at a time per process.  A report the broker refused twice hands
 the member back (republished unchanged, then acked): it runs again and reports again, which counts
 once.  The barrier's ``ttl`` does not apply: a group's stream lives until its callbacks were
 published or a member failed for good, at most ``x-max-age`` (7 days) of records.
@@ -59,6 +58,7 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.runtime.workflow import WorkflowHook, WorkflowRunner
 
 from .consumer import OjsMessageProxy
+from .errors import dramatiq_errors
 
 logger = logging.getLogger(__name__)
 
@@ -115,10 +115,12 @@ class GroupCounts(RateLimiterBackend):
         Raises:
             RuntimeError: the middleware was not added to an ``OjsBroker``.
             ojs_kombu.ValidationError: ``value`` below 1.
-            ojs_kombu.OjsError: the broker did not take the fan-in (twice).
+            dramatiq.errors.BrokerError: the broker did not take the fan-in (twice), as
+                ``OjsBroker.enqueue`` raises it (``ConnectionClosed`` ...).
         """
         hook = self._owner.hook()
-        hook.run(lambda runner: runner.fan_in.open(key, value), job_id=key)
+        with dramatiq_errors():
+            hook.run(lambda runner: runner.fan_in.open(key, value), job_id=key)
         self.note(key, value)
         return True
 
