@@ -8,7 +8,8 @@
     dramatiq.set_broker(OjsBroker("amqp://guest:guest@localhost:5672/%2F"))  # before importing actors
 
 Actors, ``send()``, ``send_with_options(delay=...)``, middleware, pipelines,
-groups, results and the ``dramatiq`` CLI work unchanged; the messages on the
+groups, results and the ``dramatiq`` CLI work unchanged (group completion callbacks without
+Redis: :class:`OjsGroupCallbacks` in ``GroupCallbacks``' place); the messages on the
 wire are OJS job envelopes that any OJS worker (``ojs_kombu``, ``ojs_celery``,
 other SDKs) can run, and jobs from any OJS producer reach the actor whose name
 maps to their type.  See the README, "Migrating a Dramatiq project".
@@ -33,6 +34,7 @@ from .encoder import (
     ojs_queue_for,
     retry_policy_for,
 )
+from .groups import OjsGroupCallbacks
 from .limits import OjsConcurrentRateLimiter
 from .running import OjsRunning, RunningMessage, current_cancelled
 
@@ -40,6 +42,7 @@ __all__ = [
     "OjsBroker",
     "OjsConcurrentRateLimiter",
     "OjsEncoder",
+    "OjsGroupCallbacks",
     "OjsMessageProxy",
     "OjsRunning",
     "RunningMessage",

@@ -70,6 +70,7 @@ from ojs_kombu.wire.entities import QueueOptions
 from .consumer import OjsConsumer, OjsMessageProxy
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for
 from .errors import dramatiq_error, dramatiq_errors
+from .groups import OjsGroupCallbacks
 from .parameters import PIKA_KEYWORDS, refuse_untranslatable, url_for_parameters
 from .presence import OjsPresence
 from .running import OjsRunning
@@ -296,9 +297,12 @@ class OjsBroker(dramatiq.Broker):
         """Add ``middleware`` as any Dramatiq broker does, keeping :class:`~ojs_dramatiq.OjsRunning` last.
 
         Last, because Dramatiq runs after-hooks in reverse order: it settles a cancelled message
-        before ``Retries`` (even one added later) could retry or dead-letter it.
+        before ``Retries`` (even one added later) could retry or dead-letter it.  An
+        :class:`~ojs_dramatiq.OjsGroupCallbacks` learns its broker here.
         """
         super().add_middleware(middleware, before=before, after=after)
+        if isinstance(middleware, OjsGroupCallbacks):
+            middleware.broker = self
         running = self._running
         if running is not None and self.middleware[-1] is not running:
             self.middleware.remove(running)

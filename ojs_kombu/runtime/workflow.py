@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from amqp import Connection
 from kombu.connection import Connection as KombuConnection
@@ -60,6 +60,8 @@ from ojs_kombu.policy.workflow import (
 from ojs_kombu.wire.codec import OutgoingMessage, encode
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 TerminalState = Literal["completed", "failed", "cancelled"]
 """How a job of a workflow ended, as the completion hook is told."""
@@ -220,9 +222,7 @@ class WorkflowRunner:
             if isinstance(action, OpenFanIn):
                 self.fan_in.open(action.id, action.count, action.continuation)
             elif isinstance(action, Enqueue):
-                job = workflow_job(action.job, action.context)
-                self.topology.ensure_queue(self.connection, job.queue)
-                jobs.append((self.names.job_queue(job.queue), encode(job, app_id=self.app_id)))
+                jobs.append(self.outgoing(workflow_job(action.job, action.context)))
                 enqueues.append(action)
             elif isinstance(action, Report):
                 self._report(action)
@@ -257,6 +257,21 @@ class WorkflowRunner:
             self._cancelled_ids.add(workflow_id)
             return True
         return False
+
+    def outgoing(self, job: Job) -> tuple[str, OutgoingMessage]:
+        """``job`` ready for :meth:`FanIn.fire <ojs_kombu.amqp.fanin.FanIn.fire>`: its job queue declared.
+
+        Parameters:
+            job: the job to publish.
+
+        Returns:
+            ``(AMQP job queue name, encoded job)``.
+
+        Raises:
+            ValidationError: the job cannot be encoded (over 1 MiB).
+        """
+        self.topology.ensure_queue(self.connection, job.queue)
+        return self.names.job_queue(job.queue), encode(job, app_id=self.app_id)
 
     def _report(self, report: Report) -> None:
         ref = report.fan_in
@@ -349,17 +364,34 @@ class WorkflowHook:
         context = WorkflowContext.from_meta(job.meta)
         if context is None:
             return
+        self.run(lambda runner: runner.ended(job, context, state, result, error), job_id=job.id)
+
+    def run(self, operation: Callable[[WorkflowRunner], T], *, job_id: str = "") -> T:
+        """``operation(runner)`` on the hook's connection, one call at a time; after a broker error,
+        once more on a new connection (so ``operation`` must be idempotent).
+
+        Parameters:
+            operation: what to do with the hook's :class:`WorkflowRunner`.
+            job_id: the job it is done for (logged when the first try failed).
+
+        Returns:
+            What ``operation`` returned.
+
+        Raises:
+            ValidationError: as ``operation`` raised it (never tried again).
+            OjsError: the broker refused a record or a publish, twice.
+        """
         with self._lock:
             try:
-                self._run(lambda runner: runner.ended(job, context, state, result, error))
+                return self._run(operation)
             except ValidationError:
                 raise
             except Exception:  # a broker error: once more on a new connection
-                logger.warning("the workflow hook failed for job %s; trying again", job.id, exc_info=True)
+                logger.warning("the workflow hook failed for job %s; trying again", job_id, exc_info=True)
                 self._reset()
-                self._run(lambda runner: runner.ended(job, context, state, result, error))
+                return self._run(operation)
 
-    def _run(self, operation: Callable[[WorkflowRunner], None]) -> None:
+    def _run(self, operation: Callable[[WorkflowRunner], T]) -> T:
         runner = self._runner
         if runner is None:
             connection = self._connect()
@@ -367,7 +399,7 @@ class WorkflowHook:
                 connection.connect()
             self._connection = connection
             runner = self._runner = WorkflowRunner(connection.connection, self.topology, app_id=self.app_id)
-        operation(runner)
+        return operation(runner)
 
     def _reset(self) -> None:
         runner, connection = self._runner, self._connection

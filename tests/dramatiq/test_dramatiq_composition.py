@@ -7,12 +7,11 @@ import threading
 import dramatiq
 import pytest
 from dramatiq import group, pipeline
-from dramatiq.middleware import GroupCallbacks
-from dramatiq.rate_limits.backends import StubBackend as StubRateLimiterBackend
 from dramatiq.results import Results
 from dramatiq.results.backends import StubBackend
+from support import wait_until
 
-from ojs_dramatiq import OjsBroker
+from ojs_dramatiq import OjsBroker, OjsGroupCallbacks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,24 +67,40 @@ def test_pipelines_pipe_results_through_the_broker(ojs_broker, start_worker, res
     assert list(pipe.get_results(block=True, timeout=20_000)) == [3, 6, 12]
 
 
-def test_groups_and_their_completion_callbacks(ojs_broker, start_worker, results):
-    ojs_broker.add_middleware(GroupCallbacks(StubRateLimiterBackend()))
+def test_groups_and_their_completion_callbacks(ojs_broker, start_worker, results, management, names):
+    ojs_broker.add_middleware(OjsGroupCallbacks())  # the fan-in, no Redis: test_dramatiq_groups.py across processes
     done = threading.Event()
+    after_failure = []
 
     @dramatiq.actor(store_results=True)
     def inc(x):
         return x + 1
 
+    @dramatiq.actor(max_retries=0)
+    def broken():
+        raise ValueError("a member that fails for good")
+
     @dramatiq.actor
     def finished():
         done.set()
+
+    @dramatiq.actor
+    def never():
+        after_failure.append(1)
 
     start_worker()
     g = group(inc.message(i) for i in range(5))
     g.add_completion_callback(finished.message())
     g.run()
+    failing = group([inc.message(10), broken.message()])
+    failing.add_completion_callback(never.message())
+    failing.run()
     assert sorted(g.get_results(block=True, timeout=20_000)) == [1, 2, 3, 4, 5]
     assert done.wait(20)
+    # Both fan-in streams are deleted: after the callback was published, and once the failing group ended.
+    wait_until(lambda: not management.queues(names.fan_in_stream("")), 20, message="the fan-in streams deleted")
+    ojs_broker.join("default", timeout=20_000)
+    assert after_failure == []  # a member failed for good: no callback, as with GroupCallbacks
 
 
 def test_on_success_and_on_failure_callbacks(ojs_broker, start_worker):
