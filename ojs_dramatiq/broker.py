@@ -65,13 +65,12 @@ from ojs_kombu.runtime.assembly import Assembly
 from ojs_kombu.runtime.control import CancelRunning
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
 from ojs_kombu.wire.completed import CompletedOptions
-from ojs_kombu.wire.entities import QueueOptions
 
 from .consumer import OjsConsumer, OjsMessageProxy
 from .encoder import job_to_message, message_to_job, ojs_queue_for, retry_policy_for
 from .errors import dramatiq_error, dramatiq_errors
 from .groups import OjsGroupCallbacks
-from .parameters import PIKA_KEYWORDS, refuse_untranslatable, url_for_parameters
+from .parameters import split_options
 from .presence import OjsPresence
 from .running import OjsRunning
 
@@ -82,28 +81,6 @@ T = TypeVar("T")
 
 class _Releasable(Protocol):
     def release(self) -> None: ...
-
-
-#: Options of :class:`ojs_kombu.Client` that ``OjsBroker`` passes through.
-CLIENT_OPTIONS = frozenset(
-    {
-        "declare",
-        "queue_options",
-        "queue_type",
-        "pool_size",
-        "confirm_timeout",
-        "publish_timeout",
-        "connect_retries",
-        "app_id",
-        "on_conflict",
-        "window",
-        "connection_name",
-        "control",
-    }
-)
-
-#: Options of the kombu connections that ``OjsBroker`` passes through.
-KOMBU_OPTIONS = frozenset({"heartbeat", "ssl", "transport_options"})
 
 
 class OjsBroker(dramatiq.Broker):
@@ -211,7 +188,7 @@ class OjsBroker(dramatiq.Broker):
         if max_priority is not None and not 0 < max_priority <= 255:
             raise ValueError("max_priority must be a value between 0 and 255")
         self.dead_letter_mode = dead_letter_mode
-        url, kombu_options, client_options = _split_options(url, parameters, options, max_priority)
+        url, kombu_options, client_options = split_options(url, parameters, options, max_priority)
         self.max_priority = max_priority
         self.heartbeat: float = kombu_options.get("heartbeat", DEFAULT_HEARTBEAT)
         self.ssl = kombu_options.get("ssl")
@@ -282,13 +259,7 @@ class OjsBroker(dramatiq.Broker):
         use; :class:`~ojs_dramatiq.OjsConcurrentRateLimiter` takes them)."""
         with self._admin_lock:
             if self._permits is None:
-                self._permits = Permits(
-                    self.client.url,
-                    names=self.names,
-                    ssl=self.ssl,
-                    transport_options=self.transport_options,
-                    connection_name=f"ojs_dramatiq permits {self.client.connection_name}",
-                )
+                self._permits = self.assembly.permits(f"ojs_dramatiq permits {self.client.connection_name}")
             return self._permits
 
     def add_middleware(
@@ -659,50 +630,6 @@ def _purge(conn: Connection, queues: Iterable[str]) -> None:
             pass  # never declared: nothing to purge
         finally:
             close_quietly(channel)  # closed by the broker after a 404
-
-
-def _split_options(
-    url: BrokerUrls | None, parameters: Sequence[Any] | None, options: dict[str, Any], max_priority: int | None
-) -> tuple[BrokerUrls | None, dict[str, Any], dict[str, Any]]:
-    """``OjsBroker``'s keyword arguments: the URL (or what ``parameters`` / the pika keywords in
-    ``options`` give), the kombu connection options and the :class:`~ojs_kombu.client.Client`'s.
-
-    Raises:
-      TypeError: an unknown keyword argument (or one :func:`_connection` refuses).
-    """
-    unknown = set(options) - CLIENT_OPTIONS - KOMBU_OPTIONS - PIKA_KEYWORDS
-    if unknown:
-        raise TypeError(f"OjsBroker() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
-    url, heartbeat = _connection(url, parameters, options)
-    kombu_options = {k: v for k, v in options.items() if k in KOMBU_OPTIONS}
-    if heartbeat is not None:
-        kombu_options["heartbeat"] = heartbeat
-    client_options = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
-    client_options.setdefault("pool_size", 64)  # one pooled connection per publishing worker thread
-    if max_priority is not None and "queue_options" not in client_options:
-        client_options["queue_options"] = QueueOptions(max_priority=max_priority)
-    return url, kombu_options, client_options
-
-
-def _connection(
-    url: BrokerUrls | None, parameters: Sequence[Any] | None, options: dict[str, Any]
-) -> tuple[BrokerUrls | None, float | None]:
-    """``url``, or the URL of ``RabbitmqBroker``'s ``parameters=`` / pika keyword arguments in
-    ``options``; and the heartbeat those gave (``None``: none)."""
-    refuse_untranslatable(sorted(options))  # before any other complaint: it says what to use instead
-    pika_options = {k: v for k, v in options.items() if k in PIKA_KEYWORDS}
-    if parameters is None and not pika_options:
-        return url, None
-    if url is not None:
-        given = ["parameters"] if parameters is not None else sorted(pika_options)
-        raise TypeError(f"OjsBroker(url=…) cannot be combined with pika connection parameters ({', '.join(given)})")
-    heartbeat = options.get("heartbeat")
-    if parameters is None and heartbeat is not None:
-        pika_options["heartbeat"] = heartbeat
-    translation = url_for_parameters(parameters, **pika_options)
-    if heartbeat is not None and translation.heartbeat not in (None, heartbeat):
-        raise ValueError(f"heartbeat={heartbeat} differs from the parameters' heartbeat {translation.heartbeat}")
-    return translation.url, translation.heartbeat
 
 
 __all__ = ["OjsBroker", "OjsMessageProxy"]

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from ojs_kombu.amqp.urls import BrokerUrls
+from ojs_kombu.wire.entities import QueueOptions
+
 #: pika connection parameters with a URL equivalent.
 TRANSLATED = ("host", "port", "virtual_host", "credentials", "heartbeat")
 
@@ -175,4 +178,90 @@ def _heartbeat(value: Any) -> float | None:
     return value
 
 
-__all__ = ["PIKA_KEYWORDS", "REFUSED", "TRANSLATED", "Translation", "refuse_untranslatable", "url_for_parameters"]
+#: Options of :class:`ojs_kombu.Client` that ``OjsBroker`` passes through.
+CLIENT_OPTIONS = frozenset(
+    {
+        "declare",
+        "queue_options",
+        "queue_type",
+        "pool_size",
+        "confirm_timeout",
+        "publish_timeout",
+        "connect_retries",
+        "app_id",
+        "on_conflict",
+        "window",
+        "connection_name",
+        "control",
+    }
+)
+
+#: Options of the kombu connections that ``OjsBroker`` passes through.
+KOMBU_OPTIONS = frozenset({"heartbeat", "ssl", "transport_options"})
+
+
+def split_options(
+    url: BrokerUrls | None, parameters: Sequence[Any] | None, options: dict[str, Any], max_priority: int | None
+) -> tuple[BrokerUrls | None, dict[str, Any], dict[str, Any]]:
+    """``OjsBroker``'s keyword arguments: the URL (or what ``parameters`` / the pika keywords in
+    ``options`` give), the kombu connection options and the :class:`~ojs_kombu.client.Client`'s.
+
+    Parameters:
+        url: ``OjsBroker(url=...)``, or None.
+        parameters: ``RabbitmqBroker``'s ``parameters=``, or None.
+        options: the other keyword arguments.
+        max_priority: ``OjsBroker(max_priority=...)``: the job queues' ``x-max-priority``.
+
+    Returns:
+        ``(url, kombu connection options, Client options)``.
+
+    Raises:
+      TypeError: an unknown keyword argument (or one :func:`_connection` refuses).
+      ValueError: a heartbeat that differs from the parameters'.
+    """
+    unknown = set(options) - CLIENT_OPTIONS - KOMBU_OPTIONS - PIKA_KEYWORDS
+    if unknown:
+        raise TypeError(f"OjsBroker() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    url, heartbeat = _connection(url, parameters, options)
+    kombu_options = {k: v for k, v in options.items() if k in KOMBU_OPTIONS}
+    if heartbeat is not None:
+        kombu_options["heartbeat"] = heartbeat
+    client_options = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
+    client_options.setdefault("pool_size", 64)  # one pooled connection per publishing worker thread
+    if max_priority is not None and "queue_options" not in client_options:
+        client_options["queue_options"] = QueueOptions(max_priority=max_priority)
+    return url, kombu_options, client_options
+
+
+def _connection(
+    url: BrokerUrls | None, parameters: Sequence[Any] | None, options: dict[str, Any]
+) -> tuple[BrokerUrls | None, float | None]:
+    """``url``, or the URL of ``RabbitmqBroker``'s ``parameters=`` / pika keyword arguments in
+    ``options``; and the heartbeat those gave (``None``: none)."""
+    refuse_untranslatable(sorted(options))  # before any other complaint: it says what to use instead
+    pika_options = {k: v for k, v in options.items() if k in PIKA_KEYWORDS}
+    if parameters is None and not pika_options:
+        return url, None
+    if url is not None:
+        given = ["parameters"] if parameters is not None else sorted(pika_options)
+        raise TypeError(f"OjsBroker(url=…) cannot be combined with pika connection parameters ({', '.join(given)})")
+    heartbeat = options.get("heartbeat")
+    if parameters is None and heartbeat is not None:
+        pika_options["heartbeat"] = heartbeat
+    translation = url_for_parameters(parameters, **pika_options)
+    if heartbeat is not None and translation.heartbeat not in (None, heartbeat):
+        raise ValueError(f"heartbeat={heartbeat} differs from the parameters' heartbeat {translation.heartbeat}")
+    return translation.url, translation.heartbeat
+
+
+__all__ = [
+    "CLIENT_OPTIONS",
+    "KOMBU_OPTIONS",
+    "PIKA_KEYWORDS",
+    "REFUSED",
+    "TRANSLATED",
+    "Translation",
+    "refuse_untranslatable",
+    "split_options",
+    "url_for_parameters",
+]

@@ -20,6 +20,7 @@ from typing import Any
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
 from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.naming import Names
@@ -116,6 +117,23 @@ class Assembly:
         self.workflow = WorkflowHook(self._workflow_connection, topology)
         self._workflow_failover = Failover(
             url, heartbeat=0, ssl=ssl, transport_options=transport_options, connection_name="ojs_kombu workflows"
+        )
+
+    def permits(self, connection_name: str) -> Permits:
+        """A connection for the concurrency limits' permits (:class:`~ojs_kombu.runtime.limits.Limiter`).
+
+        Parameters:
+            connection_name: what the management UI shows for it.
+
+        Returns:
+            The permits, not yet connected (it connects on first use).
+        """
+        return Permits(
+            self.url,
+            names=self.names,
+            ssl=self.ssl,
+            transport_options=self.transport_options,
+            connection_name=connection_name,
         )
 
     def _workflow_connection(self) -> Any:

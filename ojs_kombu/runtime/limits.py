@@ -31,9 +31,10 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from ojs_kombu.amqp.permits import Permit, Permits
+from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.ratelimit import RateLimitPolicy
 from ojs_kombu.observability.limit_metrics import LIMIT_METRICS
@@ -63,6 +64,38 @@ Admitted = Sequence[Permit]
 Verdict = Admitted | Literal["parked", "settled"]
 """What :meth:`Limiter.admit` decided: run holding these permits, parked (``"wait"``), or settled
 (rescheduled, dropped)."""
+
+
+def queue_policies(
+    rate_limits: Mapping[str, RateLimitPolicy | Mapping[str, Any]] | None, queues: list[str]
+) -> dict[str, RateLimitPolicy]:
+    """The ``rate_limits`` of a worker's queues checked and read (``Worker(rate_limits=...)``).
+
+    Parameters:
+        rate_limits: a :class:`~ojs_kombu.RateLimitPolicy`, or a dict of its fields, per queue.
+        queues: the worker's queues.
+
+    Returns:
+        The policy of each queue that has one.
+
+    Raises:
+        ValidationError: a queue the worker does not consume, or a policy that is not one.
+    """
+    policies: dict[str, RateLimitPolicy] = {}
+    for queue, policy in (rate_limits or {}).items():
+        if queue not in queues:
+            raise ValidationError(
+                f"rate_limits names {queue!r}, which is not one of the worker's queues", field="rate_limits"
+            )
+        if not isinstance(policy, RateLimitPolicy):
+            if not isinstance(policy, Mapping):
+                raise ValidationError(
+                    f"rate_limits[{queue!r}] must be a RateLimitPolicy or a dict, got {type(policy).__name__}",
+                    field="rate_limits",
+                )
+            policy = RateLimitPolicy.model_validate(dict(policy))
+        policies[queue] = policy
+    return policies
 
 
 class Limiter:
@@ -338,4 +371,4 @@ class Limiter:
         return iter(rows)
 
 
-__all__ = ["RESCHEDULE_DELAY", "WAIT_REQUEUE_DELAY", "Admitted", "Limiter", "Verdict"]
+__all__ = ["RESCHEDULE_DELAY", "WAIT_REQUEUE_DELAY", "Admitted", "Limiter", "Verdict", "queue_policies"]

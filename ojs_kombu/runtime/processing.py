@@ -13,6 +13,31 @@ A job with concurrency limits takes its permits first (:class:`~ojs_kombu.runtim
 and gives them back once its run is settled.
 While the worker drains (a graceful shutdown) a job not started yet is handed back instead.
 It also counts what the shutdown waits for: the deliveries not yet settled, the jobs running.
+
+What the worker does with every kind of delivery (DESIGN §5):
+
+===========================================  ===================================================
+delivery                                     outcome
+===========================================  ===================================================
+handler returned                             ``Basic.Ack``
+handler raised, attempts left                retry queue (confirmed publish, attempt+1), then ack
+handler raised, exhausted / non-retryable    ``Basic.Nack(requeue=False)`` -> ``ojs.queue.dlx.{q}``
+                                             (ack and drop if ``on_exhaustion="discard"``)
+``redelivered`` (a worker died running it)   a failed attempt with error code ``worker_lost``
+cancelled (``Client.cancel``) before it ran   ack, not run (logged, counted)
+cancelled while running                      ``current_job().cancelled`` set, ``Cancelled`` raised in
+                                             the handler (unless ``cancel_running="cooperative"``);
+                                             ack whatever the handler then does, never retried
+``expires_at`` passed                        ack, not run (logged)
+``scheduled_at`` still ahead                 back into the scheduler (confirmed), then ack
+no free permit for its ``rate_limit``        ``on_limit``: wait unacked off the concurrency slots
+(or its queue's ``rate_limits``)             (or back through the scheduler), reschedule, or drop
+                                             (``docs/limits.md``)
+undecodable / invalid envelope / no handler  republished to the DLQ with ``x-ojs-error-code``
+                                             and ``x-ojs-error-message``, then ack
+handler raised ``SystemExit`` or             a failed attempt like any exception (retry or DLQ),
+``KeyboardInterrupt``                        then the worker shuts down gracefully (see below)
+===========================================  ===================================================
 """
 
 from __future__ import annotations

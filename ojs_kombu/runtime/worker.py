@@ -18,30 +18,8 @@ fails the attempt, and the job's retry policy decides: retry through the
 broker's retry queues, or the terminal outcome (dead letter queue, or
 discard when ``on_exhaustion`` is ``"discard"``); :class:`~ojs_kombu.Discard`
 and :class:`~ojs_kombu.DeadLetter` force those outcomes.  What the worker does
-with every kind of delivery (DESIGN §5):
-
-===========================================  ===================================================
-delivery                                     outcome
-===========================================  ===================================================
-handler returned                             ``Basic.Ack``
-handler raised, attempts left                retry queue (confirmed publish, attempt+1), then ack
-handler raised, exhausted / non-retryable    ``Basic.Nack(requeue=False)`` -> ``ojs.queue.dlx.{q}``
-                                             (ack and drop if ``on_exhaustion="discard"``)
-``redelivered`` (a worker died running it)   a failed attempt with error code ``worker_lost``
-cancelled (``Client.cancel``) before it ran   ack, not run (logged, counted)
-cancelled while running                      ``current_job().cancelled`` set, ``Cancelled`` raised in
-                                             the handler (unless ``cancel_running="cooperative"``);
-                                             ack whatever the handler then does, never retried
-``expires_at`` passed                        ack, not run (logged)
-``scheduled_at`` still ahead                 back into the scheduler (confirmed), then ack
-no free permit for its ``rate_limit``        ``on_limit``: wait unacked off the concurrency slots
-(or its queue's ``rate_limits``)             (or back through the scheduler), reschedule, or drop
-                                             (``docs/limits.md``)
-undecodable / invalid envelope / no handler  republished to the DLQ with ``x-ojs-error-code``
-                                             and ``x-ojs-error-message``, then ack
-handler raised ``SystemExit`` or             a failed attempt like any exception (retry or DLQ),
-``KeyboardInterrupt``                        then the worker shuts down gracefully (see below)
-===========================================  ===================================================
+with every kind of delivery is the table of
+:mod:`~ojs_kombu.runtime.processing` (DESIGN §5).
 
 Threads: one thread runs the :class:`~ojs_kombu.runtime.consumer.Consumer` loop;
 ``concurrency`` handler threads run jobs and hand their outcomes back to it.
@@ -106,7 +84,6 @@ from types import FrameType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url, safe_url
-from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.amqp.urls import BrokerUrls
 from ojs_kombu.errors import OjsError, ValidationError, WorkerError
@@ -122,7 +99,7 @@ from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.dispatch import Dispatch
 from ojs_kombu.runtime.handlers import BatchSpec, Handlers
 from ojs_kombu.runtime.lifecycle import JobEvent
-from ojs_kombu.runtime.limits import Limiter
+from ojs_kombu.runtime.limits import Limiter, queue_policies
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
 from ojs_kombu.runtime.processing import Processing, RunningJob, current_job
 from ojs_kombu.wire.completed import CompletedOptions
@@ -144,26 +121,6 @@ def _queues(queues: Iterable[str]) -> list[str]:
     if not names:
         raise ValidationError("a worker needs at least one queue", field="queues")
     return names
-
-
-def _rate_limits(
-    rate_limits: Mapping[str, RateLimitPolicy | Mapping[str, Any]] | None, queues: list[str]
-) -> dict[str, RateLimitPolicy]:
-    policies: dict[str, RateLimitPolicy] = {}
-    for queue, policy in (rate_limits or {}).items():
-        if queue not in queues:
-            raise ValidationError(
-                f"rate_limits names {queue!r}, which is not one of the worker's queues", field="rate_limits"
-            )
-        if not isinstance(policy, RateLimitPolicy):
-            if not isinstance(policy, Mapping):
-                raise ValidationError(
-                    f"rate_limits[{queue!r}] must be a RateLimitPolicy or a dict, got {type(policy).__name__}",
-                    field="rate_limits",
-                )
-            policy = RateLimitPolicy.model_validate(dict(policy))
-        policies[queue] = policy
-    return policies
 
 
 def _concurrency(concurrency: int) -> int:
@@ -270,8 +227,7 @@ class Worker:
     ):
         self.queues = _queues(queues)
         #: The policy of each queue that has one (``rate_limits``).
-        self.rate_limits = _rate_limits(rate_limits, self.queues)
-        self._ssl, self._transport_options = ssl, transport_options
+        self.rate_limits = queue_policies(rate_limits, self.queues)
         self.concurrency = _concurrency(concurrency)
         self.url = resolve_url(url)
         self.grace_period = grace_period
@@ -362,22 +318,13 @@ class Worker:
         self.dispatch = Dispatch(self.consumer, processing.handle, lambda: processing.in_flight, inline=self._inline)
         #: The concurrency limits of the jobs (``rate_limit``, ``rate_limits``): permits on a connection of its own.
         self.limiter = processing.limiter = Limiter(
-            self._permits,
+            lambda: self.assembly.permits(f"{self._consumer_name()} permits"),
             self.rate_limits,
             self.settler,
             self.dispatch.submit,
             park_limit=self.concurrency // 2,
             generation=lambda: self.consumer.generation,
             forsake=processing.forsake,
-        )
-
-    def _permits(self) -> Permits:
-        return Permits(
-            self.url,
-            names=self.names,
-            ssl=self._ssl,
-            transport_options=self._transport_options,
-            connection_name=f"{self._consumer_name()} permits",
         )
 
     @property
