@@ -122,8 +122,9 @@ removed before the py-amqp connection sees them:
     (:mod:`~ojs_kombu.transport.completed`), replayed before its first ``Basic.Consume``; a
     delivery whose job id completed already is acked without reaching the framework; an ack the
     framework marked a success (:meth:`Channel.note_success`, ``ojs_celery`` does on an
-    ``acks_late`` success) is sent once the id's record is confirmed.  Other acks (a retry's)
-    record nothing.
+    ``acks_late`` success) is sent once the id's record is confirmed: under kombu's event loop
+    (Celery's worker) the loop is woken for it, otherwise it leaves with the next ``drain_events``.
+    Other acks (a retry's) record nothing.
 
 ``completed_options``
     bounds of what ``deduplicate`` remembers: a :class:`~ojs_kombu.wire.completed.CompletedOptions`
