@@ -227,9 +227,6 @@ class Transport(pyamqp.Transport):
         waker = _LoopWaker(loop)
         state = connection.ojs
         recorded_waker: _ThreadWaker | None = None
-        if state.completed is not None:  # acks follow confirms read in the logs' threads
-            recorded_waker = _ThreadWaker(loop, state.maintain)
-            state.wake = recorded_waker.wake
 
         def retire() -> None:  # this connection is gone
             loop.on_tick.discard(tick)
@@ -257,6 +254,10 @@ class Transport(pyamqp.Transport):
                 waker.wake()
             connection.ojs.maintain()
             batch.flush()
+
+        if state.completed is not None:  # acks follow confirms read in the logs' threads
+            recorded_waker = _ThreadWaker(loop, maintain)
+            state.wake = recorded_waker.wake
 
         # On every tick, right before the loop polls: the frames read ahead, the control plane
         # (a pause applies right after the frame that carried it), the acks of this pass.  And
