@@ -364,7 +364,7 @@ def shared(amqp_url, management) -> Iterator[Shared]:
                     state.overlaps.append((*state.running, job_id))
                 state.running.add(job_id)
             try:
-                state.gate(name).wait(3)  # a blocking call: a cancel interrupts the handler when it returns
+                state.gate(name).wait(10)  # a blocking call: a cancel interrupts the handler when it returns
             finally:
                 with state.lock:
                     state.running.discard(job_id)
