@@ -28,6 +28,9 @@
    as above (the tasks are published by this tree's code for both).  Two versions of
    our code differ by less than the machine's speed moves between sittings, so a
    change is measured against its baseline in the same minutes.
+4. **Effectively-once.**  ``--deduplicate`` compares ``ojs://`` with the transport option
+   ``deduplicate`` (each success recorded in ``ojs.stream.completed.{q}``, confirmed, before its
+   ack) against ``ojs://`` without it, alternated as above.
 
 Run against a broker with the management plugin::
 
@@ -80,10 +83,12 @@ def make_app(mode: str, url: str, queue: str, prefix: str, concurrency: int, pre
     """The benchmark's Celery app; the same settings for both transports."""
     settings = worker_settings(queue, concurrency, prefetch)
     queue_type = os.environ.get(QUEUE_TYPE_VARIABLE) or None
-    if mode == "ojs":
+    if mode.startswith("ojs"):
         from ojs_celery import Celery
 
         options = {"prefix": prefix} | ({"queue_type": queue_type} if queue_type else {})
+        if mode == "ojs-dedupe":
+            options["deduplicate"] = True
         app = Celery("bench", broker=url, broker_backend="ojs", broker_transport_options=options, **settings)
     else:
         from celery import Celery
@@ -339,7 +344,7 @@ def fresh_unacked(management, amqp_queue: str, window: float = 7.0) -> int:
 
 
 def cleanup(management, mode, prefix, queue) -> None:
-    if mode == "ojs":
+    if mode.startswith("ojs"):
         management.delete_by_prefix(prefix + ".")
     else:
         management.delete_queue(queue)
@@ -376,6 +381,9 @@ def main() -> None:
         help="both sides' task queue: stock with x-queue-type, ojs:// with the queue_type option",
     )
     parser.add_argument(
+        "--deduplicate", action="store_true", help="compare ojs:// with deduplicate against ojs:// without it"
+    )
+    parser.add_argument(
         "--baseline", type=Path, help="another checkout of this repository: compare ojs:// here with ojs:// there"
     )
     # worker subprocess
@@ -402,6 +410,18 @@ def main() -> None:
             f"throughput: {args.tasks} no-op tasks, {pool} pool -c {CONCURRENCY[pool]}, "
             f"prefetch multiplier={args.prefetch}, acks_late, results ignored, {args.rounds} alternated rounds"
         )
+        if args.deduplicate:
+            rates = alternate(
+                [
+                    (f"dedupe {pool}", lambda pool=pool: throughput("ojs-dedupe", args.url, management, args, pool)),
+                    (f"ojs {pool}", lambda pool=pool: throughput("ojs", args.url, management, args, pool)),
+                ],
+                rounds=args.rounds,
+                unit=" tasks/s",
+            )
+            report_ratio(rates, f"dedupe {pool}", f"ojs {pool}", "")
+            report_system_cpu(f"dedupe {pool}", f"ojs {pool}")
+            continue
         if args.baseline:
             reference = (
                 f"base {pool}",
@@ -416,7 +436,7 @@ def main() -> None:
         )
         report_ratio(rates, f"ojs {pool}", reference[0], "" if args.baseline else "target >= 1.0x")
         report_system_cpu(f"ojs {pool}", reference[0])
-    if not args.skip_eta and not args.baseline:
+    if not args.skip_eta and not args.baseline and not args.deduplicate:
         print(f"countdown=600: {args.eta_tasks} tasks, worker observed for {args.eta_wait:.0f}s")
         countdown("stock", args.url, management, args)
         countdown("ojs", args.url, management, args)

@@ -55,6 +55,8 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
     _ojs_job = None
     # What failed last, for the dead letter of a reject (the ojs:// channel records it before its nack).
     _ojs_failure: BaseException | None = None
+    # The task raised Ignore (Task.replace() among others: its replacement carries the same task id).
+    _ojs_ignored = False
 
     # What the pool process gets (Celery's create_request_cls sends body, content_type and
     # content_encoding): for a job delivery of the ojs:// transport, the [args, kwargs, embed] the
@@ -91,6 +93,12 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
         """
         succeeded = not self.acknowledged and not self._ojs_outcome and self.time_start and self.task.acks_late
         job = request_job(self) if succeeded else None  # before the ack: the transport's job, unique policy included
+        if succeeded and not self._ojs_ignored:
+            # With the transport option deduplicate, the ojs:// channel records the job id before its ack
+            # (not after Ignore: Task.replace() sends its replacement under the same id).
+            note_success = getattr(self._message.channel, "note_success", None)
+            if note_success is not None:
+                note_success(self._message.delivery_tag)
         result = super().acknowledge()
         if succeeded:
             emit(self, "succeeded")
@@ -135,6 +143,8 @@ class Request(celery_request.Request):  # type: ignore[misc]  # Celery is untype
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
+        if isinstance(exc, Ignore):
+            self._ojs_ignored = True
         if self._ojs_counted:
             return None
         counted = isinstance(exc, (WorkerLostError, TimeLimitExceeded)) or (

@@ -52,8 +52,11 @@ class ValidationError(OjsError, ValueError):
 
     ``field`` names the offending field (dotted path, e.g. ``"args[2].when"``)
     when one can be named; ``errors`` lists every problem found, each as
-    ``{"field": ..., "message": ...}``.
+    ``{"field": ..., "message": ...}``.  ``code`` is the OJS error code, ``invalid_request``
+    (a subclass may name a narrower one).
     """
+
+    code: str = "invalid_request"
 
     def __init__(self, message: str, *, field: str | None = None, errors: list[dict[str, Any]] | None = None):
         super().__init__(message)
@@ -148,7 +151,10 @@ class DuplicateJobError(OjsError):
             (the holder's record expired or was released in the meantime).
         key: the uniqueness key (SHA-256 hex of the job's chosen dimensions).  Derived from
             the job's arguments: log it at DEBUG at most (unique-jobs spec §12).
+        code: the OJS error code, ``duplicate`` (unique-jobs spec §5.1).
     """
+
+    code = "duplicate"
 
     def __init__(self, message: str, *, existing_id: str | None, key: str):
         super().__init__(message)

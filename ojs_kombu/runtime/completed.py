@@ -54,7 +54,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from amqp import Message
 
@@ -116,6 +116,17 @@ def keys_of(job_ids: Iterable[str]) -> list[int | str]:
     if _UUIDS.fullmatch(",".join(listed)):
         return [int(job_id.replace("-", ""), 16) for job_id in listed]
     return [id_key(job_id) for job_id in listed]
+
+
+class Completions(Protocol):
+    """What a :class:`~ojs_kombu.runtime.settle.Settler` asks of the completed job ids: a
+    :class:`CompletedLog`, or the ``ojs://`` transport's one log per consumed queue."""
+
+    def is_completed(self, job_id: str) -> bool:
+        """Whether ``job_id`` completed already."""
+
+    def record(self, job_id: str, queue: str, on_recorded: Callable[[bool], None] | None = None) -> None:
+        """Record that ``job_id`` of ``queue`` completed; ``on_recorded(ok)`` once confirmed or given up."""
 
 
 class CompletedIds:
@@ -542,4 +553,4 @@ class CompletedLog:
             self.replayed += len(record.ids)
 
 
-__all__ = ["DEDUPE_EXTRA_PREFETCH", "CompletedIds", "CompletedLog", "dedupe_prefetch", "id_key"]
+__all__ = ["DEDUPE_EXTRA_PREFETCH", "CompletedIds", "CompletedLog", "Completions", "dedupe_prefetch", "id_key"]

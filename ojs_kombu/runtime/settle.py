@@ -66,7 +66,7 @@ from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.policy.retry import Decision, Failure, Outcome, decide, ladder_ms, record_failure, replay_count
 from ojs_kombu.policy.schedule import Cascade, check_delay, delay_ms_until
-from ojs_kombu.runtime.completed import CompletedLog
+from ojs_kombu.runtime.completed import Completions
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.control import record_cancelled
 from ojs_kombu.runtime.lifecycle import JobEventName, Lifecycle
@@ -221,7 +221,7 @@ class Settler:
         early_tolerance_ms: int = 0,
         discard_expired: bool = True,
         cancelled: Callable[[str], bool] | None = None,
-        completed: CompletedLog | None = None,
+        completed: Completions | None = None,
         lifecycle: Lifecycle | None = None,
         workflow: WorkflowHook | None = None,
         unique: Releaser | None = None,

@@ -116,13 +116,28 @@ removed before the py-amqp connection sees them:
     ``info(job_id) -> JobInfo | None`` or ``"module:function"``; ``ojs_celery``
     sets it to the worker process's :class:`~ojs_kombu.runtime.activity.Activity`.
 
+``deduplicate``
+    execution de-duplication, as ``Worker(deduplicate=True)`` (``docs/reliability.md``): each job
+    queue consumed gets a :class:`~ojs_kombu.runtime.completed.CompletedLog` of its own
+    (:mod:`~ojs_kombu.transport.completed`), replayed before its first ``Basic.Consume``; a
+    delivery whose job id completed already is acked without reaching the framework; an ack the
+    framework marked a success (:meth:`Channel.note_success`, ``ojs_celery`` does on an
+    ``acks_late`` success) is sent once the id's record is confirmed: under kombu's event loop
+    (Celery's worker) the loop is woken for it, otherwise it leaves with the next ``drain_events``.
+    Other acks (a retry's) record nothing.
+
+``completed_options``
+    bounds of what ``deduplicate`` remembers: a :class:`~ojs_kombu.wire.completed.CompletedOptions`
+    or a dict of its fields.
+
 ``confirm_publish`` keeps its py-amqp meaning for pass-through traffic; job
 messages are always confirmed.
 
 Modules: :mod:`~ojs_kombu.transport.settings` (options, the codec protocol),
 :mod:`~ojs_kombu.transport.queues` (what is learnt about queues, per prefix),
 :mod:`~ojs_kombu.transport.state` (per-connection routing, declarations, task
-publishing), :mod:`~ojs_kombu.transport.control` (the control streams read), :mod:`~ojs_kombu.transport.settlement` (the Settler over a
+publishing), :mod:`~ojs_kombu.transport.control` (the control streams read), :mod:`~ojs_kombu.transport.completed`
+(the completed job ids, ``deduplicate``), :mod:`~ojs_kombu.transport.settlement` (the Settler over a
 channel), :mod:`~ojs_kombu.transport.message` (the kombu message of a job delivery), :mod:`~ojs_kombu.transport.channel` (:class:`Channel`) and
 :mod:`~ojs_kombu.transport.transport` (:class:`Transport`, :class:`SSLTransport`).
 """

@@ -14,6 +14,7 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import amqp
@@ -70,6 +71,7 @@ class _Unsettled:
     delivery: Delivery
     job: Job | None = None
     failure: Failure | None = None  # what the framework said failed, for a reject (note_failure)
+    succeeded: bool = False  # the framework's next ack of it is a success (note_success)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -146,7 +148,9 @@ class Channel(pyamqp.Channel):
             cancelled=state.is_cancelled,
             lifecycle=state.settings.load_lifecycle(),
             unique=state,
+            completed=state.completed,
         )
+        self._completed = state.completed
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -396,8 +400,11 @@ class Channel(pyamqp.Channel):
             )
         state = self.ojs
         amqp_name = state.names.job_queue(ojs_queue)
-        # Every cancel and pause still retained is known before the first job of the queue arrives.
+        # Every cancel and pause still retained is known before the first job of the queue arrives,
+        # and every completed job id (deduplicate).
         state.control.ensure_reading(self.connection, ojs_queue)
+        if state.completed is not None:
+            state.completed.ensure(ojs_queue)
         state.job_channels.add(self)
 
         def deliver(raw: amqp.Message, q: str = queue, cb: Callable[[Any], Any] = callback) -> Any:
@@ -570,7 +577,21 @@ class Channel(pyamqp.Channel):
     # -- settling ------------------------------------------------------------------------------
 
     def basic_ack(self, delivery_tag: int, multiple: bool = False, argsig: str = "Lb") -> Any:
-        """``Basic.Ack``; a job delivery is forgotten and counted."""
+        """``Basic.Ack``; a job delivery is forgotten and counted.
+
+        With ``deduplicate``, the ack of a success (:meth:`note_success`) waits for the job id's
+        record to be confirmed: the connection's loop sends it then.
+        """
+        if self._completed is not None and not multiple:
+            unsettled = self._unsettled.get(delivery_tag)
+            if unsettled is not None and unsettled.succeeded and unsettled.job is not None:
+                unsettled.succeeded = False
+                state = self.ojs
+                # Recorded (confirmed), then acked: see ojs_kombu.runtime.completed for the crash windows.
+                self._completed.record(
+                    unsettled.job.id, unsettled.delivery.queue, partial(state.ack_recorded, self, delivery_tag)
+                )
+                return None
         self._forget(delivery_tag, multiple, METRICS.messages_acked)
         if not multiple and defer_ack(self, delivery_tag):  # kombu's event loop writes it before it polls
             return None
@@ -603,6 +624,18 @@ class Channel(pyamqp.Channel):
             return
         self._forget(delivery_tag, multiple, METRICS.messages_nacked)
         send_nack(self, delivery_tag, multiple, requeue)
+
+    def note_success(self, delivery_tag: int) -> None:
+        """The next ack of ``delivery_tag`` says its job completed (the handler returned).
+
+        Called by a framework adapter (``ojs_celery`` on an ``acks_late`` success) right before
+        it acks.  With the transport option ``deduplicate`` the job id is then recorded as
+        completed, confirmed, before the ack; an ack without it (a retry's, a revoke's) records
+        nothing.  Unknown or already settled delivery tags are ignored.
+        """
+        unsettled = self._unsettled.get(delivery_tag)
+        if unsettled is not None and unsettled.job is not None:
+            unsettled.succeeded = True
 
     def note_failure(self, delivery_tag: int, failure: Failure) -> None:
         """What failed in the job of ``delivery_tag``: a reject that follows dead-letters it with

@@ -15,6 +15,7 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.runtime.lifecycle import Lifecycle
 from ojs_kombu.wire.codec import OutgoingMessage
+from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.entities import QueueOptions
 
 DEFAULT_CONFIRM_TIMEOUT = 30.0
@@ -30,6 +31,8 @@ OJS_OPTIONS = (
     "on_cancel",
     "lifecycle",
     "info",
+    "deduplicate",
+    "completed_options",
 )
 
 #: ``x-*`` queue arguments of a framework queue that become fields of its OJS queue's options.
@@ -121,6 +124,8 @@ class Settings:
     on_cancel: Callable[[str], None] | str | None = None
     lifecycle: Lifecycle | Callable[[], Lifecycle] | str | None = None
     info: Callable[[str], JobInfo | None] | str | None = None
+    deduplicate: bool = False
+    completed_options: CompletedOptions | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> Settings:
@@ -133,13 +138,16 @@ class Settings:
             The settings.
 
         Raises:
-            TypeError: ``queue_options`` has fields :class:`QueueOptions` does not know.
+            TypeError: ``queue_options`` or ``completed_options`` has fields their class does not know.
             ValidationError: a bad ``queue_options`` or ``queue_type`` (``"classic"`` or ``"quorum"``).
         """
         queue_options = options.get("queue_options") or QueueOptions()
         if isinstance(queue_options, dict):
             queue_options = QueueOptions(**queue_options)
         queue_options = queue_options.with_queue_type(options.get("queue_type"))
+        completed_options = options.get("completed_options")
+        if isinstance(completed_options, dict):
+            completed_options = CompletedOptions(**completed_options)
         return cls(
             names=Names(options.get("prefix") or ""),
             queue_options=queue_options,
@@ -149,6 +157,8 @@ class Settings:
             on_cancel=options.get("on_cancel"),
             lifecycle=options.get("lifecycle"),
             info=options.get("info"),
+            deduplicate=bool(options.get("deduplicate")),
+            completed_options=completed_options,
         )
 
     def load_codec(self) -> TaskCodec | None:

@@ -21,6 +21,7 @@ from ojs_kombu.model.naming import QUEUE_NAME_RE, ojs_queue_for
 from ojs_kombu.policy.retry import ladder_ms_until
 from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.runtime.unique import claim, lock_to_release
+from ojs_kombu.transport.completed import CompletedLogs
 from ojs_kombu.transport.control import ConnectionControl
 from ojs_kombu.transport.queues import QueueMap
 from ojs_kombu.transport.settings import QUEUE_ARGUMENT_OPTIONS, Settings, TaskCodec
@@ -37,10 +38,18 @@ class ConnectionState:
         connection: the py-amqp connection (declarations and the publisher's channel use it).
         settings: the connection's OJS options.
         queues: the :class:`QueueMap` of the settings' prefix.
+        completed: the completed job ids of the queues consumed (transport option ``deduplicate``),
+            the transport's: None without de-duplication.
     """
 
-    def __init__(self, connection: Any, settings: Settings, queues: QueueMap):
+    def __init__(self, connection: Any, settings: Settings, queues: QueueMap, completed: CompletedLogs | None = None):
         self.connection = connection
+        self.completed = completed
+        # (channel, delivery tag) of completed jobs whose record is confirmed: acked by maintain().
+        self._recorded: deque[tuple[Any, int]] = deque()
+        #: Makes the connection's loop call :meth:`maintain` soon, from any thread (set by the transport
+        #: under kombu's event loop; without one, the next ``drain_events`` does).
+        self.wake: Callable[[], None] | None = None
         self.settings = settings
         self.names = settings.names
         self.queues = queues
@@ -112,9 +121,24 @@ class ConnectionState:
                     "could not release the unique lock of job %s: %r; it ends with its period", holder_id, exc
                 )
 
+    def ack_recorded(self, channel: Any, delivery_tag: int, ok: bool) -> None:
+        """A completed job's record is confirmed (or given up): ack its delivery from the connection's loop.
+
+        Called in the completed-ids log's thread (``on_recorded``); the ack is sent by :meth:`maintain`.
+        """
+        self._recorded.append((channel, delivery_tag))
+        wake = self.wake
+        if wake is not None:
+            wake()
+
     def maintain(self) -> None:
-        """Called from the connection's loop: free the unique locks of jobs that ended, re-read cancelled
-        control streams, apply pauses and resumes."""
+        """Called from the connection's loop: ack the completed jobs whose record is confirmed, free the
+        unique locks of jobs that ended, re-read cancelled control streams, apply pauses and resumes."""
+        recorded = self._recorded
+        while recorded:
+            channel, delivery_tag = recorded.popleft()
+            if channel.is_open:  # closed: the broker redelivers it, and it is skipped then
+                channel.basic_ack(delivery_tag)
         if self._releases:
             self._release_pending()
         control = self._control

@@ -15,9 +15,11 @@ from ojs_kombu.amqp.framing import FrameReader, attach_reader
 from ojs_kombu.amqp.outbox import outbox
 from ojs_kombu.amqp.urls import split_urls
 from ojs_kombu.transport.channel import Channel
+from ojs_kombu.transport.completed import CompletedLogs
 from ojs_kombu.transport.queues import QueueMap, queue_map
 from ojs_kombu.transport.settings import OJS_OPTIONS, Settings
 from ojs_kombu.transport.state import ConnectionState
+from ojs_kombu.wire.completed import CompletedOptions
 
 logger = logging.getLogger(__name__)
 
@@ -28,14 +30,22 @@ class Connection(pyamqp.Connection):
     Parameters:
         ojs_settings: the OJS options of the kombu connection.
         ojs_queues: the :class:`QueueMap` of their prefix.
+        ojs_completed: the transport's completed job ids (option ``deduplicate``), or None.
         *args, **kwargs: py-amqp's.
     """
 
     Channel = Channel
 
-    def __init__(self, *args: Any, ojs_settings: Settings, ojs_queues: QueueMap, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        ojs_settings: Settings,
+        ojs_queues: QueueMap,
+        ojs_completed: CompletedLogs | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
-        self.ojs = ConnectionState(self, ojs_settings, ojs_queues)
+        self.ojs = ConnectionState(self, ojs_settings, ojs_queues, ojs_completed)
         #: Buffered frame reading (plain TCP), attached by the transport once connected.
         self.frame_reader: FrameReader | None = None
 
@@ -77,6 +87,61 @@ class _LoopWaker:
             self._fds, self._watching = None, False
 
 
+class _ThreadWaker:
+    """Lets any thread have kombu's event loop call ``callback`` soon: a pipe whose read end the loop watches.
+
+    The completed-ids logs confirm records in their own threads; the acks that follow are the
+    loop's to send (:meth:`ConnectionState.ack_recorded <ojs_kombu.transport.state.ConnectionState.ack_recorded>`).
+    """
+
+    def __init__(self, loop: Any, callback: Any):
+        self._loop = loop
+        self._callback = callback
+        self._lock = threading.Lock()
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        loop.add_reader(self._read, self._readable)
+
+    def wake(self) -> None:
+        """From any thread: the loop calls the callback once it next polls."""
+        with self._lock:  # never a write to a closed (or reused) descriptor
+            if self._write >= 0:
+                try:
+                    os.write(self._write, b"x")
+                except BlockingIOError:
+                    pass  # full: a wake-up is pending anyway
+
+    def _readable(self) -> None:
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        self._callback()
+
+    def close(self) -> None:
+        """Stop watching and close the pipe (idempotent)."""
+        with self._lock:
+            if self._write < 0:
+                return
+            self._loop.remove_reader(self._read)
+            os.close(self._read)
+            os.close(self._write)
+            self._read = self._write = -1
+
+
+def _amqp_urls(client: Any) -> str:
+    """The ``amqp://`` (``amqps://``) URLs of a kombu connection's nodes, ``;``-separated, for connections of our own."""
+    urls = [str(url) for url in client.alt] if client.alt else [client.as_uri(include_password=True)]
+    schemes = {"ojs": "amqp", "ojss": "amqps"}
+    converted = []
+    for url in urls:
+        scheme, sep, rest = url.partition("://")
+        converted.append(f"{schemes.get(scheme, scheme)}{sep}{rest}")
+    return ";".join(converted)
+
+
 #: For annotations inside :class:`Transport`, whose ``Connection`` attribute shadows the class.
 _OjsConnection = Connection
 
@@ -96,6 +161,8 @@ class Transport(pyamqp.Transport):
         self.settings = Settings.from_options(client.transport_options or {})
         # Held here: the prefix's map lives as long as a kombu connection of that prefix.
         self.queue_map = queue_map(self.settings.names.prefix)
+        #: The completed job ids of the job queues consumed (option ``deduplicate``), made with the first connection.
+        self.completed: CompletedLogs | None = None
 
     def establish_connection(self) -> _OjsConnection:
         """Connect, like py-amqp's transport, with the OJS settings attached to the connection."""
@@ -125,7 +192,17 @@ class Transport(pyamqp.Transport):
             },
             **{k: v for k, v in (conninfo.transport_options or {}).items() if k not in OJS_OPTIONS},
         )
-        conn = self.Connection(ojs_settings=self.settings, ojs_queues=self.queue_map, **opts)
+        if self.settings.deduplicate and self.completed is None:
+            self.completed = CompletedLogs(
+                _amqp_urls(conninfo),
+                self.settings.names,
+                self.settings.completed_options or CompletedOptions(),
+                ssl=conninfo.ssl or None,
+                heartbeat=float(conninfo.heartbeat),
+            )
+        conn = self.Connection(
+            ojs_settings=self.settings, ojs_queues=self.queue_map, ojs_completed=self.completed, **opts
+        )
         conn.client = self.client
         conn.connect()
         conn.frame_reader = attach_reader(conn)
@@ -148,11 +225,16 @@ class Transport(pyamqp.Transport):
         batch.defer_from(threading.get_ident())
 
         waker = _LoopWaker(loop)
+        state = connection.ojs
+        recorded_waker: _ThreadWaker | None = None
 
         def retire() -> None:  # this connection is gone
             loop.on_tick.discard(tick)
             timer.cancel()
             waker.close()
+            if recorded_waker is not None:
+                state.wake = None
+                recorded_waker.close()
 
         def maintain() -> None:
             if not connection.connected:
@@ -173,6 +255,10 @@ class Transport(pyamqp.Transport):
             connection.ojs.maintain()
             batch.flush()
 
+        if state.completed is not None:  # acks follow confirms read in the logs' threads
+            recorded_waker = _ThreadWaker(loop, maintain)
+            state.wake = recorded_waker.wake
+
         # On every tick, right before the loop polls: the frames read ahead, the control plane
         # (a pause applies right after the frame that carried it), the acks of this pass.  And
         # at least every second: an idle loop may sleep for seconds, and re-reading a control
@@ -185,6 +271,9 @@ class Transport(pyamqp.Transport):
             # follows: from now on acks are written at once, and what is held goes now.
             loop.on_close.discard(closing)
             waker.close()
+            if recorded_waker is not None:
+                state.wake = None
+                recorded_waker.close()
             batch.defer_from(None)
             if connection.connected:
                 try:
@@ -219,6 +308,18 @@ class Transport(pyamqp.Transport):
         finally:
             if connection.connected:
                 connection.ojs.maintain()
+
+    def close_connection(self, connection: _OjsConnection) -> None:
+        """Close the connection; with ``deduplicate``, its logs first (their last records confirmed, then acked)."""
+        completed = self.completed
+        if completed is not None and completed.logs:
+            completed.stop()
+            if connection.connected:
+                try:
+                    connection.ojs.maintain()  # the acks of what the logs confirmed while stopping
+                except Exception as exc:  # noqa: BLE001 - closing anyway: the broker redelivers them
+                    logger.warning("could not write the last acks before closing: %r", exc)
+        super().close_connection(connection)  # type: ignore[no-untyped-call]
 
     def qos_semantics_matches_spec(self, connection: _OjsConnection) -> bool:
         """Per-consumer prefetch: Celery then sends ``global=False`` itself."""

@@ -24,6 +24,10 @@ app = Celery(
     broker_transport_options={"prefix": os.environ["OJS_TEST_PREFIX"]},
 )
 
+# tests/celery/test_celery_deduplicate.py: execution de-duplication (the ojs:// transport option).
+if os.environ.get("OJS_DEDUPLICATE") == "1":
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options, "deduplicate": True}
+
 # tests/celery/test_celery_flower.py: the task queues (a worker consumes them all), comma-separated.
 if os.environ.get("OJS_TEST_QUEUES"):
     app.conf.task_queues = [Queue(name) for name in os.environ["OJS_TEST_QUEUES"].split(",")]
@@ -93,3 +97,13 @@ def record_run(self, path):
     """Appends its task id to ``path``."""
     with open(path, "a") as log:
         log.write(f"{self.request.id}\n")
+
+
+@app.task(bind=True, max_retries=2, default_retry_delay=0.2)
+def retry_once(self, path):
+    """Appends ``{task id} {retries}`` to ``path``; retries (``Task.retry``, the same task id) once, then returns."""
+    with open(path, "a") as log:
+        log.write(f"{self.request.id} {self.request.retries}\n")
+    if self.request.retries == 0:
+        raise self.retry()
+    return self.request.retries

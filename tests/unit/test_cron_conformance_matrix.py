@@ -15,6 +15,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, when run as a script
+from conformance_matrix import constant, docs_matrix, functions, is_xfail, module_tree, write_docs_matrix
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFORMANCE = ROOT / "tests" / "broker" / "test_cron_conformance.py"
 DOCS = ROOT / "docs" / "periodic-jobs.md"
@@ -36,33 +39,13 @@ def prefix_of(requirement: str) -> str:
     return "test_cron_" + requirement.removeprefix("CRON-").lower() + "_"
 
 
-def _module(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-
-
-def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
-    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-
-
-def _constant(tree: ast.Module, name: str) -> object:
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
-            assert node.value is not None
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"{CONFORMANCE.name} has no {name}")
-
-
 def conformance() -> tuple[dict[str, ast.FunctionDef], dict[str, list[str]], dict[str, str]]:
-    tree = _module(CONFORMANCE)
-    tests = {name: node for name, node in _functions(tree).items() if name.startswith("test_cron_")}
-    references = _constant(tree, "REFERENCES")
-    not_met = _constant(tree, "NOT_MET")
+    tree = module_tree(CONFORMANCE)
+    tests = {name: node for name, node in functions(tree).items() if name.startswith("test_cron_")}
+    references = constant(tree, "REFERENCES")
+    not_met = constant(tree, "NOT_MET")
     assert isinstance(references, dict) and isinstance(not_met, dict)
     return tests, references, not_met
-
-
-def _xfail(node: ast.FunctionDef) -> bool:
-    return any("xfail" in ast.unparse(decorator) for decorator in node.decorator_list)
 
 
 def render() -> str:
@@ -72,7 +55,7 @@ def render() -> str:
     for requirement, text in spec_requirements().items():
         level = "SHOULD" if requirement.startswith("CRON-S") else "MUST"
         own = [
-            f"`{name}`" + (" (xfail)" if _xfail(node) else "")
+            f"`{name}`" + (" (xfail)" if is_xfail(node) else "")
             for name, node in tests.items()
             if name.startswith(prefix_of(requirement))
         ]
@@ -103,29 +86,25 @@ def test_every_reference_is_an_existing_test():
     for requirement, cited in references.items():
         for reference in cited:
             path, _, name = reference.partition("::")
-            assert name in _functions(_module(ROOT / path)), f"{requirement}: {reference} does not exist"
+            assert name in functions(module_tree(ROOT / path)), f"{requirement}: {reference} does not exist"
 
 
 def test_a_failing_requirement_is_declared_not_met():
     """An xfail test of a requirement is only allowed when NOT_MET says what is missing, and the reverse."""
     tests, _, not_met = conformance()
     for name, node in tests.items():
-        if _xfail(node):
+        if is_xfail(node):
             assert any(name.startswith(prefix_of(r)) for r in not_met), f"{name} is xfail but its id is not in NOT_MET"
     for requirement, why in not_met.items():
         assert len(why) > 40, f"{requirement}: say what is missing and why"
 
 
 def test_the_docs_matrix_is_the_generated_one():
-    text = DOCS.read_text(encoding="utf-8")
-    assert START in text and END in text, f"{DOCS.name} lacks the matrix markers"
-    current = text.split(START, 1)[1].split(END, 1)[0].strip()
-    assert current == render(), f"the matrix in {DOCS.name} is stale: run python {Path(__file__).relative_to(ROOT)}"
+    assert docs_matrix(DOCS, START, END) == render(), (
+        f"the matrix in {DOCS.name} is stale: run python {Path(__file__).relative_to(ROOT)}"
+    )
 
 
 if __name__ == "__main__":
-    text = DOCS.read_text(encoding="utf-8")
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    DOCS.write_text(f"{head}{START}\n{render()}\n{END}{tail}", encoding="utf-8")
+    write_docs_matrix(DOCS, START, END, render())
     sys.exit(0)
