@@ -17,6 +17,7 @@ from typing import Any
 
 from celery import bootsteps
 
+from ojs_kombu.amqp.failover import ConnectionSettings
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.model.naming import ojs_queue_for
 from ojs_kombu.runtime.presence import Beacon
@@ -67,15 +68,17 @@ class PresenceStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is 
         queues = sorted({ojs_queue_for(name) for name in app.amqp.queues.consume_from or app.amqp.queues})
         lifecycle = worker_lifecycle()
         self.beacon = Beacon(
-            url,
+            ConnectionSettings(
+                url,
+                ssl=app.conf.broker_use_ssl or None,
+                connection_name=f"ojs_celery worker {lifecycle.worker_id} events",
+            ),
             names,
             Topology(names),
             worker_id=lifecycle.worker_id,
             queues=queues,
             concurrency=int(worker.concurrency or 1),
             active=worker_activity().active_jobs,
-            ssl=app.conf.broker_use_ssl or None,
-            connection_name=f"ojs_celery worker {lifecycle.worker_id} events",
         )
         if app.conf.get(EVENTS_SETTING):
             lifecycle.subscribe(self.beacon.offer)

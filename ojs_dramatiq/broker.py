@@ -51,7 +51,7 @@ from dramatiq.middleware import Middleware, Retries
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly
-from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.failover import ConnectionSettings
 from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.reconnect import Budgeted, Reconnector
 from ojs_kombu.amqp.urls import BrokerUrls
@@ -206,16 +206,14 @@ class OjsBroker(dramatiq.Broker):
         self.cascade = self.client.cascade
         #: The parts of this broker's consumers (as an ``ojs_kombu.Worker``'s): control readers,
         #: settlers, presence, and what they share.
+        connection = ConnectionSettings(self.client.url, self.heartbeat, self.ssl, self.transport_options)
         self.assembly = Assembly(
-            self.client.url,
+            connection,
             self.names,
             self.topology,
             self.cascade,
             dead_letter_mode=dead_letter_mode,
             cancel_running=cancel_running,
-            heartbeat=self.heartbeat,
-            ssl=self.ssl,
-            transport_options=self.transport_options,
             presence_interval=presence_interval,
             deduplicate=deduplicate,
             completed_options=completed_options,
@@ -237,12 +235,8 @@ class OjsBroker(dramatiq.Broker):
         self._admin: Connection | None = None
         self._admin_lock = threading.Lock()
         self._permits: Permits | None = None
-        self._admin_failover = Failover(
-            self.client.url,
-            heartbeat=0,
-            ssl=self.ssl,
-            transport_options=self.transport_options,
-            connection_name=f"ojs_dramatiq inspection {self.client.connection_name}",
+        self._admin_failover = connection.failover(
+            connection_name=f"ojs_dramatiq inspection {self.client.connection_name}", heartbeat=0
         )
 
     @property

@@ -9,6 +9,7 @@ place where py-amqp / kombu exceptions become :mod:`ojs_kombu.errors`
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, resolve_url, safe_url
 from ojs_kombu.amqp.errors import is_permanent, map_exception, map_exceptions, raise_if_permanent
+from ojs_kombu.amqp.failover import ConnectionSettings
 from ojs_kombu.amqp.fanin import FanIn, Pending, Ready
 from ojs_kombu.amqp.locks import Acquired, Held, UniqueLocks
 from ojs_kombu.amqp.management import ManagementClient
@@ -22,6 +23,7 @@ __all__ = [
     "DEFAULT_HEARTBEAT",
     "Acquired",
     "ConfirmedPublisher",
+    "ConnectionSettings",
     "FanIn",
     "ManagementClient",
     "Held",

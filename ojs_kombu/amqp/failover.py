@@ -14,6 +14,9 @@ Dramatiq broker's consumers), DESIGN §9 and §16:
 :class:`Rotation` is the pure policy; :class:`Failover` applies it to kombu
 connections: it points each one at the URL to try, with TLS options naming that
 URL's host (kombu would keep the first host's ``server_hostname`` for every node).
+:class:`ConnectionSettings` is how a component reaches the broker, built once and
+passed whole (URL(s), heartbeat, TLS, transport options, connection name): each
+connection it needs is ``settings.failover(...)``.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import logging
 import random
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from kombu.connection import Connection
 
-from ojs_kombu.amqp.connection import connect_once, make_connection, tls_options, tls_wanted
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_connection, tls_options, tls_wanted
 from ojs_kombu.amqp.urls import safe_url, split_urls
 from ojs_kombu.errors import ValidationError
 from ojs_kombu.policy.backoff import reconnect_delay
@@ -200,4 +204,47 @@ class Failover:
             conn.ssl = tls_options(self._ssl, host=urlsplit(target).hostname)
 
 
-__all__ = ["Failover", "Rotation"]
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """How a component reaches the broker: built once from its caller's options, passed whole.
+
+    Parameters:
+        url: one URL or a ``;``-separated failover list (resolved: :func:`~ojs_kombu.amqp.urls.resolve_url`).
+        heartbeat: AMQP heartbeat in seconds (0: none).
+        ssl: TLS (as :class:`~ojs_kombu.client.Client` takes it).
+        transport_options: passed to :class:`kombu.Connection`.
+        connection_name: shown by the broker (management UI).
+        pool_size: at most this many pooled connections (a :class:`~ojs_kombu.client.session.Session`'s).
+    """
+
+    url: str
+    heartbeat: float = DEFAULT_HEARTBEAT
+    ssl: Any = None
+    transport_options: dict[str, Any] | None = None
+    connection_name: str = "ojs_kombu"
+    pool_size: int = 10
+
+    def named(self, connection_name: str) -> ConnectionSettings:
+        """The same settings for a connection named ``connection_name``."""
+        return replace(self, connection_name=connection_name)
+
+    def failover(self, *, connection_name: str | None = None, heartbeat: float | None = None) -> Failover:
+        """A :class:`Failover` over these settings.
+
+        Parameters:
+            connection_name: the connection's name instead of :attr:`connection_name`.
+            heartbeat: the heartbeat instead of :attr:`heartbeat` (0 for a connection nobody services).
+
+        Raises:
+            ValidationError: a bad failover list or ``ssl`` option.
+        """
+        return Failover(
+            self.url,
+            heartbeat=self.heartbeat if heartbeat is None else heartbeat,
+            ssl=self.ssl,
+            transport_options=self.transport_options,
+            connection_name=self.connection_name if connection_name is None else connection_name,
+        )
+
+
+__all__ = ["ConnectionSettings", "Failover", "Rotation"]

@@ -181,6 +181,7 @@ class PermitConnection:
             self._kombu.collect()
         except Exception:  # noqa: BLE001
             pass
+        self._failover.failed(self._kombu)  # a loss counts against its node: the next pass starts on the next one
         self._forget()
 
     def _forget(self) -> None:

@@ -12,7 +12,8 @@ after a failure, as kombu's ``Connection.ensure`` serves kombu (DESIGN §9, §22
     optionally a number of reconnections), each connection attempt capped by
     what is left of it: the :class:`~ojs_kombu.client.Client`'s ``publish_timeout``;
   - :class:`Forever` — long-running loops (a consumer, a worker's beacon, the cron
-    scheduler and its leader lease, the window refiller) that ride out any outage;
+    scheduler and its leader lease, the window refiller, the completed-ids log)
+    that ride out any outage;
   - :class:`OnePass` — each node of the failover list once, back to back, no back-off:
     a call that must fail fast, but not because one node is down (the connection of
     :class:`~ojs_kombu.amqp.permits.Permits`, which a job's ``acquire`` opens);

@@ -16,13 +16,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.errors import map_exceptions
-from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.failover import ConnectionSettings
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
 from ojs_kombu.amqp.reconnect import Budgeted, Reconnector
 from ojs_kombu.amqp.topology import Topology
@@ -36,18 +35,6 @@ T = TypeVar("T")
 
 # The attribute of a pooled kombu connection that holds its _Pooled state.
 _STATE = "_ojs_session"
-
-
-@dataclass(frozen=True)
-class ConnectionSettings:
-    """How a session reaches the broker (all as for :class:`~ojs_kombu.client.Client`)."""
-
-    url: str
-    heartbeat: float
-    ssl: Any
-    transport_options: dict[str, Any] | None
-    connection_name: str
-    pool_size: int
 
 
 class _Pooled:
@@ -109,13 +96,7 @@ class Session:
         self.connect_retries = connect_retries
         self.app_id = app_id
         self.window = window
-        self.failover = Failover(
-            connection.url,
-            heartbeat=connection.heartbeat,
-            ssl=connection.ssl,
-            transport_options=connection.transport_options,
-            connection_name=connection.connection_name,
-        )
+        self.failover = connection.failover()
         self._connection = self.failover.connection()
         self._pool = self._connection.Pool(limit=connection.pool_size)
         self.closed = False

@@ -18,8 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT
-from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.failover import ConnectionSettings
 from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import ValidationError
@@ -54,15 +53,13 @@ class Assembly:
     """What the consumers of one worker share, and how each one is built.
 
     Parameters:
-        url: the broker URL (a failover list, ``;``-separated, as resolved).
+        connection: how every connection of the parts reaches the broker (URL or failover list,
+            heartbeat, TLS, transport options); each part names its own connection.
         names: the deployment's entity names.
         topology: declares what consuming needs.
         cascade: the scheduling cascade (early jobs and ``delay`` go back into it).
         dead_letter_mode: ``"nack"`` or ``"republish"`` (see :class:`Settler`).
         cancel_running: what cancelling a running job does (see :class:`Cancellations`).
-        heartbeat: AMQP heartbeat of every connection, seconds.
-        ssl: TLS of every connection (as :class:`~ojs_kombu.client.Client` takes it).
-        transport_options: passed to kombu for every connection.
         presence_interval: seconds between two presences of a :meth:`beacon`.
         deduplicate: execution de-duplication (DESIGN §19): every consumer gets a
             :class:`~ojs_kombu.runtime.completed.CompletedLog` of its queues, its settler skips
@@ -76,30 +73,25 @@ class Assembly:
 
     def __init__(
         self,
-        url: str,
+        connection: ConnectionSettings,
         names: Names,
         topology: Topology,
         cascade: Cascade,
         *,
         dead_letter_mode: DeadLetterMode | str = "nack",
         cancel_running: CancelRunning = "interrupt",
-        heartbeat: float = DEFAULT_HEARTBEAT,
-        ssl: Any = None,
-        transport_options: dict[str, Any] | None = None,
         presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
         deduplicate: bool = False,
         completed_options: CompletedOptions | None = None,
     ) -> None:
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
-        self.url = url
+        self.connection = connection
+        self.url = url = connection.url
         self.names = names
         self.topology = topology
         self.cascade = cascade
         self.dead_letter_mode = dead_letter_mode
-        self.heartbeat = heartbeat
-        self.ssl = ssl
-        self.transport_options = transport_options
         self.presence_interval = check_presence_interval(presence_interval)
         self.deduplicate = deduplicate
         self.completed_options = completed_options or CompletedOptions()
@@ -112,12 +104,12 @@ class Assembly:
         self.worker_id: str = self.lifecycle.worker_id
         #: Frees the unique lock of a job that ends (its own connection, opened by the first job with a
         #: ``unique`` policy); :meth:`close` closes it.
-        self.unique_release = UniqueRelease(url, names, ssl=ssl, transport_options=transport_options)
+        self.unique_release = UniqueRelease(
+            url, names, ssl=connection.ssl, transport_options=connection.transport_options
+        )
         #: Advances the workflows of the jobs its settlers settle for good (a connection of its own, opened on first use).
         self.workflow = WorkflowHook(self._workflow_connection, topology)
-        self._workflow_failover = Failover(
-            url, heartbeat=0, ssl=ssl, transport_options=transport_options, connection_name="ojs_kombu workflows"
-        )
+        self._workflow_failover = connection.failover(connection_name="ojs_kombu workflows", heartbeat=0)
 
     def permits(self, connection_name: str) -> Permits:
         """A connection for the concurrency limits' permits (:class:`~ojs_kombu.runtime.limits.Limiter`).
@@ -128,11 +120,12 @@ class Assembly:
         Returns:
             The permits, not yet connected (it connects on first use).
         """
+        settings = self.connection
         return Permits(
-            self.url,
+            settings.url,
             names=self.names,
-            ssl=self.ssl,
-            transport_options=self.transport_options,
+            ssl=settings.ssl,
+            transport_options=settings.transport_options,
             connection_name=connection_name,
         )
 
@@ -181,9 +174,9 @@ class Assembly:
                 names=self.names,
                 topology=topology,
                 options=self.completed_options,
-                heartbeat=self.heartbeat,
-                ssl=self.ssl,
-                transport_options=self.transport_options,
+                heartbeat=self.connection.heartbeat,
+                ssl=self.connection.ssl,
+                transport_options=self.connection.transport_options,
                 connection_name=f"{connection_name} completed",
             )
             prefetch = dedupe_prefetch(prefetch)
@@ -209,11 +202,11 @@ class Assembly:
             control=ControlReader(
                 self.names, topology, queues, self.cancellations, paused=self.paused, info=self.activity.lookup
             ),
-            heartbeat=self.heartbeat,
+            heartbeat=self.connection.heartbeat,
             connect_retries=connect_retries,
             connection_name=connection_name,
-            ssl=self.ssl,
-            transport_options=self.transport_options,
+            ssl=self.connection.ssl,
+            transport_options=self.connection.transport_options,
             on_pass=on_pass,
         )
         settler = Settler(
@@ -256,7 +249,7 @@ class Assembly:
             The beacon; :meth:`Beacon.offer` takes the job events to publish.
         """
         return Beacon(
-            self.url,
+            self.connection.named(connection_name),
             self.names,
             self.topology,
             worker_id=self.worker_id,
@@ -264,10 +257,6 @@ class Assembly:
             concurrency=concurrency,
             active=self.activity.active_jobs,
             interval=self.presence_interval,
-            heartbeat=self.heartbeat,
-            ssl=self.ssl,
-            transport_options=self.transport_options,
-            connection_name=connection_name,
             on_stalled=on_stalled,
         )
 

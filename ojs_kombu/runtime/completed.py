@@ -40,6 +40,10 @@ written after the handler returned, so an id found completed was completed: skip
 loses a job.  A record that cannot be written (the connection is down longer than
 ``record_timeout``, or the broker refuses it) is given up: ``on_recorded(False)``, the worker
 acks anyway, and the job may run again if it is delivered again (at worst a duplicate).
+The log reconnects as every long-running loop does (:class:`~ojs_kombu.amqp.reconnect.Forever`:
+the next node, the §9 back-off); refused for good (403, 530: a user without permissions on the
+streams, say) it stops reconnecting, keeps the error in :attr:`CompletedLog.error` and gives up
+every record at once from then on: the worker goes on without de-duplication.
 """
 
 from __future__ import annotations
@@ -58,14 +62,19 @@ from typing import Any, Protocol
 
 from amqp import Message
 
-from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly, connect_once, make_connection
+from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly
+from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
+from ojs_kombu.amqp.reconnect import Forever, Reconnector
 from ojs_kombu.amqp.topology import Topology
-from ojs_kombu.errors import DecodeError, ValidationError
+from ojs_kombu.errors import BrokerRefusedError, DecodeError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.wire.completed import CompletedOptions, completed_marker, completed_record, decode_completed
 
 logger = logging.getLogger(__name__)
+
+# Seconds between two checks for records to give up once the log was refused for good.
+_REFUSED_POLL = 0.05
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _UUIDS = re.compile(rf"(?:{_UUID.pattern},)*{_UUID.pattern}")  # a comma-joined list of UUIDs
@@ -271,6 +280,12 @@ class CompletedLog:
         self.ssl = ssl
         self.transport_options = transport_options
         self.connection_name = connection_name
+        self._failover = Failover(
+            url, heartbeat=heartbeat, ssl=ssl, transport_options=transport_options, connection_name=connection_name
+        )
+        self._reconnect = Reconnector(Forever(), self._failover, url=url, name="completed ids connection")
+        self.error: BrokerRefusedError | None = None
+        """The permanent refusal that stopped the log reconnecting (its records are given up), or None."""
         self.started = 0.0  # monotonic time of start()
         self.ready = threading.Event()
         """Set once caught up with every stream (after each (re)connection's replay)."""
@@ -311,7 +326,11 @@ class CompletedLog:
             self.started = time.monotonic()
             self._thread = threading.Thread(target=self._run, name="ojs-completed-ids", daemon=True)
             self._thread.start()
-        return self.ready.wait(self.replay_timeout if timeout is None else timeout)
+        deadline = time.monotonic() + (self.replay_timeout if timeout is None else timeout)
+        while not self.ready.wait(max(0.0, min(0.1, deadline - time.monotonic()))):
+            if self.error is not None or time.monotonic() >= deadline:
+                return False
+        return True
 
     def is_completed(self, job_id: str) -> bool:
         """Whether ``job_id`` completed (within ``max_age``), here or in another worker of these queues."""
@@ -368,6 +387,21 @@ class CompletedLog:
     # -- the log's thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._reconnecting()
+        except BrokerRefusedError as exc:
+            self.error = exc
+            logger.error(
+                "completed ids: the broker refused for good (%s); the completions of %s are not recorded "
+                "from now on (de-duplication is off)",
+                exc,
+                ", ".join(self.queues),
+            )
+            while not self._stop.wait(_REFUSED_POLL):
+                self._give_up(lambda item: True)
+
+    def _reconnecting(self) -> None:
+        """Connect, replay and serve until stopped, reconnecting after a failure (see the module)."""
         delay = 0.0
         while not self._stop.is_set():
             if delay:
@@ -384,21 +418,17 @@ class CompletedLog:
             except Exception as exc:  # noqa: BLE001 - any failure: reconnect, replay again
                 if self._stop.is_set():
                     break
-                delay = min(max(1.0, delay * 2), 30.0)
-                logger.warning("completed-ids connection lost (%s); reconnecting in %.0fs", exc, delay)
+                delay = self._reconnect.failed(exc, self._kombu)  # raises when refused for good
             finally:
                 self._disconnect()
 
     def _connect(self) -> None:
         self.ready.clear()
-        self._kombu = make_connection(
-            self.url,
-            heartbeat=self.heartbeat,
-            ssl=self.ssl,
-            transport_options=self.transport_options,
-            connection_name=self.connection_name,
-        )
-        connect_once(self._kombu)
+        self._kombu = self._failover.connection()
+        self._reconnect.connecting()
+        self._failover.connect(self._kombu)
+        self._reconnect.succeeded()
+        self._reconnect.reset()
         connection = self._connection = self._kombu.connection
         self.topology.declare(
             connection, [s for q in self.queues for s in self.topology.completed_specs(q, self.options)], force=True

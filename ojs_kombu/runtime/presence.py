@@ -52,7 +52,7 @@ from amqp import Message as WireMessage
 
 from ojs_kombu.amqp.connection import close_quietly, safe_url
 from ojs_kombu.amqp.errors import map_exceptions
-from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.failover import ConnectionSettings
 from ojs_kombu.amqp.reconnect import Forever, Reconnector
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import BrokerRefusedError, DecodeError, OjsError, TopologyError, ValidationError
@@ -106,7 +106,8 @@ class Beacon:
     """Publishes a worker's presence (and, when offered, its job events) to the events stream.
 
     Parameters:
-        url: the broker URL.
+        connection: how the beacon's own connection reaches the broker, or just the broker URL
+            (then the default heartbeat, no TLS options, the connection named ``"ojs_kombu worker events"``).
         names: the entity names (prefix).
         topology: declares the events exchange and stream (its ``events`` options).
         worker_id: the worker's id.
@@ -119,7 +120,6 @@ class Beacon:
             commit (default: three intervals, at least :data:`MIN_CONFIRM_TIMEOUT`).
         on_stalled: called in the beacon's thread with the URL of such a node and what was seen,
             before the beacon moves to the next node.
-        heartbeat, ssl, transport_options, connection_name: of the beacon's own connection.
 
     Raises:
         ValidationError: ``interval`` or ``max_pending`` is not positive.
@@ -127,7 +127,7 @@ class Beacon:
 
     def __init__(
         self,
-        url: str,
+        connection: ConnectionSettings | str,
         names: Names,
         topology: Topology,
         *,
@@ -137,16 +137,14 @@ class Beacon:
         active: ActiveJobsProvider,
         interval: float = DEFAULT_PRESENCE_INTERVAL,
         max_pending: int = DEFAULT_MAX_PENDING_EVENTS,
-        heartbeat: float = 60,
-        ssl: Any = None,
-        transport_options: dict[str, Any] | None = None,
-        connection_name: str = "ojs_kombu worker events",
         confirm_timeout: float | None = None,
         on_stalled: Callable[[str, str], None] | None = None,
     ):
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValidationError(f"max_pending must be a positive integer, got {max_pending!r}", field="max_pending")
-        self.url = url
+        if isinstance(connection, str):
+            connection = ConnectionSettings(connection, connection_name="ojs_kombu worker events")
+        self.url = url = connection.url
         self.names = names
         self.topology = topology
         self.worker_id = worker_id
@@ -166,13 +164,7 @@ class Beacon:
         self.dropped = 0  # job events dropped because the pending queue was full
         self.published = 0  # messages handed to the broker (presences and job events)
         self._pending: queue_module.Queue[JobEvent | object] = queue_module.Queue(max_pending)
-        self._failover = Failover(
-            url,
-            heartbeat=heartbeat,
-            ssl=ssl,
-            transport_options=transport_options,
-            connection_name=connection_name,
-        )
+        self._failover = connection.failover()
         self._connection = self._failover.connection()
         # Transient failures only delay beacons; a permanent refusal ends the beacon (never retried forever).
         self._reconnect = Reconnector(Forever(), self._failover, url=url, name="worker beacon connection")

@@ -84,6 +84,7 @@ from types import FrameType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, resolve_url, safe_url
+from ojs_kombu.amqp.failover import ConnectionSettings
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.amqp.urls import BrokerUrls
 from ojs_kombu.errors import OjsError, ValidationError, WorkerError
@@ -244,15 +245,12 @@ class Worker:
         self.cascade = Cascade(self.names)
         #: The parts every consumer of this worker is built from (they outlive configure()).
         self.assembly = Assembly(
-            self.url,
+            ConnectionSettings(self.url, heartbeat, ssl, transport_options),
             self.names,
             self.topology,
             self.cascade,
             dead_letter_mode=dead_letter_mode,
             cancel_running=cancel_running,
-            heartbeat=heartbeat,
-            ssl=ssl,
-            transport_options=transport_options,
             presence_interval=presence_interval,
             deduplicate=deduplicate,
             completed_options=completed_options,

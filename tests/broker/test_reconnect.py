@@ -1,8 +1,8 @@
 """The reconnect primitive and the client's session against a real broker.
 
 * a permanent refusal (wrong password, missing vhost) fails fast with its typed error under
-  every policy, even ``Forever`` (the worker's beacon, the cron scheduler, its leader lease and the
-  window refiller stop instead of retrying for ever);
+  every policy, even ``Forever`` (the worker's beacon, the cron scheduler, its leader lease, the
+  window refiller and the completed-ids log stop instead of retrying for ever);
 * a budgeted retry survives a connection closed by the broker; ``OnePass`` tries each node once;
 * a worker's consumer (``Forever``) reconnects after the broker closed its connection, after the
   §9 back-off, and consumes again; refused for good, it stops at once with the typed error;
@@ -33,6 +33,7 @@ from ojs_kombu.client.deadletters import DeadLetters
 from ojs_kombu.client.observation import Observation
 from ojs_kombu.client.publishing import Publishing
 from ojs_kombu.client.session import ConnectionSettings
+from ojs_kombu.runtime.completed import CompletedLog
 from ojs_kombu.runtime.cron import CronScheduler
 from ojs_kombu.runtime.leader import LeaderLease
 from ojs_kombu.runtime.presence import Beacon
@@ -301,7 +302,9 @@ def test_the_gc_pause_ends_when_the_broker_stops_confirming(node, prefix):
 
 
 @pytest.mark.parametrize("refusal", ["password", "vhost"])
-def test_the_cron_scheduler_its_lease_and_the_window_refiller_refused_for_good_stop_at_once(amqp_url, names, refusal):
+def test_the_cron_scheduler_its_lease_the_window_refiller_and_the_completed_log_refused_for_good_stop_at_once(
+    amqp_url, names, refusal
+):
     if refusal == "password":
         url, code = _with(amqp_url, password=SECRET), 403
     else:
@@ -310,18 +313,24 @@ def test_the_cron_scheduler_its_lease_and_the_window_refiller_refused_for_good_s
     lease = LeaderLease(url, names=names).start()
     refiller = WindowRefiller([], url, names=names).start()
     scheduler = CronScheduler(url, names=names)
+    completed = CompletedLog(url, ["q"], names=names)
+    recorded: list[bool] = []
     try:
         with pytest.raises(AccessRefusedError) as raised:
             scheduler.run()
+        assert completed.start(timeout=10) is False  # not caught up: refused, without waiting the timeout out
+        completed.record("0190a7e2-0000-7000-8000-0000000000c1", "q", on_recorded=recorded.append)
         wait_until(lambda: lease.error is not None and refiller.error is not None, message="both loops stopped")
+        wait_until(lambda: recorded == [False], message="the record given up at once")
         assert time.monotonic() - started < 5.0  # not a single back-off (~1 s) slept, let alone forever
         for thread in (lease._thread, refiller._thread):  # ended, not waiting to retry
             assert thread is not None
             thread.join(5)
             assert not thread.is_alive()
-        for error in (raised.value, scheduler.error, lease.error, refiller.error):
+        for error in (raised.value, scheduler.error, lease.error, refiller.error, completed.error):
             assert isinstance(error, AccessRefusedError) and error.reply_code == code, error
             assert SECRET not in str(error)
     finally:
         lease.stop(timeout=5)
         refiller.stop(timeout=5)
+        completed.stop(timeout=5)
