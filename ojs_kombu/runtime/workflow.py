@@ -124,11 +124,13 @@ class WorkflowRunner:
         self.log = WorkflowLog(connection, names=self.names)
         self._publisher = ConfirmedPublisher(connection)
 
-    def start(self, workflow: Workflow) -> str:
+    def start(self, workflow: Workflow, *, enqueue: bool = True) -> str:
         """Record ``workflow``'s definition, open its first fan-ins and publish its first jobs.
 
         Parameters:
             workflow: the definition.
+            enqueue: False when the first jobs are published by their framework with their
+                ``meta.workflow`` (a Celery chord's header tasks): only the fan-ins are opened.
 
         Returns:
             Its id.
@@ -139,7 +141,8 @@ class WorkflowRunner:
         """
         self.log.open(workflow.id, {**workflow_to_dict(workflow)})
         self.log.append(workflow.id, {"kind": "enqueued", "at": _now()})
-        self.perform(start_workflow(workflow))
+        actions = start_workflow(workflow)
+        self.perform(actions if enqueue else [action for action in actions if isinstance(action, OpenFanIn)])
         return workflow.id
 
     def ended(
@@ -332,7 +335,32 @@ class WorkflowHook:
                 self._reset()
                 self._run(lambda runner: runner.ended(job, context, state, result, error))
 
-    def _run(self, operation: Callable[[WorkflowRunner], None]) -> None:
+    def start(self, workflow: Workflow, *, enqueue: bool = True) -> str:
+        """Start ``workflow`` on the hook's connection (:meth:`WorkflowRunner.start`).
+
+        Parameters:
+            workflow: the definition.
+            enqueue: False when its first jobs are published by their framework (see :meth:`WorkflowRunner.start`).
+
+        Returns:
+            Its id.
+
+        Raises:
+            ValidationError: a job cannot be encoded.
+            OjsError: the broker refused a record or a publish, twice.
+        """
+        with self._lock:
+            try:
+                self._run(lambda runner: runner.start(workflow, enqueue=enqueue))
+            except ValidationError:
+                raise
+            except Exception:  # a broker error: once more on a new connection (every action is idempotent)
+                logger.warning("starting workflow %s failed; trying again", workflow.id, exc_info=True)
+                self._reset()
+                self._run(lambda runner: runner.start(workflow, enqueue=enqueue))
+        return workflow.id
+
+    def _run(self, operation: Callable[[WorkflowRunner], object]) -> None:
         runner = self._runner
         if runner is None:
             connection = self._connect()
