@@ -93,3 +93,24 @@ def record_run(self, path):
     """Appends its task id to ``path``."""
     with open(path, "a") as log:
         log.write(f"{self.request.id}\n")
+
+
+# tests/celery/test_celery_canvas.py: chords on the prefork pool.
+@app.task
+def add(x, y):
+    """Returns ``x + y``."""
+    return x + y
+
+
+@app.task
+def tsum(values, path):
+    """A chord body: appends the header results it was called with to ``path``; returns their sum."""
+    with open(path, "a") as log:
+        log.write(json.dumps(values) + "\n")
+    return sum(values)
+
+
+@app.task
+def explode(x):
+    """Always fails."""
+    raise ValueError(f"cannot handle {x}")

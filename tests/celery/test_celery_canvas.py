@@ -1,0 +1,90 @@
+"""Celery chords as OJS batches (ojs_celery.canvas) on a prefork worker: rpc:// and no result backend.
+
+One worker for every case (it takes seconds to start); the chords' bodies append the header
+results they were called with to a file, so a body run twice shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from celery import chord, group, signals
+from celery.exceptions import ChordError
+from frameworks import ojs_celery_app
+from support import wait_until
+
+pytestmark = pytest.mark.broker
+
+
+def lines(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_chords_on_rpc_and_without_a_backend_never_poll_and_call_the_body_once(
+    celery_app, celery_subprocess_worker, client, amqp_url, prefix, tmp_path
+):
+    app = celery_app
+    published: list[str] = []
+
+    def on_publish(sender=None, **_):
+        published.append(sender)
+
+    def sig(name, *args, app=app):
+        return app.signature(f"worker_app.{name}", args)
+
+    signals.before_task_publish.connect(on_publish, weak=False)
+    sums, failed, lost, bare_sums = (tmp_path / name for name in ("sums", "failed", "lost", "bare"))
+    try:
+        with celery_subprocess_worker(concurrency=2):
+            result = chord(group(sig("add", i, i) for i in range(20)), sig("tsum", str(sums))).apply_async()
+            assert result.get(timeout=30) == 380
+
+            # A header task that fails for good: the body does not run, its result is a ChordError naming the cause.
+            failing = chord([sig("add", 1, 1), sig("explode", 3)], sig("tsum", str(failed))).apply_async()
+            error = failing.get(timeout=30, propagate=False)
+            assert failing.state == "FAILURE" and isinstance(error, ChordError), error
+            assert "cannot handle 3" in str(error) and failing.parent.results[1].id in str(error)
+            with pytest.raises(
+                ValueError, match="cannot handle 3"
+            ):  # get() raises the header's error first, as Celery does
+                failing.get(timeout=5)
+
+            # A header task whose pool process dies is retried (a counted attempt) and counted once.
+            recovered = chord(
+                [app.signature("worker_app.dies_once", immutable=True), sig("add", 2, 2)], sig("tsum", str(lost))
+            )
+            assert recovered.apply_async().get(timeout=30) == 5
+
+            # Fire and forget: no result backend at all.
+            with ojs_celery_app(amqp_url, prefix, backend=None) as bare:
+                bare_result = chord(
+                    [sig("add", 1, 2, app=bare), sig("add", 3, 4, app=bare)], sig("tsum", str(bare_sums), app=bare)
+                ).apply_async()
+            wait_until(lambda: lines(bare_sums), timeout=30, message="the body of the chord without a backend")
+
+            # Each batch ends once its body (or on_failure) reported: nothing can run after that.
+            for header in (result.parent.id, failing.parent.id, bare_result.parent.id):
+                wait_until(
+                    lambda header=header: client.workflow(header).state in ("completed", "failed"),
+                    timeout=30,
+                    message=f"workflow {header} ended",
+                )
+            assert client.workflow(result.parent.id).state == "completed"
+    finally:
+        signals.before_task_publish.disconnect(on_publish)
+
+    # The body ran once, with the header's results in header order; never for the failed chord.
+    assert lines(sums) == [[2 * i for i in range(20)]]
+    assert lines(failed) == []
+    assert lines(lost) == [[1, 4]]
+    assert lines(bare_sums) == [[3, 7]]
+    # No polling: the client published the header tasks and nothing else (no celery.chord_unlock,
+    # no body: the fan-in's winner publishes it), and the worker received no chord_unlock.
+    header_tasks = {"worker_app.add", "worker_app.explode", "worker_app.dies_once"}
+    assert set(published) <= header_tasks and len(published) == 20 + 2 + 2 + 2, published
+    log = (Path(os.environ.get("TMPDIR", "/tmp")) / f"celery-worker-{prefix}.log").read_text()
+    assert "chord_unlock" not in log
+    assert log.count("worker_app.tsum[") and log.count("Task worker_app.tsum") == 3 * 2  # received + succeeded
