@@ -54,7 +54,7 @@ from celery.exceptions import ImproperlyConfigured
 from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.transport import register_aliases
 
-from .canvas import CHORD_FAILED, chord_backend, chord_failed, close_workflow_hook
+from .canvas import CHORD_BODY, CHORD_FAILED, chord_backend, chord_body, chord_failed, close_workflow_hook
 from .control import ON_CANCEL_HOOK, TRANSPORT_LIFECYCLE_HOOK, CancelStep
 from .flower import install_if_loaded
 from .lifecycle import INFO_HOOK
@@ -173,6 +173,7 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
         self.on_after_finalize.connect(self._install_request, weak=False)
         self.steps["worker"].add(CancelStep)
         self.steps["worker"].add(PresenceStep)
+        self.task(name=CHORD_BODY, ignore_result=True, lazy=True, shared=False)(self._chord_body)
         self.task(name=CHORD_FAILED, ignore_result=True, lazy=True, shared=False)(self._chord_failed)
 
     def _get_backend(self) -> Any:
@@ -184,6 +185,9 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
         """As :meth:`celery.Celery.close`; also closes the connection chords report on (:mod:`ojs_celery.canvas`)."""
         close_workflow_hook(self)
         super().close()
+
+    def _chord_body(self, results: list[Any], body: dict[str, Any]) -> None:
+        chord_body(self, results, body)
 
     def _chord_failed(self, results: list[Any], body: dict[str, Any], member_ids: list[str]) -> None:
         chord_failed(self, results, body, member_ids)

@@ -61,6 +61,9 @@ logger = logging.getLogger(__name__)
 CHORD_FAILED: Final = "ojs_celery.chord_failed"
 """The task a chord's batch fires when a header task failed: fails the body with a ``ChordError``."""
 
+CHORD_BODY: Final = "ojs_celery.chord_body"
+"""The task a chord's batch fires when its body is a chain, group or chord: applies it with the results."""
+
 MEMBER_TYPE: Final = "ojs_celery.chord_member"
 """The job type of a header task's placeholder in the batch's definition."""
 
@@ -151,33 +154,51 @@ def start_chord(app: Any, header_result_args: Any, body: Any) -> bool:
         body: the body signature, frozen (its id is the chord's result id).
 
     Returns:
-        False when the chord does not fit (see the module doc); nothing was started.
+        False for an empty header (Celery calls the body itself then); nothing was started.
 
     Raises:
         OjsError: the broker refused a record (the chord is not started; Celery's ``apply_async`` raises).
     """
     from celery.canvas import Signature
 
-    group_id, results = header_result_args[0], list(header_result_args[1] or [])
-    if type(body) is not Signature or not results or not isinstance(group_id, str) or not JOB_ID_RE.fullmatch(group_id):
+    group_id, results = str(header_result_args[0]), list(header_result_args[1] or [])
+    if not results:
         return False
-    if str(body.task).startswith("celery."):
-        return False
-    body.options[CHORD_OPTION] = {"id": group_id, "count": len(results)}
+    workflow_id = group_id if JOB_ID_RE.fullmatch(group_id) else new_job_id()
+    body.options[CHORD_OPTION] = {"id": workflow_id, "group": group_id, "count": len(results)}
     reply_to = body.options.get("reply_to") or app.thread_oid
     queue = _route(app, body)
-    on_success = _callback_job(app, body, queue, reply_to=reply_to, results=not body.immutable)
+    root_id = body.options.get("root_id")
+    if type(body) is Signature and not str(body.task).startswith("celery.") and not body.options.get("chord"):
+        on_success = _callback_job(app, body, queue, reply_to=reply_to, results=not body.immutable)
+    else:  # a chain, group or chord, or a body that is itself in a chord's header (a job is in one workflow)
+        fire = app.signature(CHORD_BODY, args=(dict(body),), options=_internal(root_id))
+        on_success = _callback_job(app, fire, queue, reply_to=reply_to, results=True)
     failed = app.signature(
-        CHORD_FAILED,
-        args=(dict(body), [result.id for result in results]),
-        options={"task_id": new_job_id(), "ignore_result": True, "root_id": body.options.get("root_id")},
+        CHORD_FAILED, args=(dict(body), [result.id for result in results]), options=_internal(root_id)
     )
     # It answers for the body: an rpc:// client waits for a reply correlated to the body's id.
     on_failure = _callback_job(app, failed, queue, reply_to=reply_to, results=True, correlation_id=body.id)
-    members = [Job.create(MEMBER_TYPE, [], queue=queue, id=result.id) for result in results]
-    workflow = batch(members, on_success=on_success, on_failure=on_failure, id=group_id, name=f"chord {body.task}")
+    members = [
+        Job.create(MEMBER_TYPE, [], queue=queue, id=result.id if JOB_ID_RE.fullmatch(str(result.id)) else None)
+        for result in results
+    ]
+    workflow = batch(members, on_success=on_success, on_failure=on_failure, id=workflow_id, name=f"chord {group_id}")
     workflow_hook(app).start(workflow, enqueue=False)
     return True
+
+
+def chord_body(app: Any, results: list[Any], body: Mapping[str, Any]) -> None:
+    """The task :data:`CHORD_BODY`: apply a chord's body that is not one task (a chain, a group) with the results.
+
+    Parameters:
+        app: the Celery app.
+        results: every header task's result, in order.
+        body: the body signature.
+    """
+    callback = app.signature(dict(body))
+    callback.options.pop(CHORD_OPTION, None)
+    callback.delay(results)
 
 
 def chord_failed(app: Any, results: list[Any], body: Mapping[str, Any], member_ids: list[str]) -> None:
@@ -289,6 +310,11 @@ def _hook_connection(app: Any) -> Any:
     return connection.clone(transport="pyamqp", heartbeat=0, transport_options=options)
 
 
+def _internal(root_id: str | None) -> dict[str, Any]:
+    """The options of the task message of :data:`CHORD_BODY` or :data:`CHORD_FAILED` (their ids are fixed in the batch)."""
+    return {"task_id": new_job_id(), "ignore_result": True, "root_id": root_id}
+
+
 def _route(app: Any, sig: Any) -> str:
     """The OJS queue a signature's task goes to (Celery's routing)."""
     route = app.amqp.router.route(dict(sig.options), sig.task, tuple(sig.args), dict(sig.kwargs))
@@ -345,10 +371,12 @@ def _as_json(result: Any) -> Any:
 
 
 __all__ = [
+    "CHORD_BODY",
     "CHORD_FAILED",
     "MEMBER_TYPE",
     "ChordBackend",
     "chord_backend",
+    "chord_body",
     "chord_failed",
     "close_workflow_hook",
     "is_ojs_chord",

@@ -57,7 +57,8 @@ ENVELOPE_HEADER = "ojs_envelope"
 #: (a :class:`~ojs_kombu.UniquePolicy` or a dict of its fields: ``docs/unique-jobs.md``).
 UNIQUE_OPTION = "ojs_unique"
 #: The option of a chord body's signature that makes its header an OJS batch (:mod:`ojs_celery.canvas`):
-#: ``{"id": group id, "count": header size}``; the header's task messages carry it in their ``chord``.
+#: ``{"id": workflow id, "group": group id, "count": header size}``; the header's task messages carry it
+#: in their ``chord``.
 CHORD_OPTION = "ojs_chord"
 #: The ``meta.celery`` key of a chord's callback job: its Celery task gets the header's results
 #: (``parent_results`` in index order) as its first argument, as Celery calls a chord body.
@@ -330,7 +331,7 @@ def _chord_member(headers: dict[str, Any], embed: dict[str, Any]) -> dict[str, A
     if not isinstance(mark, dict):
         return None
     chord_id, count, index = mark.get("id"), mark.get("count"), headers.get("group_index")
-    if chord_id != headers.get("group") or not isinstance(chord_id, str):
+    if mark.get("group") != headers.get("group") or not isinstance(chord_id, str):
         return None
     if not (isinstance(count, int) and isinstance(index, int) and 0 <= index < count):
         return None

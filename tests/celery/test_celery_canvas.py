@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from celery import chord, group, signals
+from celery import chain, chord, group, signals
 from celery.exceptions import ChordError
 from frameworks import ojs_celery_app
 from support import wait_until
@@ -88,3 +88,53 @@ def test_chords_on_rpc_and_without_a_backend_never_poll_and_call_the_body_once(
     log = (Path(os.environ.get("TMPDIR", "/tmp")) / f"celery-worker-{prefix}.log").read_text()
     assert "chord_unlock" not in log
     assert log.count("worker_app.tsum[") and log.count("Task worker_app.tsum") == 3 * 2  # received + succeeded
+
+
+def test_chord_shapes_errbacks_and_retried_members_on_rpc(celery_app, worker_factory):
+    """What Celery users compose around a chord, on the in-thread worker: each shape gives Celery's result."""
+    app = celery_app
+    errors: list[tuple[str, str]] = []
+
+    @app.task(name="canvas.add")
+    def add(x, y):
+        return x + y
+
+    @app.task(name="canvas.tsum")
+    def tsum(values, extra=0):
+        return sum(values) + extra
+
+    @app.task(name="canvas.ident")
+    def ident(value):
+        return value
+
+    @app.task(name="canvas.boom")
+    def boom(key):
+        raise KeyError(key)
+
+    @app.task(name="canvas.on_error")
+    def on_error(request, exc, traceback):
+        errors.append((request.id, repr(exc)))
+
+    @app.task(name="canvas.flaky", bind=True, max_retries=2, default_retry_delay=0.1)
+    def flaky(self, x):
+        if self.request.retries == 0:
+            raise self.retry(exc=RuntimeError("once"))
+        return x * 10
+
+    pair = [add.s(1, 1), add.s(2, 2)]
+    with worker_factory(app, concurrency=4):
+        assert chord(pair, tsum.s(100)).apply_async().get(timeout=20) == 106  # the body's own arguments follow
+        assert chord(pair, chain(tsum.s(), ident.s())).apply_async().get(timeout=20) == 6
+        assert chord(pair, group(tsum.s(), tsum.s(5))).apply_async().get(timeout=20) == [6, 11]
+        assert chain(group(*pair), tsum.s(), ident.s()).apply_async().get(timeout=20) == 6
+        assert chord([chain(add.s(1, 1), add.s(1)), add.s(2, 2)], tsum.s()).apply_async().get(timeout=20) == 7
+        assert chord([chord(pair, tsum.s()), add.s(3, 3)], tsum.s()).apply_async().get(timeout=20) == 12
+        assert chord(pair, tsum.s()).apply_async(task_id="not-a-uuid7").get(timeout=20) == 6
+        # Members keep their retry policies: a retried member counts once, with its final result.
+        assert chord([flaky.s(1), flaky.s(2), add.s(1, 2)], tsum.s()).apply_async().get(timeout=20) == 33
+        # A failed member calls the body's errbacks with the ChordError; a failing body fails as any task.
+        failing = chord([add.s(1, 1), boom.s("k")], tsum.s().on_error(on_error.s())).apply_async()
+        assert isinstance(failing.get(timeout=20, propagate=False), ChordError)
+        wait_until(lambda: errors, timeout=20, message="the body's errback")
+        assert errors[0][0] == failing.id and "KeyError" in errors[0][1]
+        assert isinstance(chord([add.s(1, 1)], boom.s()).apply_async().get(timeout=20, propagate=False), KeyError)
