@@ -26,16 +26,15 @@ An :class:`ojs_celery.Celery` app's backend, whatever it is (``rpc://``, Redis, 
 * A failed header task (failed for good: no retry left) fires :data:`CHORD_FAILED` instead, which does
   what Celery's Redis backend does: the body does not run, its result is a ``ChordError`` naming the
   first failed task and its error, and the body's errbacks are called.
-
-A chord Celery cannot describe this way goes to the wrapped backend's own ``apply_chord``: a body
-that is not one task (a chain, group or chord as body), or a group id that is not a UUIDv7
-(``chord(..., task_id=...)`` of another kind).
+* A body that is not one task (a chain, group or chord), or that is itself in an enclosing chord's
+  header (a job belongs to one workflow), is applied with the results by :data:`CHORD_BODY`
+  (``body.delay(results)``, as the Redis backend does).  A group id that is not a UUIDv7
+  (``apply_async(task_id="...")``) gets a workflow id of its own, carried with it in the mark.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -55,8 +54,6 @@ from ojs_kombu.transport.queues import queue_map
 from ojs_kombu.transport.settings import OJS_OPTIONS, Settings
 
 from .protocol import CHORD_OPTION, CHORD_RESULTS, ENVELOPE_HEADER, CeleryCodec
-
-logger = logging.getLogger(__name__)
 
 CHORD_FAILED: Final = "ojs_celery.chord_failed"
 """The task a chord's batch fires when a header task failed: fails the body with a ``ChordError``."""
@@ -78,7 +75,7 @@ class ChordBackend:
     app: Any
 
     def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> Any:
-        """Start the chord as an OJS batch; a chord that does not fit goes to the backend's own ``apply_chord``."""
+        """Start the chord as an OJS batch (an empty header, which Celery never sends here: the backend's own)."""
         if not start_chord(self.app, header_result_args, body):
             return super().apply_chord(header_result_args, body, **kwargs)  # type: ignore[misc]
         return None
