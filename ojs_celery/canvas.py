@@ -52,6 +52,7 @@ from ojs_kombu.policy.retry import Failure
 from ojs_kombu.runtime.workflow import TerminalState, WorkflowHook
 from ojs_kombu.transport.queues import queue_map
 from ojs_kombu.transport.settings import OJS_OPTIONS, Settings
+from ojs_kombu.transport.transport import SSLTransport
 
 from .protocol import CHORD_OPTION, CHORD_RESULTS, ENVELOPE_HEADER, CeleryCodec
 
@@ -304,7 +305,11 @@ def _hook_connection(app: Any) -> Any:
     nothing drains it between reports, and a report after a broker restart reconnects (:class:`WorkflowHook`)."""
     connection = app.connection_for_write()
     options = {k: v for k, v in (connection.transport_options or {}).items() if k not in OJS_OPTIONS}
-    return connection.clone(transport="pyamqp", heartbeat=0, transport_options=options)
+    tls = isinstance(connection.transport, SSLTransport)  # ojss:// puts its TLS options (verified) in .ssl
+    ssl = connection.ssl
+    if tls and isinstance(ssl, dict) and ssl.get("server_hostname", "") is None:
+        ssl = {**ssl, "server_hostname": connection.hostname}
+    return connection.clone(transport="pyamqp", heartbeat=0, transport_options=options, ssl=ssl)
 
 
 def _internal(root_id: str | None) -> dict[str, Any]:
