@@ -35,6 +35,7 @@ An :class:`ojs_celery.Celery` app's backend, whatever it is (``rpc://``, Redis, 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -55,6 +56,8 @@ from ojs_kombu.transport.settings import OJS_OPTIONS, Settings
 from ojs_kombu.transport.transport import SSLTransport
 
 from .protocol import CHORD_OPTION, CHORD_RESULTS, ENVELOPE_HEADER, CeleryCodec
+
+logger = logging.getLogger(__name__)
 
 CHORD_FAILED: Final = "ojs_celery.chord_failed"
 """The task a chord's batch fires when a header task failed: fails the body with a ``ChordError``."""
@@ -238,8 +241,9 @@ def report(
         exc: the exception it failed with.
 
     Raises:
-        OjsError: the broker refused the report twice (the task's message is not acknowledged:
-            Celery's tracer logs it, the message is redelivered and reported again).
+        Reject: (``requeue=True``) the broker refused the report twice, in a task's execution: the
+            attempt is counted and the task runs again (``ojs_celery.request``), to report again.
+            In the worker's main process the failure is logged instead.
     """
     envelope = getattr(request, ENVELOPE_HEADER, None) if request is not None else None
     if not isinstance(envelope, Mapping):
@@ -258,7 +262,21 @@ def report(
     if exc is not None:
         failure = Failure.from_exception(exc)
         error = {"code": failure.code, "type": failure.type, "message": failure.message}
-    workflow_hook(app).on_terminal(job, state, _as_json(result), error)
+    try:
+        workflow_hook(app).on_terminal(job, state, _as_json(result), error)
+    except Exception as failed:
+        if app.current_worker_task is None:  # the worker's main process (a revoke, a lost worker): nothing to retry
+            logger.error("job %s ended %s but its workflow was not told: %r", job.id, state, failed)
+            return
+        from celery.exceptions import Reject
+
+        logger.warning(
+            "job %s ended %s but could not be reported to its workflow (%r): running it again", job.id, state, failed
+        )
+        # A counted attempt (ojs_celery.request): the task runs again and reports again, counted once.
+        raise Reject(
+            f"the end of job {job.id} could not be reported to its workflow: {failed!r}", requeue=True
+        ) from failed
 
 
 def workflow_hook(app: Any) -> WorkflowHook:
