@@ -54,7 +54,15 @@ from celery.exceptions import ImproperlyConfigured
 from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.transport import register_aliases
 
-from .canvas import CHORD_BODY, CHORD_FAILED, chord_backend, chord_body, chord_failed, close_workflow_hook
+from .canvas import (
+    CHORD_BODY,
+    CHORD_FAILED,
+    CHORDS_SETTING,
+    chord_backend,
+    chord_body,
+    chord_failed,
+    close_workflow_hook,
+)
 from .control import ON_CANCEL_HOOK, TRANSPORT_LIFECYCLE_HOOK, CancelStep
 from .flower import install_if_loaded
 from .lifecycle import INFO_HOOK
@@ -177,9 +185,11 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
         self.task(name=CHORD_FAILED, ignore_result=True, lazy=True, shared=False)(self._chord_failed)
 
     def _get_backend(self) -> Any:
-        # Chords run as OJS batches whatever the result backend (ojs_celery.canvas).
+        # Chords run as OJS batches whatever the result backend (ojs_celery.canvas), unless ojs_chords=False.
         backend, url = backends.by_url(self.backend_cls or self.conf.result_backend, self.loader)
-        return chord_backend(backend)(app=self, url=url)
+        if self.conf.get(CHORDS_SETTING, True) is not False:
+            backend = chord_backend(backend)
+        return backend(app=self, url=url)
 
     def close(self) -> None:
         """As :meth:`celery.Celery.close`; also closes the connection chords report on (:mod:`ojs_celery.canvas`)."""

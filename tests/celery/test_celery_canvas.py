@@ -140,3 +140,9 @@ def test_chord_shapes_errbacks_and_retried_members_on_rpc(celery_app, worker_fac
         wait_until(lambda: errors, timeout=20, message="the body's errback")
         assert errors[0][0] == failing.id and "KeyError" in errors[0][1]
         assert isinstance(chord([add.s(1, 1)], boom.s()).apply_async().get(timeout=20, propagate=False), KeyError)
+
+
+def test_ojs_chords_false_keeps_the_backends_own_chords(amqp_url, prefix):
+    with ojs_celery_app(amqp_url, prefix, ojs_chords=False) as app:
+        with pytest.raises(NotImplementedError):  # Celery's rpc:// backend refuses chords
+            chord([app.signature("canvas.add", (1, 1))], app.signature("canvas.tsum")).apply_async()
