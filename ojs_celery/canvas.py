@@ -189,7 +189,7 @@ def start_chord(app: Any, header_result_args: Any, body: Any) -> bool:
         for result in results
     ]
     workflow = batch(members, on_success=on_success, on_failure=on_failure, id=workflow_id, name=f"chord {group_id}")
-    workflow_hook(app).start(workflow, enqueue=False)
+    workflow_hook(app).run(lambda runner: runner.start(workflow, enqueue=False))
     return True
 
 

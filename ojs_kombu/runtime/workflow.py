@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from amqp import Connection
 from kombu.connection import Connection as KombuConnection
@@ -60,6 +60,8 @@ from ojs_kombu.policy.workflow import (
 from ojs_kombu.wire.codec import OutgoingMessage, encode
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 TerminalState = Literal["completed", "failed", "cancelled"]
 """How a job of a workflow ended, as the completion hook is told."""
@@ -325,42 +327,34 @@ class WorkflowHook:
         context = WorkflowContext.from_meta(job.meta)
         if context is None:
             return
-        with self._lock:
-            try:
-                self._run(lambda runner: runner.ended(job, context, state, result, error))
-            except ValidationError:
-                raise
-            except Exception:  # a broker error: once more on a new connection
-                logger.warning("the workflow hook failed for job %s; trying again", job.id, exc_info=True)
-                self._reset()
-                self._run(lambda runner: runner.ended(job, context, state, result, error))
+        self.run(lambda runner: runner.ended(job, context, state, result, error), job_id=job.id)
 
-    def start(self, workflow: Workflow, *, enqueue: bool = True) -> str:
-        """Start ``workflow`` on the hook's connection (:meth:`WorkflowRunner.start`).
+    def run(self, operation: Callable[[WorkflowRunner], T], *, job_id: str = "") -> T:
+        """``operation(runner)`` on the hook's connection, one call at a time; after a broker error,
+        once more on a new connection (so ``operation`` must be idempotent).
 
         Parameters:
-            workflow: the definition.
-            enqueue: False when its first jobs are published by their framework (see :meth:`WorkflowRunner.start`).
+            operation: what to do with the hook's :class:`WorkflowRunner`.
+            job_id: the job it is done for (logged when the first try failed).
 
         Returns:
-            Its id.
+            What ``operation`` returned.
 
         Raises:
-            ValidationError: a job cannot be encoded.
+            ValidationError: as ``operation`` raised it (never tried again).
             OjsError: the broker refused a record or a publish, twice.
         """
         with self._lock:
             try:
-                self._run(lambda runner: runner.start(workflow, enqueue=enqueue))
+                return self._run(operation)
             except ValidationError:
                 raise
-            except Exception:  # a broker error: once more on a new connection (every action is idempotent)
-                logger.warning("starting workflow %s failed; trying again", workflow.id, exc_info=True)
+            except Exception:  # a broker error: once more on a new connection
+                logger.warning("the workflow hook failed for job %s; trying again", job_id, exc_info=True)
                 self._reset()
-                self._run(lambda runner: runner.start(workflow, enqueue=enqueue))
-        return workflow.id
+                return self._run(operation)
 
-    def _run(self, operation: Callable[[WorkflowRunner], object]) -> None:
+    def _run(self, operation: Callable[[WorkflowRunner], T]) -> T:
         runner = self._runner
         if runner is None:
             connection = self._connect()
@@ -368,7 +362,7 @@ class WorkflowHook:
                 connection.connect()
             self._connection = connection
             runner = self._runner = WorkflowRunner(connection.connection, self.topology, app_id=self.app_id)
-        operation(runner)
+        return operation(runner)
 
     def _reset(self) -> None:
         runner, connection = self._runner, self._connection
