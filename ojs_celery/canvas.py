@@ -222,8 +222,11 @@ def chord_failed(app: Any, results: list[Any], body: Mapping[str, Any], member_i
     if not isinstance(error, Mapping):
         error = {}
     culprit = member_ids[index] if index < len(member_ids) else "?"
-    kind = error.get("type") or error.get("code") or "Error"
-    exc = ChordError(f"Dependency {culprit} raised {kind}({error.get('message', '')!r})")
+    if error.get("code") == "cancelled":  # revoked (an OJS cancel): what Celery's Redis backend says
+        kind, message = "TaskRevokedError", "revoked"
+    else:
+        kind, message = error.get("type") or error.get("code") or "Error", error.get("message", "")
+    exc = ChordError(f"Dependency {culprit} raised {kind}({message!r})")
     callback = app.signature(dict(body))
     callback.options.pop(CHORD_OPTION, None)
     try:
