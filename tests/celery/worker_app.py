@@ -69,32 +69,6 @@ def echo(value):
     return value
 
 
-# tests/celery/test_celery_process_worker.py: what the prefork pool is handed, seen in the worker's main process.
-if os.environ.get("OJS_RECEIVED_LOG"):
-
-    @signals.task_received.connect(weak=False)
-    def _log_received(request, **_):
-        body = request.body
-        payload = body[:2] if isinstance(body, list) else json.loads(body)[:2]
-        with open(os.environ["OJS_RECEIVED_LOG"], "a") as log:
-            log.write(json.dumps({"content_type": request.content_type, "payload": payload}) + "\n")
-
-
-# tests/celery/test_celery_beat.py: a 1-second beat entry (celery beat -S ojs_celery.beat:Scheduler);
-# each run appends its task id to $OJS_BEAT_LOG.
-if os.environ.get("OJS_BEAT_LOG"):
-    app.conf.beat_schedule = {
-        "beat-tick": {"task": "worker_app.record_run", "schedule": 1.0, "args": [os.environ["OJS_BEAT_LOG"]]}
-    }
-
-
-@app.task(bind=True)
-def record_run(self, path):
-    """Appends its task id to ``path``."""
-    with open(path, "a") as log:
-        log.write(f"{self.request.id}\n")
-
-
 # tests/celery/test_celery_canvas.py: chords on the prefork pool.  With $OJS_FAIL_FIRST_ADD_REPORT, the
 # first report of an `add` task to its workflow fails in each pool process (the broker refused it).
 if os.environ.get("OJS_FAIL_FIRST_ADD_REPORT"):
@@ -130,3 +104,29 @@ def tsum(values, path):
 def explode(x):
     """Always fails."""
     raise ValueError(f"cannot handle {x}")
+
+
+# tests/celery/test_celery_process_worker.py: what the prefork pool is handed, seen in the worker's main process.
+if os.environ.get("OJS_RECEIVED_LOG"):
+
+    @signals.task_received.connect(weak=False)
+    def _log_received(request, **_):
+        body = request.body
+        payload = body[:2] if isinstance(body, list) else json.loads(body)[:2]
+        with open(os.environ["OJS_RECEIVED_LOG"], "a") as log:
+            log.write(json.dumps({"content_type": request.content_type, "payload": payload}) + "\n")
+
+
+# tests/celery/test_celery_beat.py: a 1-second beat entry (celery beat -S ojs_celery.beat:Scheduler);
+# each run appends its task id to $OJS_BEAT_LOG.
+if os.environ.get("OJS_BEAT_LOG"):
+    app.conf.beat_schedule = {
+        "beat-tick": {"task": "worker_app.record_run", "schedule": 1.0, "args": [os.environ["OJS_BEAT_LOG"]]}
+    }
+
+
+@app.task(bind=True)
+def record_run(self, path):
+    """Appends its task id to ``path``."""
+    with open(path, "a") as log:
+        log.write(f"{self.request.id}\n")
