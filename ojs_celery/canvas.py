@@ -55,7 +55,7 @@ from ojs_kombu.transport.queues import queue_map
 from ojs_kombu.transport.settings import OJS_OPTIONS, Settings
 from ojs_kombu.transport.transport import SSLTransport
 
-from .protocol import CHORD_OPTION, CHORD_RESULTS, ENVELOPE_HEADER, CeleryCodec
+from .protocol import CHORD_OPTION, CHORD_RESULTS, ENVELOPE_HEADER, CeleryCodec, chord_member
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +89,16 @@ class ChordBackend:
         return None
 
     def on_chord_part_return(self, request: Any, state: Any, result: Any, **kwargs: Any) -> Any:
-        """Nothing for a chord of this app (its members report to their fan-in); else the backend's own."""
-        if is_ojs_chord(getattr(request, "chord", None)):
-            return None
-        return super().on_chord_part_return(request, state, result, **kwargs)  # type: ignore[misc]
+        """Nothing for a chord of this app (its members report from ``mark_as_*``); else the backend's own.
+
+        One exception: Celery's ``_fail_chain`` calls it for the last task of a chain in the header whose
+        earlier task failed; that task never runs, so it reports ``failed`` here for it.
+        """
+        if not is_ojs_chord(getattr(request, "chord", None)):
+            return super().on_chord_part_return(request, state, result, **kwargs)  # type: ignore[misc]
+        if getattr(request, ENVELOPE_HEADER, None) is None:  # not a delivered task: a chain's unrun last task
+            report_unrun(self.app, request, result)
+        return None
 
     def mark_as_done(self, task_id: str, result: Any, request: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Celery's, then a job of a workflow reports ``completed`` with its result."""
@@ -286,6 +292,30 @@ def report(
         ) from failed
 
 
+def report_unrun(app: Any, request: Any, exc: Any) -> None:
+    """Report ``failed`` for a header task that will never run (its chain failed before it), as its own run would.
+
+    Parameters:
+        app: the Celery app.
+        request: the context Celery made of its signature (``chord``, ``group``, ``group_index``, ``id``).
+        exc: the chain's error.
+    """
+    from celery.app.task import Context
+
+    chord_body = getattr(request, "chord", None) or {}
+    headers = {"group": getattr(request, "group", None), "group_index": getattr(request, "group_index", None)}
+    member = chord_member(headers, {"chord": chord_body})
+    if member is None:
+        return
+    task_id = getattr(request, "id", None) or new_job_id()
+    envelope = {
+        "id": task_id if JOB_ID_RE.fullmatch(str(task_id)) else new_job_id(),
+        "meta": {WORKFLOW_META_KEY: member},
+    }
+    context = Context({"id": task_id, "task": getattr(request, "task", None) or MEMBER_TYPE, ENVELOPE_HEADER: envelope})
+    report(app, context, "failed", exc=exc if isinstance(exc, BaseException) else None)
+
+
 def workflow_hook(app: Any) -> WorkflowHook:
     """The process's completion hook of ``app``'s workflows (one connection of its own, opened on first use).
 
@@ -408,5 +438,8 @@ __all__ = [
     "chord_failed",
     "close_workflow_hook",
     "is_ojs_chord",
+    "report",
+    "report_unrun",
     "start_chord",
+    "workflow_hook",
 ]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextvars
 import json
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -158,7 +159,7 @@ class CeleryCodec:
         meta = dict(carried.get("meta") or {})
         meta["celery"] = celery_meta
         if WORKFLOW_META_KEY not in meta:
-            member = _chord_member(headers, embedded)
+            member = chord_member(headers, embedded)
             if member is not None:
                 meta[WORKFLOW_META_KEY] = member
         for header in ("traceparent", "tracestate"):
@@ -324,11 +325,19 @@ def _payload(
     return payload[0] or [], payload[1] or {}, payload[2] or {}
 
 
-def _chord_member(headers: dict[str, Any], embed: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``meta.workflow`` of a chord header's task message (index ``group_index`` of the batch), else None."""
+def chord_member(headers: Mapping[str, Any], embed: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``meta.workflow`` of a task of a chord's header (index ``group_index`` of the chord's batch).
+
+    Parameters:
+        headers: the task message's Celery headers (``group``, ``group_index``).
+        embed: its embedded canvas (``chord``: the body, marked with :data:`CHORD_OPTION`).
+
+    Returns:
+        The ``meta.workflow`` object, or None for a task of no chord started as a batch.
+    """
     body = embed.get("chord")
-    mark = (body.get("options") or {}).get(CHORD_OPTION) if isinstance(body, dict) else None
-    if not isinstance(mark, dict):
+    mark = (body.get("options") or {}).get(CHORD_OPTION) if isinstance(body, Mapping) else None
+    if not isinstance(mark, Mapping):
         return None
     chord_id, count, index = mark.get("id"), mark.get("count"), headers.get("group_index")
     if mark.get("group") != headers.get("group") or not isinstance(chord_id, str):
@@ -440,6 +449,7 @@ __all__ = [
     "UNIQUE_OPTION",
     "CeleryCodec",
     "ENVELOPE_HEADER",
+    "chord_member",
     "TaskIndex",
     "UNLIMITED_ATTEMPTS",
 ]
