@@ -239,6 +239,13 @@ def chord_failed(app: Any, results: list[Any], body: Mapping[str, Any], member_i
         raise exc
     except ChordError:  # Celery records the failure with the exception being handled (its traceback)
         app.backend.chord_error_from_stack(callback, exc)
+    if is_ojs_chord(callback.options.get("chord")):  # the body is in an enclosing chord's header: it failed
+        from celery.app.task import Context
+
+        options = callback.options
+        report_unrun(
+            app, Context({**options, "id": callback.id, "task": callback.task, "group": options.get("group_id")}), exc
+        )
 
 
 def report(

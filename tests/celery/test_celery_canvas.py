@@ -140,6 +140,10 @@ def test_chord_shapes_errbacks_and_retried_members_on_rpc(celery_app, worker_fac
         wait_until(lambda: errors, timeout=20, message="the body's errback")
         assert errors[0][0] == failing.id and "KeyError" in errors[0][1]
         assert isinstance(chord([add.s(1, 1)], boom.s()).apply_async().get(timeout=20, propagate=False), KeyError)
+        # A failing chord inside a chord's header fails the enclosing chord too.
+        nested = chord([chord([add.s(1, 1), boom.s("n")], tsum.s()), add.s(2, 2)], tsum.s()).apply_async()
+        error = nested.get(timeout=20, propagate=False)
+        assert isinstance(error, ChordError) and "raised ChordError" in str(error), error
         # A chain in the header whose first task fails: its last task never runs and still counts, failed.
         broken = chord([chain(boom.s("c"), add.s(1)), add.s(2, 2)], tsum.s()).apply_async()
         error = broken.get(timeout=20, propagate=False)
