@@ -16,6 +16,8 @@ from celery.exceptions import ChordError
 from frameworks import ojs_celery_app
 from support import wait_until
 
+from ojs_kombu import Job, batch
+
 pytestmark = pytest.mark.broker
 
 
@@ -92,7 +94,7 @@ def test_chords_on_rpc_and_without_a_backend_never_poll_and_call_the_body_once(
     assert log.count("worker_app.tsum[") and log.count("Task worker_app.tsum") == 3 * 2  # received + succeeded
 
 
-def test_chord_shapes_errbacks_and_retried_members_on_rpc(celery_app, worker_factory):
+def test_chord_shapes_errbacks_and_retried_members_on_rpc(celery_app, worker_factory, client):
     """What Celery users compose around a chord, on the in-thread worker: each shape gives Celery's result."""
     app = celery_app
     errors: list[tuple[str, str]] = []
@@ -148,6 +150,14 @@ def test_chord_shapes_errbacks_and_retried_members_on_rpc(celery_app, worker_fac
         broken = chord([chain(boom.s("c"), add.s(1)), add.s(2, 2)], tsum.s()).apply_async()
         error = broken.get(timeout=20, propagate=False)
         assert isinstance(error, ChordError) and "raised KeyError" in str(error) and "'c'" in str(error), error
+        # An OJS batch of Celery tasks (ojs_kombu.Client) advances on the Celery worker too.
+        members = [Job.create("canvas.add", [x, x], queue="celery") for x in (1, 2)]
+        workflow_id = client.enqueue_workflow(
+            batch(members, on_complete=Job.create("canvas.ident", [0], queue="celery"))
+        )
+        wait_until(lambda: client.workflow(workflow_id).state == "completed", timeout=20, message="the OJS batch")
+        info = client.workflow(workflow_id)
+        assert (info.step(0).result, info.step(1).result, info.completed_count) == (2, 4, 2)
         # A revoked header task (dropped on delivery by the transport) fails the chord as Celery's Redis backend does.
         revoked = chord([add.s(1, 1).set(countdown=1), add.s(2, 2)], tsum.s()).apply_async()
         revoked.parent.results[0].revoke()
