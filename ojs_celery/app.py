@@ -47,12 +47,22 @@ import celery
 import celery.app.task
 import celery.canvas
 from celery import signals
+from celery.app import backends
 from celery.app.amqp import AMQP as CeleryAMQP
 from celery.exceptions import ImproperlyConfigured
 
 from ojs_kombu.model.ids import new_job_id
 from ojs_kombu.transport import register_aliases
 
+from .canvas import (
+    CHORD_BODY,
+    CHORD_FAILED,
+    CHORDS_SETTING,
+    chord_backend,
+    chord_body,
+    chord_failed,
+    close_workflow_hook,
+)
 from .control import ON_CANCEL_HOOK, TRANSPORT_LIFECYCLE_HOOK, CancelStep
 from .flower import install_if_loaded
 from .lifecycle import INFO_HOOK
@@ -171,6 +181,26 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
         self.on_after_finalize.connect(self._install_request, weak=False)
         self.steps["worker"].add(CancelStep)
         self.steps["worker"].add(PresenceStep)
+        self.task(name=CHORD_BODY, ignore_result=True, lazy=True, shared=False)(self._chord_body)
+        self.task(name=CHORD_FAILED, ignore_result=True, lazy=True, shared=False)(self._chord_failed)
+
+    def _get_backend(self) -> Any:
+        # Chords run as OJS batches whatever the result backend (ojs_celery.canvas), unless ojs_chords=False.
+        backend, url = backends.by_url(self.backend_cls or self.conf.result_backend, self.loader)
+        if self.conf.get(CHORDS_SETTING, True) is not False:
+            backend = chord_backend(backend)
+        return backend(app=self, url=url)
+
+    def close(self) -> None:
+        """As :meth:`celery.Celery.close`; also closes the connection chords report on (:mod:`ojs_celery.canvas`)."""
+        close_workflow_hook(self)
+        super().close()
+
+    def _chord_body(self, results: list[Any], body: dict[str, Any]) -> None:
+        chord_body(self, results, body)
+
+    def _chord_failed(self, results: list[Any], body: dict[str, Any], member_ids: list[str]) -> None:
+        chord_failed(self, results, body, member_ids)
 
     def _load_config(self) -> Any:
         conf = super()._load_config()

@@ -73,6 +73,7 @@ from ojs_kombu.runtime.lifecycle import JobEvent, JobEventName, Lifecycle, Subsc
 from ojs_kombu.transport.channel import BROADCAST_EXCHANGE_TYPES
 from ojs_kombu.transport.state import ConnectionState
 
+from .canvas import ChordBackend, report
 from .lifecycle import worker_lifecycle
 from .protocol import CeleryCodec
 
@@ -172,6 +173,8 @@ def record_revoked(job: Job) -> None:
     request = dropped_request(job)
     for app in apps.values():
         backend = app.backend
+        if isinstance(backend, ChordBackend):  # a chord's header task: its chord fails, whatever is stored
+            report(app, request, "cancelled")
         if isinstance(backend, (DisabledBackend, RPCBackend)):
             continue
         task = app.tasks.get(request.task)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextvars
 import json
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +45,7 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import job_type_for
 from ojs_kombu.model.policies import UNLIMITED_ATTEMPTS, RetryPolicy
 from ojs_kombu.model.timefmt import format_timestamp
+from ojs_kombu.model.workflow import WORKFLOW_META_KEY, FanInRef, WorkflowContext
 from ojs_kombu.policy.retry import Failure, record_failure
 from ojs_kombu.transport.settings import TaskMessage
 from ojs_kombu.wire.codec import CONTENT_ENCODING, OutgoingMessage, encode
@@ -55,6 +57,13 @@ ENVELOPE_HEADER = "ojs_envelope"
 #: The option of ``apply_async`` and of ``@app.task`` that gives the job its unique policy
 #: (a :class:`~ojs_kombu.UniquePolicy` or a dict of its fields: ``docs/unique-jobs.md``).
 UNIQUE_OPTION = "ojs_unique"
+#: The option of a chord body's signature that makes its header an OJS batch (:mod:`ojs_celery.canvas`):
+#: ``{"id": workflow id, "group": group id, "count": header size}``; the header's task messages carry it
+#: in their ``chord``.
+CHORD_OPTION = "ojs_chord"
+#: The ``meta.celery`` key of a chord's callback job: its Celery task gets the header's results
+#: (``parent_results`` in index order) as its first argument, as Celery calls a chord body.
+CHORD_RESULTS = "chord_results"
 JSON_CONTENT_TYPE = "application/json"
 
 #: The exception a running ``Task.retry(exc=…)`` was given (set by :class:`ojs_celery.Task`).
@@ -149,6 +158,10 @@ class CeleryCodec:
             celery_meta["embed"] = embedded
         meta = dict(carried.get("meta") or {})
         meta["celery"] = celery_meta
+        if WORKFLOW_META_KEY not in meta:
+            member = chord_member(headers, embedded)
+            if member is not None:
+                meta[WORKFLOW_META_KEY] = member
         for header in ("traceparent", "tracestate"):
             if isinstance(headers.get(header), str):
                 meta[header] = headers[header]
@@ -241,7 +254,8 @@ class CeleryCodec:
         embedded = celery_meta.get("embed")
         if embedded:
             embed.update(embedded)
-        payload = [job.args, kwargs, embed]
+        args = _chord_results(job, celery_meta) if celery_meta.get(CHORD_RESULTS) else job.args
+        payload = [args, kwargs, embed]
         body = _task_body(payload)
         task_properties = dict(properties)
         task_properties.pop("application_headers", None)
@@ -250,8 +264,9 @@ class CeleryCodec:
         task_properties.update(
             content_type=JSON_CONTENT_TYPE,
             content_encoding=CONTENT_ENCODING,
-            correlation_id=properties.get("correlation_id") or celery_id,
-            reply_to=properties.get("reply_to") or "",
+            # A chord's callback job was published by the fan-in, which knows no Celery properties.
+            correlation_id=properties.get("correlation_id") or celery_meta.get("correlation_id") or celery_id,
+            reply_to=properties.get("reply_to") or celery_meta.get("reply_to") or "",
         )
         return TaskMessage(body, task_properties, task_headers, None if _KOMBU_TYPED in body else payload)
 
@@ -308,6 +323,46 @@ def _payload(
             "not a Celery protocol 2 body [args, kwargs, embed] (task_protocol=1 is not supported)", field="args"
         )
     return payload[0] or [], payload[1] or {}, payload[2] or {}
+
+
+def chord_member(headers: Mapping[str, Any], embed: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``meta.workflow`` of a task of a chord's header (index ``group_index`` of the chord's batch).
+
+    Parameters:
+        headers: the task message's Celery headers (``group``, ``group_index``).
+        embed: its embedded canvas (``chord``: the body, marked with :data:`CHORD_OPTION`).
+
+    Returns:
+        The ``meta.workflow`` object, or None for a task of no chord started as a batch.
+    """
+    body = embed.get("chord")
+    mark = (body.get("options") or {}).get(CHORD_OPTION) if isinstance(body, Mapping) else None
+    if not isinstance(mark, Mapping):
+        return None
+    chord_id, count, index = mark.get("id"), mark.get("count"), headers.get("group_index")
+    if mark.get("group") != headers.get("group") or not isinstance(chord_id, str):
+        return None
+    if not (isinstance(count, int) and isinstance(index, int) and 0 <= index < count):
+        return None
+    return WorkflowContext(chord_id, (index,), fan_in=FanInRef(chord_id, index, count)).to_meta()
+
+
+def _chord_results(job: Job, celery_meta: dict[str, Any]) -> list[Any]:
+    """A chord callback's arguments: the header's results in index order, then its own (as Celery calls it).
+
+    Raises:
+        ValidationError: the job carries no inline ``parent_results`` (over the inline budget of
+            ``MAX_INLINE_RESULTS_BYTES``: read from the fan-in, which a codec cannot).
+    """
+    context = WorkflowContext.from_meta(job.meta)
+    if context is None or context.results_from is not None:
+        raise ValidationError(
+            f"the chord callback {celery_meta.get('task')!r} has no inline header results "
+            "(over the 512 KiB a workflow carries inline: return references to stored data)",
+            field="meta.workflow.parent_results",
+        )
+    results = context.parent_results
+    return [[results.get(str(index)) for index in range(len(results))], *job.args]
 
 
 def _v7(value: Any) -> str | None:
@@ -388,4 +443,13 @@ def _repr(value: Any) -> str:
         return repr(value)[:1024]
 
 
-__all__ = ["UNIQUE_OPTION", "CeleryCodec", "ENVELOPE_HEADER", "TaskIndex", "UNLIMITED_ATTEMPTS"]
+__all__ = [
+    "CHORD_OPTION",
+    "CHORD_RESULTS",
+    "UNIQUE_OPTION",
+    "CeleryCodec",
+    "ENVELOPE_HEADER",
+    "chord_member",
+    "TaskIndex",
+    "UNLIMITED_ATTEMPTS",
+]

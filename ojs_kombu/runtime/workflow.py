@@ -127,11 +127,13 @@ class WorkflowRunner:
         self._publisher = ConfirmedPublisher(connection)
         self._cancelled_ids: set[str] = set()
 
-    def start(self, workflow: Workflow) -> str:
+    def start(self, workflow: Workflow, *, enqueue: bool = True) -> str:
         """Record ``workflow``'s definition, open its first fan-ins and publish its first jobs.
 
         Parameters:
             workflow: the definition.
+            enqueue: False when the first jobs are published by their framework with their
+                ``meta.workflow`` (a Celery chord's header tasks): only the fan-ins are opened.
 
         Returns:
             Its id.
@@ -142,7 +144,8 @@ class WorkflowRunner:
         """
         self.log.open(workflow.id, {**workflow_to_dict(workflow)})
         self.log.append(workflow.id, {"kind": "enqueued", "at": _now()})
-        self.perform(start_workflow(workflow), new=True)
+        actions = start_workflow(workflow)
+        self.perform(actions if enqueue else [action for action in actions if isinstance(action, OpenFanIn)], new=True)
         return workflow.id
 
     def ended(

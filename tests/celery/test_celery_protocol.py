@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ojs_celery.protocol import ENVELOPE_HEADER, CeleryCodec
+from ojs_celery.protocol import CHORD_OPTION, CHORD_RESULTS, ENVELOPE_HEADER, CeleryCodec
 from ojs_kombu import ValidationError, decode
 from tools.schema import validate_job
 
@@ -148,3 +148,41 @@ def test_a_job_with_an_integer_beyond_64_bits_still_becomes_a_task_body():
         {"n": -(2**65)},
         {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
     ]
+
+
+def test_chord_header_tasks_become_batch_members_and_the_callback_gets_the_results_first():
+    codec = CeleryCodec(Tasks())
+    batch_id = "01946a8e-1a2b-7c3d-8e4f-5a6b7c8d9e0f"
+    mark = {"id": batch_id, "group": "g-1", "count": 3}
+    body, properties, headers = celery_message()
+    payload = json.loads(body)
+    payload[2]["chord"] = {"task": "tsum", "args": [], "kwargs": {}, "options": {CHORD_OPTION: mark}}
+    job, _ = codec.to_job(json.dumps(payload).encode(), properties, headers, "reports")
+    assert job.meta["workflow"] == {
+        "id": batch_id,
+        "path": [2],  # group_index
+        "parent_results": {},
+        "fan_in": {"id": batch_id, "index": 2, "count": 3},
+    }
+    for other in ({"group": "g-2"}, {"group_index": 3}):  # another group's task, an index out of range
+        job, _ = codec.to_job(json.dumps(payload).encode(), properties, {**headers, **other}, "reports")
+        assert "workflow" not in job.meta, other
+
+    # The callback job the fan-in publishes: results in index order first, reply_to/correlation_id restored.
+    callback = job.model_copy(
+        update={
+            "meta": {
+                "celery": {"task": "tsum", CHORD_RESULTS: True, "reply_to": "client-q", "correlation_id": "body-1"},
+                "workflow": {"id": batch_id, "path": ["on_success"], "parent_results": {"1": 20, "0": 10, "2": 30}},
+            },
+            "args": [5],
+        }
+    )
+    body2, properties2, _ = codec.from_job(callback, {}, {})
+    assert json.loads(body2)[0] == [[10, 20, 30], 5]
+    assert properties2["reply_to"] == "client-q" and properties2["correlation_id"] == "body-1"
+    no_inline = callback.model_copy(
+        update={"meta": {**callback.meta, "workflow": {"id": batch_id, "path": ["on_success"], "results_from": "x"}}}
+    )
+    with pytest.raises(ValidationError, match="inline header results"):
+        codec.from_job(no_inline, {}, {})

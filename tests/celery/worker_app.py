@@ -73,6 +73,43 @@ def echo(value):
     return value
 
 
+# tests/celery/test_celery_canvas.py: chords on the prefork pool.  With $OJS_FAIL_FIRST_ADD_REPORT, the
+# first report of an `add` task to its workflow fails in each pool process (the broker refused it).
+if os.environ.get("OJS_FAIL_FIRST_ADD_REPORT"):
+    from ojs_kombu.runtime.workflow import WorkflowHook
+
+    _report = WorkflowHook.on_terminal
+    _report_failed: set[int] = set()
+
+    def _failing_once(self, job, state, *args, **kwargs):
+        if job.type == "worker_app.add" and os.getpid() not in _report_failed:
+            _report_failed.add(os.getpid())
+            raise ConnectionError("injected: the report was refused")
+        return _report(self, job, state, *args, **kwargs)
+
+    WorkflowHook.on_terminal = _failing_once
+
+
+@app.task
+def add(x, y):
+    """Returns ``x + y``."""
+    return x + y
+
+
+@app.task
+def tsum(values, path):
+    """A chord body: appends the header results it was called with to ``path``; returns their sum."""
+    with open(path, "a") as log:
+        log.write(json.dumps(values) + "\n")
+    return sum(values)
+
+
+@app.task
+def explode(x):
+    """Always fails."""
+    raise ValueError(f"cannot handle {x}")
+
+
 # tests/celery/test_celery_process_worker.py: what the prefork pool is handed, seen in the worker's main process.
 if os.environ.get("OJS_RECEIVED_LOG"):
 
