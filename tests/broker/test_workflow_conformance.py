@@ -394,6 +394,7 @@ class Shared:
     ran: list[tuple[str, Any]] = field(default_factory=list)  # (type tag, parent_results)
     events: list[Any] = field(default_factory=list)
     gates: dict[str, threading.Event] = field(default_factory=dict)
+    entered: set[str] = field(default_factory=set)  # tags of gated jobs whose handler is waiting
 
     def gate(self, name: str) -> threading.Event:
         with self.lock:
@@ -415,6 +416,8 @@ def shared(amqp_url, management) -> Iterator[Shared]:
         @worker.handler("wf.step")
         def step(tag: str, gate: str | None = None, fail: bool = False) -> dict[str, str]:
             if gate is not None:
+                with state.lock:
+                    state.entered.add(tag)
                 state.gate(gate).wait(15)
             with state.lock:
                 state.ran.append((tag, current_job().parent_results))
@@ -431,9 +434,9 @@ def shared(amqp_url, management) -> Iterator[Shared]:
                 management.delete_queue(queue)
 
 
-def _job(tag: str, queue: str = "default", gate: str | None = None, fail: bool = False, attempts: int = 1) -> Job:
+def _job(tag: str, queue: str = "default", gate: str | None = None, fail: bool = False) -> Job:
     args: list[Any] = [tag, gate, fail]
-    return Job.create("wf.step", args, queue=queue, retry=RetryPolicy(max_attempts=attempts))
+    return Job.create("wf.step", args, queue=queue, retry=RetryPolicy(max_attempts=1))
 
 
 def _tag() -> str:
@@ -441,16 +444,17 @@ def _tag() -> str:
 
 
 def test_wf_10_a_chain_enqueues_one_step_at_a_time(shared: Shared):
-    """While step 0 runs, steps 1 and 2 are ``waiting`` and not in the queue; each step sees every earlier
-    result by index; the state, every step's and the metadata are exposed; cancelling it once completed
+    """While step 0 runs, steps 1 and 2 are ``waiting``, not in the queue and not run (the worker has free
+    slots); each step sees every earlier result by index (so ran after it was there); the state, every step's and the metadata are exposed; cancelling it once completed
     is the spec's 409."""
     t, client = _tag(), shared.client
     w = chain(_job(f"{t}-0", gate=t), _job(f"{t}-1"), _job(f"{t}-2"), name="conformance")
     assert client.enqueue_workflow(w) == w.id
-    wait_until(lambda: client.workflow(w.id).step(0).state == "pending", message="step 0 enqueued")
+    wait_until(lambda: f"{t}-0" in shared.entered, message="step 0 running")
     info = client.workflow(w.id)
     assert [s.state for s in info.steps] == ["pending", "waiting", "waiting"]
-    assert message_count(shared.amqp_url, shared.names.job_queue("default")) == 0  # step 0 is being run
+    assert message_count(shared.amqp_url, shared.names.job_queue("default")) == 0  # steps 1 and 2 not enqueued
+    assert not {f"{t}-1", f"{t}-2"} & set(shared.tags())
     assert (info.to_dict()["id"], info.to_dict()["type"]) == (w.id, "chain")
     shared.gate(t).set()
     wait_until(lambda: client.workflow(w.id).state == "completed", timeout=20, message="the chain completed")
