@@ -125,7 +125,8 @@ class WorkflowInfo:
         raise KeyError(path)
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec's response body (§11.2) without its ``{"workflow": ...}`` wrapper.
+        """The spec's response body (§11.2) without its ``{"workflow": ...}`` wrapper; a failed chain's
+        ``failed_step_index`` (§9.6) is the top-level step its failed job is in.
 
         Returns:
             A new dict.
@@ -152,6 +153,9 @@ class WorkflowInfo:
         if self.errors:
             data["failed_job_ids"] = [error["job_id"] for error in self.errors]
             data["errors"] = list(self.errors)
+        failed_steps = [step.path[0] for step in self.steps if step.state == "failed"]
+        if self.type == "chain" and failed_steps:
+            data["failed_step_index"] = failed_steps[0]  # §9.6: the top-level step the failed job is in
         return data
 
 

@@ -369,7 +369,6 @@ NOT_MET: dict[str, str] = {
     "completed_at and the three counters are",
     "WF-48": "a failed callback is a failed step (its path ends with the callback's name) and its error is in "
     "`errors`, but the error object does not name the callback type",
-    "WF-49": "`failed_job_ids` and `errors` are there; a failed chain has no `failed_step_index`",
     "WF-64": "no workflow event is emitted (workflow.created … workflow.cancelled): the worker's lifecycle "
     "events are the jobs' own",
 }
@@ -548,13 +547,18 @@ def test_wf_43_a_failed_chain_step_is_recorded_and_ends_the_chain(shared: Shared
     assert f"{t}-2" not in shared.tags()
 
 
-@pytest.mark.xfail(strict=True, reason="WF-49: no failed_step_index (NOT_MET)")
-def test_wf_49_a_failed_chain_names_its_failed_step_index(shared: Shared):
-    t = _tag()
-    w = chain(_job(f"{t}-0"), _job(f"{t}-1", fail=True))
-    shared.client.enqueue_workflow(w)
-    wait_until(lambda: shared.client.workflow(w.id).state == "failed", timeout=20, message="the chain failed")
-    assert shared.client.workflow(w.id).to_dict()["failed_step_index"] == 1
+def test_wf_49_a_failed_chain_names_its_failed_step_index_jobs_and_errors(shared: Shared):
+    """A chain whose step 1 (a group) fails in its job 1: ``failed_step_index`` is 1, ``failed_job_ids`` and
+    ``errors`` name that job."""
+    t, client = _tag(), shared.client
+    w = chain(_job(f"{t}-0"), group([_job(f"{t}-1.0"), _job(f"{t}-1.1", fail=True)]), _job(f"{t}-2"))
+    client.enqueue_workflow(w)
+    wait_until(lambda: client.workflow(w.id).state == "failed", timeout=20, message="the chain failed")
+    body = client.workflow(w.id).to_dict()
+    failed_id = w.steps[1].jobs[1].id
+    assert body["failed_step_index"] == 1
+    assert body["failed_job_ids"] == [failed_id]
+    assert [error["job_id"] for error in body["errors"]] == [failed_id]
 
 
 def test_wf_47_a_callback_failing_after_its_retries_fails_the_batch(shared: Shared):
