@@ -89,7 +89,8 @@ class WorkflowInfo:
         failed_count: of those, failed.
         created_at: when it was enqueued.
         completed_at: when it reached a terminal state (was cancelled: ``cancelled_at`` in :meth:`to_dict`).
-        errors: the failed jobs' errors (§9.6): ``job_id``, ``code``, ``message``, ``attempt``.
+        errors: the failed jobs' errors (§9.6): ``job_id``, ``code``, ``message``, ``attempt``; a batch
+            callback's also ``callback`` (``on_complete``, ``on_success`` or ``on_failure``, §9.5).
         definition: the definition it was enqueued with (its shape: what the dashboard draws).
     """
 
@@ -218,14 +219,15 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
             )
         )
         if error is not None:
-            errors.append(
-                {
-                    "job_id": job.id,
-                    "code": error.get("code", "handler_error"),
-                    "message": error.get("message", ""),
-                    "attempt": attempt if isinstance(attempt, int) else None,
-                }
-            )
+            reported = {
+                "job_id": job.id,
+                "code": error.get("code", "handler_error"),
+                "message": error.get("message", ""),
+                "attempt": attempt if isinstance(attempt, int) else None,
+            }
+            if isinstance(path[-1], str):
+                reported["callback"] = path[-1]  # §9.5: a batch's failed callback is recorded with its type
+            errors.append(reported)
     state: WorkflowState = status.state
     completed_at = None
     if cancelled:

@@ -367,8 +367,6 @@ REFERENCES: dict[str, list[str]] = {
 NOT_MET: dict[str, str] = {
     "WF-06": "`started_at` is not recorded (a job's start writes no record, only its end); created_at, "
     "completed_at and the three counters are",
-    "WF-48": "a failed callback is a failed step (its path ends with the callback's name) and its error is in "
-    "`errors`, but the error object does not name the callback type",
     "WF-64": "no workflow event is emitted (workflow.created … workflow.cancelled): the worker's lifecycle "
     "events are the jobs' own",
 }
@@ -583,14 +581,19 @@ def test_wf_47_a_callback_failing_after_its_retries_fails_the_batch(shared: Shar
     assert [e["job_id"] for e in info.errors] == [w.callbacks["on_complete"].id]
 
 
-@pytest.mark.xfail(strict=True, reason="WF-48: the error object does not name the callback type (NOT_MET)")
 def test_wf_48_a_failed_callback_is_recorded_with_its_type(shared: Shared):
+    """A failed member fires ``on_failure``, which fails too: the batch is failed, each error object in
+    the metadata says whose it is, the callback's with its type."""
     t = _tag()
     w = batch([_job(f"{t}-0", fail=True)], on_failure=_job(f"{t}-cb", fail=True))
     shared.client.enqueue_workflow(w)
     wait_until(lambda: shared.client.workflow(w.id).state == "failed", timeout=20, message="the batch failed")
     errors = shared.client.workflow(w.id).to_dict()["errors"]
-    assert any("on_failure" in map(str, error.values()) for error in errors)
+    assert [(e["job_id"], e.get("callback")) for e in errors] == [
+        (w.jobs[0].id, None),
+        (w.callbacks["on_failure"].id, "on_failure"),
+    ]
+    assert f"{t}-cb fails" in errors[1]["message"]
 
 
 def test_wf_56_an_invalid_workflow_is_refused_with_a_structured_error(shared: Shared):
