@@ -89,7 +89,8 @@ class WorkflowInfo:
         failed_count: of those, failed.
         created_at: when it was enqueued.
         completed_at: when it reached a terminal state (was cancelled: ``cancelled_at`` in :meth:`to_dict`).
-        errors: the failed jobs' errors (§9.6): ``job_id``, ``code``, ``message``, ``attempt``.
+        errors: the failed jobs' errors (§9.6): ``job_id``, ``code``, ``message``, ``attempt``; a batch
+            callback's also ``callback`` (``on_complete``, ``on_success`` or ``on_failure``, §9.5).
         definition: the definition it was enqueued with (its shape: what the dashboard draws).
     """
 
@@ -125,7 +126,8 @@ class WorkflowInfo:
         raise KeyError(path)
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec's response body (§11.2) without its ``{"workflow": ...}`` wrapper.
+        """The spec's response body (§11.2) without its ``{"workflow": ...}`` wrapper; a failed chain's
+        ``failed_step_index`` (§9.6) is the top-level step its failed job is in.
 
         Returns:
             A new dict.
@@ -152,6 +154,9 @@ class WorkflowInfo:
         if self.errors:
             data["failed_job_ids"] = [error["job_id"] for error in self.errors]
             data["errors"] = list(self.errors)
+        failed_steps = [step.path[0] for step in self.steps if step.state == "failed"]
+        if self.type == "chain" and failed_steps:
+            data["failed_step_index"] = failed_steps[0]  # §9.6: the top-level step the failed job is in
         return data
 
 
@@ -214,14 +219,15 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
             )
         )
         if error is not None:
-            errors.append(
-                {
-                    "job_id": job.id,
-                    "code": error.get("code", "handler_error"),
-                    "message": error.get("message", ""),
-                    "attempt": attempt if isinstance(attempt, int) else None,
-                }
-            )
+            reported = {
+                "job_id": job.id,
+                "code": error.get("code", "handler_error"),
+                "message": error.get("message", ""),
+                "attempt": attempt if isinstance(attempt, int) else None,
+            }
+            if isinstance(path[-1], str):
+                reported["callback"] = path[-1]  # §9.5: a batch's failed callback is recorded with its type
+            errors.append(reported)
     state: WorkflowState = status.state
     completed_at = None
     if cancelled:
