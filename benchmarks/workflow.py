@@ -21,13 +21,13 @@ import threading
 import time
 import uuid
 
-workflow_ids: list[str] = []  # their record streams are deleted at the end
-
 from kombu import Connection
 from pairs import alternate, report_ratio
 
 from ojs_kombu import Client, Job, Worker, batch
 from ojs_kombu.amqp.connection import resolve_url
+
+workflow_ids: list[str] = []  # their record streams are deleted at the end
 
 
 def _args() -> argparse.Namespace:
@@ -71,7 +71,9 @@ def run(client: Client, workers: list[Worker], url: str, count: int, concurrency
     span = Span()
     jobs = [Job.create("bench.noop", [i], queue="bench") for i in range(count)]
     if workflow:
-        workflow_ids.append(client.enqueue_workflow(batch(jobs, on_complete=Job.create("bench.done", [], queue="bench"))))
+        workflow_ids.append(
+            client.enqueue_workflow(batch(jobs, on_complete=Job.create("bench.done", [], queue="bench")))
+        )
     else:
         failed = sum(not r.ok for r in client.enqueue_many(jobs))
         if failed:
@@ -96,7 +98,9 @@ def main() -> None:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     label_wf = f"batch of {args.count} + on_complete"
     label_plain = f"{args.count} plain jobs"
-    print(f"{args.count} no-op jobs per side, concurrency {args.concurrency}, {args.rounds} rounds, {os.cpu_count()} cores")
+    print(
+        f"{args.count} no-op jobs per side, concurrency {args.concurrency}, {args.rounds} rounds, {os.cpu_count()} cores"
+    )
     client = Client(url, prefix=prefix)
     workers: list[Worker] = []
     try:
