@@ -6,6 +6,7 @@ as a worker's Settler would (before the ack); the hook publishes what follows.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +20,7 @@ from ojs_kombu.amqp.connection import make_connection
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import NotFoundError
 from ojs_kombu.model.workflow import WorkflowContext
-from ojs_kombu.runtime.workflow import WorkflowHook
+from ojs_kombu.runtime.workflow import WorkflowHook, WorkflowRunner
 from ojs_kombu.wire.codec import decode
 
 
@@ -172,3 +173,46 @@ def test_the_hook_survives_its_connection_being_closed(amqp_url, client, names, 
         assert client.workflow(w.id).state == "completed"
     finally:
         hook.close()
+
+
+def test_reports_queued_behind_the_lock_go_out_together(amqp_url, client, names, hook, monkeypatch):
+    """Jobs that end while a report holds the lock are reported in one ``ended_many``: each caller
+    returns once its own report is confirmed, a duplicate counts once, the callback fires once,
+    and a bad job (its fan-in is gone) fails alone, in its own thread."""
+    members = [Job.create("member.run", [i], queue="wfq") for i in range(6)]
+    w = batch(members, on_complete=Job.create("batch.done", [], queue="cbq"))
+    client.enqueue_workflow(w)
+    jobs = take(amqp_url, names, "wfq", 6)
+    meta = {
+        **jobs[1].meta,
+        "workflow": {**jobs[1].meta["workflow"], "fan_in": {"id": str(uuid.uuid4()), "index": 1, "count": 2}},
+    }
+    bad = jobs[1].model_copy(update={"meta": meta})
+    calls: list[int] = []
+    runner_ended_many = WorkflowRunner.ended_many
+    monkeypatch.setattr(
+        WorkflowRunner, "ended_many", lambda self, ended: (calls.append(len(ended)), runner_ended_many(self, ended))[1]
+    )
+    errors: dict[str, BaseException] = {}
+
+    def report(job: Job) -> None:
+        try:
+            hook.on_terminal(job, "completed", job.args[0] * 10)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors[job.id if job is not bad else "bad"] = exc
+
+    threads = [threading.Thread(target=report, args=(job,)) for job in [*jobs, jobs[0], bad]]
+    with hook._lock:  # a report in progress: every job that ends meanwhile queues up
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(hook._queue) == len(threads), timeout=10)
+    for thread in threads:
+        thread.join(30)
+    assert list(errors) == ["bad"] and isinstance(errors["bad"], NotFoundError)  # its fan-in does not exist
+    assert calls[0] == len(threads)  # together first; then one by one, as the bad job failed them
+    (callback,) = take(amqp_url, names, "cbq", 1)
+    assert parent_results(callback) == {str(i): i * 10 for i in range(6)}
+    hook.on_terminal(callback, "completed", None)
+    info = client.workflow(w.id)
+    assert info.state == "completed" and info.completed_count == 6
+    assert message_count(amqp_url, names.job_queue("cbq")) == 0
