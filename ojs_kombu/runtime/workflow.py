@@ -478,6 +478,21 @@ class WorkflowHook:
                     request.error = request.error or OjsError("the workflow hook was interrupted")
                     request.done = True
 
+    def results(self, fan_in_id: str) -> dict[str, Any]:
+        """Every job's ``parent_results`` entry of a group or batch, read from its fan-in (for a
+        callback whose results were too big to carry: ``meta.workflow.results_from``).
+
+        Parameters:
+            fan_in_id: the group's or batch's id.
+
+        Returns:
+            The entries by index (``"0"``...).
+
+        Raises:
+            OjsError: the fan-in could not be read, twice (e.g. the workflow ended and it was deleted).
+        """
+        return self.run(lambda runner: runner.fan_in.results(fan_in_id), job_id=fan_in_id)
+
     def run(self, operation: Callable[[WorkflowRunner], T], *, job_id: str = "") -> T:
         """``operation(runner)`` on the hook's connection, one call at a time; after a broker error,
         once more on a new connection (so ``operation`` must be idempotent).

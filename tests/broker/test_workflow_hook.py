@@ -18,8 +18,10 @@ from support import get_messages, message_count, wait_until
 from ojs_kombu import Client, Job, Names, batch, chain, group
 from ojs_kombu.amqp.connection import make_connection
 from ojs_kombu.amqp.topology import Topology
-from ojs_kombu.errors import NotFoundError
+from ojs_kombu.errors import NotFoundError, OjsError
 from ojs_kombu.model.workflow import WorkflowContext
+from ojs_kombu.runtime.control import RunningEntry
+from ojs_kombu.runtime.processing import RunningJob
 from ojs_kombu.runtime.workflow import WorkflowHook, WorkflowRunner
 from ojs_kombu.wire.codec import decode
 
@@ -216,3 +218,24 @@ def test_reports_queued_behind_the_lock_go_out_together(amqp_url, client, names,
     info = client.workflow(w.id)
     assert info.state == "completed" and info.completed_count == 6
     assert message_count(amqp_url, names.job_queue("cbq")) == 0
+
+
+def test_callback_reads_results_over_the_inline_budget_from_the_fan_in(amqp_url, client, names, hook):
+    """§7.5: ten 60 KB results (over the 512 KiB inline budget together) are not carried by the
+    callback's envelope; ``current_job().parent_results`` reads them from the batch's fan-in."""
+    members = [Job.create("member.run", [i], queue="wfq") for i in range(10)]
+    w = batch(members, on_complete=Job.create("batch.done", [], queue="cbq"))
+    client.enqueue_workflow(w)
+    jobs = take(amqp_url, names, "wfq", 10)
+    results = {job.args[0]: {"i": job.args[0], "blob": "x" * 60_000} for job in jobs}
+    for job in jobs:
+        hook.on_terminal(job, "completed", results[job.args[0]])
+    (callback,) = take(amqp_url, names, "cbq", 1)
+    context = WorkflowContext.from_meta(callback.meta)
+    assert context is not None and context.results_from == w.id and context.parent_results == {}
+    running = RunningJob.of(callback, 1, RunningEntry(callback.id, "cbq", threading.get_ident()), hook.results)
+    assert running.parent_results == {str(i): results[i] for i in range(10)}
+    with pytest.raises(OjsError, match="only a Worker"):
+        _ = RunningJob.of(callback, 1, RunningEntry(callback.id, "cbq", 0)).parent_results
+    hook.on_terminal(callback, "completed", None)
+    assert client.workflow(w.id).state == "completed"
