@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -49,7 +49,7 @@ from amqp.exceptions import NotFound, PreconditionFailed
 from ojs_kombu.amqp.connection import close_quietly
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.locks import Acquired, UniqueLocks
-from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.errors import NotFoundError, PublishTimeoutError, UnroutableError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.workflow import StepState, check_result
@@ -102,6 +102,18 @@ class Ready:
     def failed(self) -> tuple[int, ...]:
         """The indexes of the jobs that failed, in order."""
         return tuple(index for index, state in sorted(self.states.items()) if state == "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class MemberReport:
+    """One job's end, for :meth:`FanIn.report_many` (the arguments of :meth:`FanIn.report`)."""
+
+    workflow_id: str
+    index: int
+    count: int
+    state: StepState
+    result: Any = None
+    error: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -202,30 +214,71 @@ class FanIn:
             PublishError: the record was not confirmed, or did not come back from the stream
                 within 30 s (:class:`~ojs_kombu.errors.PublishTimeoutError`).
         """
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
-            raise ValidationError(f"index must be in 0..{count - 1}, got {index!r}", field="index")
-        if state not in _TERMINAL:
-            raise ValidationError(f"state must be completed or failed, got {state!r}", field="state")
-        check_result(result)
-        log = self._logs.get(workflow_id)
-        if log is None or not log.holder_checked:
-            # Once per workflow and object: a late report after the callbacks fired (and the stream
-            # was deleted) must not declare the stream again.
-            holder = self._holder(workflow_id)
-            if holder is not None and (holder != str(index) or not self._stream_exists(workflow_id)):
-                return Pending(workflow_id, count, count)  # another reporter fires, or the workflow was cleaned up
-            self._logs.setdefault(workflow_id, _Log()).holder_checked = True
-        stream = self.names.fan_in_stream(workflow_id)
-        record_id = str(uuid.uuid4())
-        record = {"kind": "outcome", "index": index, "state": state, "result": result}
-        if error is not None:
-            record["error"] = dict(error)
-        try:
-            self._append(stream, record_id, record)
-        except NotFoundError:
-            self._forget(workflow_id)  # what was read of a deleted stream says nothing of a new one
-            raise
-        log = self._read(workflow_id, until=record_id)
+        return self.report_many([MemberReport(workflow_id, index, count, state, result, error)])[0]
+
+    def report_many(self, reports: Sequence[MemberReport]) -> list[Ready | Pending]:
+        """:meth:`report` for several jobs at once: every record published, then one wait for their
+        confirms and one read of each stream (what makes a worker's reports cheap when several of
+        its jobs end together).  Each report is confirmed when this returns, as with :meth:`report`.
+
+        Parameters:
+            reports: the jobs that ended (several may be of the same group or batch).
+
+        Returns:
+            What :meth:`report` would have returned for each, in order: the reports of one fan-in
+            are judged in order, so at most one of them gets :class:`Ready`.
+
+        Raises:
+            ValidationError, ResultTooLargeError, NotFoundError, PublishError: as :meth:`report`,
+                for any of them (none is then known to be recorded: report them again).
+        """
+        for report in reports:
+            index, count = report.index, report.count
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+                raise ValidationError(f"index must be in 0..{count - 1}, got {index!r}", field="index")
+            if report.state not in _TERMINAL:
+                raise ValidationError(f"state must be completed or failed, got {report.state!r}", field="state")
+            check_result(report.result)
+        outcomes: list[Ready | Pending | None] = [None] * len(reports)
+        holders: dict[str, str | None] = {}
+        appended: dict[str, list[str]] = {}  # workflow id -> its record ids, in publish order
+        tickets: list[tuple[str, Any]] = []
+        for position, report in enumerate(reports):
+            workflow_id = report.workflow_id
+            log = self._logs.get(workflow_id)
+            if log is None or not log.holder_checked:
+                # Once per workflow and object: a late report after the callbacks fired (and the
+                # stream was deleted) must not declare the stream again.
+                if workflow_id not in holders:
+                    holders[workflow_id] = self._holder(workflow_id)
+                holder = holders[workflow_id]
+                if holder is not None and (holder != str(report.index) or not self._stream_exists(workflow_id)):
+                    outcomes[position] = Pending(workflow_id, report.count, report.count)  # another fires, or gone
+                    continue
+                self._logs.setdefault(workflow_id, _Log()).holder_checked = True
+            record_id = str(uuid.uuid4())
+            record = {"kind": "outcome", "index": report.index, "state": report.state, "result": report.result}
+            if report.error is not None:
+                record["error"] = dict(report.error)
+            stream = self.names.fan_in_stream(workflow_id)
+            tickets.append((workflow_id, self._publish(stream, record_id, record)))
+            appended.setdefault(workflow_id, []).append(record_id)
+        self._publisher.wait([ticket for _, ticket in tickets])
+        for workflow_id, ticket in tickets:
+            try:
+                self._check(self.names.fan_in_stream(workflow_id), ticket)
+            except NotFoundError:
+                self._forget(workflow_id)  # what was read of a deleted stream says nothing of a new one
+                raise
+        logs = {workflow_id: self._read(workflow_id, until=ids) for workflow_id, ids in appended.items()}
+        for position, report in enumerate(reports):
+            if outcomes[position] is None:
+                outcomes[position] = self._judge(report, logs[report.workflow_id])
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _judge(self, report: MemberReport, log: _Log) -> Ready | Pending:
+        """Whether ``report``, its record read back into ``log``, is the one that fires the callbacks."""
+        workflow_id, index, count = report.workflow_id, report.index, report.count
         if len(log.records) < count:
             return Pending(workflow_id, len(log.records), count)
         outcome = self.locks.acquire(self.names.fan_in_lock_key(workflow_id), str(index), None)
@@ -285,7 +338,7 @@ class FanIn:
         stream = self.names.fan_in_stream(workflow_id)
         marker = str(uuid.uuid4())
         self._append(stream, marker, {"kind": "read"})
-        log = self._read(workflow_id, until=marker)
+        log = self._read(workflow_id, until=(marker,))
         return {str(i): _entry(record) for i, record in sorted(log.records.items())}
 
     def cleanup(self, workflow_id: str) -> None:
@@ -343,11 +396,17 @@ class FanIn:
         return stream
 
     def _append(self, stream: str, record_id: str, record: dict[str, Any]) -> None:
+        ticket = self._publish(stream, record_id, record)
+        self._publisher.wait([ticket])
+        self._check(stream, ticket)
+
+    def _publish(self, stream: str, record_id: str, record: dict[str, Any]) -> PublishTicket:
         message = OutgoingMessage(
             orjson.dumps(record), {"message_id": record_id, "delivery_mode": 2, "content_type": "application/json"}
         )
-        ticket = self._publisher.publish(message, exchange="", routing_key=stream, queue=stream, job_id=record_id)
-        self._publisher.wait([ticket])
+        return self._publisher.publish(message, exchange="", routing_key=stream, queue=stream, job_id=record_id)
+
+    def _check(self, stream: str, ticket: PublishTicket) -> None:
         if isinstance(ticket.error, UnroutableError):
             raise NotFoundError(
                 f"no fan-in stream {stream!r}: open() it before the group's jobs are published "
@@ -357,8 +416,8 @@ class FanIn:
             )
         ticket.raise_for_error()
 
-    def _read(self, workflow_id: str, *, until: str) -> _Log:
-        """Read the stream up to (at least) the message ``until``, through this object's reader of it.
+    def _read(self, workflow_id: str, *, until: Collection[str]) -> _Log:
+        """Read the stream up to (at least) the messages ``until``, through this object's reader of it.
 
         A reader is a stream consumer kept open between reports (starting one costs about 4 ms on
         RabbitMQ 4.3, most of a report); the :data:`MAX_READERS` most recently used stay open.
@@ -370,20 +429,20 @@ class FanIn:
         self._readers[workflow_id] = None  # most recently used last
         deadline = time.monotonic() + _READ_TIMEOUT
         stream = self.names.fan_in_stream(workflow_id)
-        while until not in log.seen_ids:
+        while not log.seen_ids.issuperset(until):
             if log.consumer_tag is None:
                 self._logs.pop(workflow_id, None)
                 raise NotFoundError(f"the fan-in stream {stream!r} was deleted while it was read", reply_code=404)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PublishTimeoutError(
-                    f"the fan-in record {until} did not come back from {stream} in {_READ_TIMEOUT} s", job_id=until
+                    f"the fan-in records {sorted(until)} did not come back from {stream} in {_READ_TIMEOUT} s"
                 )
             try:
                 self.connection.drain_events(timeout=min(left, 1.0))
             except TimeoutError:
                 continue
-        log.seen_ids.discard(until)
+        log.seen_ids.difference_update(until)
         while len(self._readers) > MAX_READERS:
             self._forget(next(iter(self._readers)))  # its records too: a later report reads from offset 0
         return log
@@ -467,4 +526,4 @@ def _entry(record: Mapping[str, Any]) -> Any:
     return record.get("result")
 
 
-__all__ = ["MAX_READERS", "STREAM_MAX_AGE", "STREAM_SEGMENT_BYTES", "FanIn", "Pending", "Ready"]
+__all__ = ["MAX_READERS", "STREAM_MAX_AGE", "STREAM_SEGMENT_BYTES", "FanIn", "MemberReport", "Pending", "Ready"]

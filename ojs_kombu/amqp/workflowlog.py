@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -29,7 +29,7 @@ from amqp.exceptions import NotFound
 from ojs_kombu.amqp.connection import close_quietly
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.fanin import STREAM_MAX_AGE, STREAM_SEGMENT_BYTES
-from ojs_kombu.amqp.publisher import ConfirmedPublisher
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.errors import NotFoundError, PublishTimeoutError, UnroutableError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.wire.codec import OutgoingMessage
@@ -87,17 +87,59 @@ class WorkflowLog:
             NotFoundError: the workflow has no stream (it was not enqueued by ``Client.enqueue_workflow``).
             PublishError: the record was not confirmed.
         """
-        stream = self.names.workflow_log_stream(workflow_id)
-        record_id = str(uuid.uuid4())
-        message = OutgoingMessage(
-            orjson.dumps(dict(record)),
-            {"message_id": record_id, "delivery_mode": 2, "content_type": "application/json"},
-        )
-        ticket = self._publisher.publish(message, exchange="", routing_key=stream, queue=stream, job_id=record_id)
-        self._publisher.wait([ticket])
-        if isinstance(ticket.error, UnroutableError):
-            raise NotFoundError(f"no workflow record stream {stream!r}", reply_code=404, method="Basic.Publish")
-        ticket.raise_for_error()
+        self.append_many([(workflow_id, record)])
+
+    def append_many(self, records: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """Append each ``(workflow id, record)``: every one published, then one wait for their confirms.
+
+        Parameters:
+            records: what to append, to which workflow's stream (in order per stream).
+
+        Raises:
+            NotFoundError: a workflow has no stream (it was not enqueued by ``Client.enqueue_workflow``).
+            PublishError: a record was not confirmed.
+        """
+        self.settle(self.publish_many(records))
+
+    def publish_many(self, records: Sequence[tuple[str, Mapping[str, Any]]]) -> list[PublishTicket]:
+        """:meth:`append_many` without waiting: the records are sent, :meth:`settle` waits for them.
+
+        Parameters:
+            records: what to append, to which workflow's stream.
+
+        Returns:
+            Their tickets, for :meth:`settle`.
+        """
+        tickets = []
+        for workflow_id, record in records:
+            stream = self.names.workflow_log_stream(workflow_id)
+            record_id = str(uuid.uuid4())
+            message = OutgoingMessage(
+                orjson.dumps(dict(record)),
+                {"message_id": record_id, "delivery_mode": 2, "content_type": "application/json"},
+            )
+            tickets.append(
+                self._publisher.publish(message, exchange="", routing_key=stream, queue=stream, job_id=record_id)
+            )
+        return tickets
+
+    def settle(self, tickets: Sequence[PublishTicket]) -> None:
+        """Wait for the confirms of :meth:`publish_many`'s records.
+
+        Parameters:
+            tickets: what :meth:`publish_many` returned.
+
+        Raises:
+            NotFoundError: a workflow has no stream.
+            PublishError: a record was not confirmed.
+        """
+        self._publisher.wait(tickets)
+        for ticket in tickets:
+            if isinstance(ticket.error, UnroutableError):
+                raise NotFoundError(
+                    f"no workflow record stream {ticket.queue!r}", reply_code=404, method="Basic.Publish"
+                )
+            ticket.raise_for_error()
 
     def read(self, workflow_id: str) -> list[dict[str, Any]]:
         """Every record of the workflow's stream, oldest first.

@@ -89,8 +89,9 @@ class WorkflowInfo:
         failed_count: of those, failed.
         created_at: when it was enqueued.
         completed_at: when it reached a terminal state (was cancelled: ``cancelled_at`` in :meth:`to_dict`).
-        errors: the failed jobs' errors (§9.6): ``job_id``, ``code``, ``message``, ``attempt``; a batch
-            callback's also ``callback`` (``on_complete``, ``on_success`` or ``on_failure``, §9.5).
+        errors: the failed jobs' errors (§9.6): ``job_id``, ``code``, ``message``, ``attempt``, and a
+            failed callback's ``callback`` (``on_complete``, ``on_success``, ``on_failure``: §9.4).
+        failed_step_index: a chain's step that failed (§9.6), the first one; None for a group or batch.
         definition: the definition it was enqueued with (its shape: what the dashboard draws).
     """
 
@@ -106,6 +107,7 @@ class WorkflowInfo:
     created_at: str | None = None
     completed_at: str | None = None
     errors: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    failed_step_index: int | None = None
     definition: Workflow | None = field(default=None, repr=False, compare=False)
 
     def step(self, *path: int | str) -> StepInfo:
@@ -126,8 +128,7 @@ class WorkflowInfo:
         raise KeyError(path)
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec's response body (§11.2) without its ``{"workflow": ...}`` wrapper; a failed chain's
-        ``failed_step_index`` (§9.6) is the top-level step its failed job is in.
+        """The spec's response body (§11.2) without its ``{"workflow": ...}`` wrapper.
 
         Returns:
             A new dict.
@@ -151,12 +152,11 @@ class WorkflowInfo:
         }
         if self.state in ("completed", "failed"):
             data["result"] = self.result
+        if self.failed_step_index is not None:
+            data["failed_step_index"] = self.failed_step_index
         if self.errors:
             data["failed_job_ids"] = [error["job_id"] for error in self.errors]
             data["errors"] = list(self.errors)
-        failed_steps = [step.path[0] for step in self.steps if step.state == "failed"]
-        if self.type == "chain" and failed_steps:
-            data["failed_step_index"] = failed_steps[0]  # §9.6: the top-level step the failed job is in
         return data
 
 
@@ -193,6 +193,7 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
     uncounted = 0  # jobs counted failed by evaluate that the workflow's cancel ended
     steps: list[StepInfo] = []
     errors: list[dict[str, Any]] = []
+    failed_step: int | None = None  # the root chain's step the first failed job is in
     for path, step_state in status.steps.items():
         job = node_at(root, path)
         assert isinstance(job, Job)
@@ -219,15 +220,17 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
             )
         )
         if error is not None:
-            reported = {
+            entry = {
                 "job_id": job.id,
                 "code": error.get("code", "handler_error"),
                 "message": error.get("message", ""),
                 "attempt": attempt if isinstance(attempt, int) else None,
             }
             if isinstance(path[-1], str):
-                reported["callback"] = path[-1]  # §9.5: a batch's failed callback is recorded with its type
-            errors.append(reported)
+                entry["callback"] = path[-1]  # §9.4: a batch's failure names its callback
+            errors.append(entry)
+            if failed_step is None and isinstance(path[0], int):
+                failed_step = path[0]
     state: WorkflowState = status.state
     completed_at = None
     if cancelled:
@@ -248,6 +251,7 @@ def workflow_info(records: Iterable[Mapping[str, Any]]) -> WorkflowInfo:
         created_at=created_at,
         completed_at=completed_at,
         errors=tuple(errors),
+        failed_step_index=failed_step if root.type == "chain" else None,
         definition=root,
     )
 

@@ -39,6 +39,7 @@ from ojs_kombu.model.workflow import (
     Workflow,
     WorkflowContext,
     WorkflowState,
+    fit_parent_results,
     node_at,
     workflow_from_dict,
     workflow_to_dict,
@@ -189,12 +190,18 @@ def after_fan_in(
     triggered = [(name, job) for name, job in container.callbacks.items() if fires[name]]
     if not triggered:  # e.g. only on_success, and a job failed: nothing to run, the batch ended
         return plan.ended(container_path, "completed", dict(results), report.scopes)
+    # Over the inline budget the callbacks carry no results: they read them from the batch's fan-in
+    # (§7.5), which is kept until the workflow ends.
+    inline: dict[str, Any] = dict(results)
+    results_from: str | None = None
+    if fit_parent_results(results) != inline:
+        inline, results_from = {}, container.id
     fan_id = callbacks_fan_in_id(container.id)
     actions: list[WorkflowAction] = [OpenFanIn(fan_id, len(triggered), plan.definition)]
     for position, (name, job) in enumerate(triggered):
         path = (*container_path, name)
         ref = FanInRef(fan_id, position, len(triggered))
-        context = WorkflowContext(root.id, path, dict(results), fan_in=ref, scopes=report.scopes)
+        context = WorkflowContext(root.id, path, inline, results_from, fan_in=ref, scopes=report.scopes)
         actions.append(Enqueue(path, job, context))
     return actions
 

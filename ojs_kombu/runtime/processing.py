@@ -84,6 +84,7 @@ class RunningJob(Job):
     :attr:`cancelled`."""
 
     _run: RunningEntry | None = PrivateAttr(default=None)
+    _results: Callable[[str], dict[str, Any]] | None = PrivateAttr(default=None)
 
     @property
     def cancelled(self) -> threading.Event:
@@ -99,13 +100,29 @@ class RunningJob(Job):
 
         A chain's step N: every earlier step's result (``{"0": ..., "N-1": ...}``); a batch's
         callback: every job's (a failed one's is ``{"error": {...}}``); ``{}`` for a job that is
-        not part of a workflow, or the first step.
+        not part of a workflow, or the first step.  A batch's callback whose jobs' results are over
+        :data:`~ojs_kombu.model.workflow.MAX_INLINE_RESULTS_BYTES` together does not carry them: they
+        are read from the batch's fan-in (``meta.workflow.results_from``) when first asked for.
+
+        Raises:
+            OjsError: the results are in the fan-in and it could not be read (or the job was not
+                made by a Worker, which alone can read it).
         """
         context = WorkflowContext.from_meta(self.meta)
-        return dict(context.parent_results) if context is not None else {}
+        if context is None:
+            return {}
+        if context.results_from is None:
+            return dict(context.parent_results)
+        if self._results is None:
+            raise OjsError(
+                f"job {self.id}'s parent results are in fan-in {context.results_from}: only a Worker reads them"
+            )
+        return {**context.parent_results, **self._results(context.results_from)}
 
     @classmethod
-    def of(cls, job: Job, attempt: int, run: RunningEntry) -> RunningJob:
+    def of(
+        cls, job: Job, attempt: int, run: RunningEntry, results: Callable[[str], dict[str, Any]] | None = None
+    ) -> RunningJob:
         """``job`` at execution ``attempt``, in the Worker's ``run`` of it.
 
         A copy of ``job``'s validated state, built the way pydantic's ``model_copy`` builds one
@@ -116,6 +133,7 @@ class RunningJob(Job):
             attempt: this execution, 1-based.
             run: the run's entry in :class:`~ojs_kombu.runtime.control.Cancellations` (its
                 ``cancelled`` event).
+            results: reads a fan-in's results (``meta.workflow.results_from``), for :attr:`parent_results`.
 
         Returns:
             The running job.
@@ -124,7 +142,7 @@ class RunningJob(Job):
         object.__setattr__(running, "__dict__", {**job.__dict__, "attempt": attempt})
         object.__setattr__(running, "__pydantic_fields_set__", job.__pydantic_fields_set__ | {"attempt"})
         object.__setattr__(running, "__pydantic_extra__", dict(job.__pydantic_extra__ or {}))
-        object.__setattr__(running, "__pydantic_private__", {"_run": run})
+        object.__setattr__(running, "__pydantic_private__", {"_run": run, "_results": results})
         return running
 
 
@@ -280,7 +298,7 @@ class Processing:
         self.lifecycle.emit("started", job, attempt)
         try:
             with self.cancellations.running(job.id, job.queue) as entry:
-                token = _current_job.set(RunningJob.of(job, attempt, entry))
+                token = _current_job.set(RunningJob.of(job, attempt, entry, self._fan_in_results))
                 with job_span(job, attempt):
                     result = handler(*job.args, **job.kwargs)
         except BaseException as exc:  # noqa: BLE001 - every outcome settles the delivery
@@ -291,6 +309,13 @@ class Processing:
             if token is not None:
                 _current_job.reset(token)
         return False
+
+    def _fan_in_results(self, fan_in_id: str) -> dict[str, Any]:
+        """A fan-in's results, for a callback whose ``parent_results`` were too big to carry (``results_from``)."""
+        hook = self.settler.workflow
+        if hook is None:
+            raise OjsError(f"the results of fan-in {fan_in_id} are read by a worker's workflow hook; this one has none")
+        return hook.results(fan_in_id)
 
     def _coroutines(self) -> CoroutineRunner:
         """The worker's event loop for ``async def`` handlers, started on first use."""
@@ -334,7 +359,7 @@ class Processing:
             result: Any = None
             entry = self.cancellations.enter(job.id, job.queue, interrupt=interrupt)
             try:
-                _current_job.set(RunningJob.of(job, attempt, entry))  # the task's own context
+                _current_job.set(RunningJob.of(job, attempt, entry, self._fan_in_results))  # the task's own context
                 if entry.is_cancelled:  # cancelled before the task could be interrupted
                     raise Cancelled()
                 with job_span(job, attempt):

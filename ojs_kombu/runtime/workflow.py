@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 from amqp import Connection
 from kombu.connection import Connection as KombuConnection
 
 from ojs_kombu.amqp.connection import close_quietly
-from ojs_kombu.amqp.fanin import FanIn, Ready
+from ojs_kombu.amqp.fanin import FanIn, MemberReport, Pending, Ready
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.amqp.workflowlog import WorkflowLog
-from ojs_kombu.errors import ResultTooLargeError, ValidationError
+from ojs_kombu.errors import OjsError, ResultTooLargeError, ValidationError
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
 from ojs_kombu.model.workflow import (
@@ -67,6 +67,16 @@ TerminalState = Literal["completed", "failed", "cancelled"]
 """How a job of a workflow ended, as the completion hook is told."""
 
 _CANCELLED_ERROR: Final = {"code": "cancelled", "message": "the job was cancelled"}
+
+
+class Ended(NamedTuple):
+    """A job of a workflow that ended for good: the arguments of :meth:`WorkflowRunner.ended`."""
+
+    job: Job
+    context: WorkflowContext
+    state: TerminalState
+    result: Any = None
+    error: Mapping[str, Any] | None = None
 
 
 def workflow_job(job: Job, context: WorkflowContext) -> Job:
@@ -173,6 +183,52 @@ class WorkflowRunner:
         Raises:
             PublishError, NotFoundError: the broker refused a record or a publish.
         """
+        self.ended_many([Ended(job, context, state, result, error)])
+
+    def ended_many(self, ended: Sequence[Ended]) -> None:
+        """:meth:`ended` for several jobs at once (a worker's jobs that ended together): their step
+        records are published, then their fan-in reports
+        (:meth:`FanIn.report_many <ojs_kombu.amqp.fanin.FanIn.report_many>`), and one wait takes
+        the confirms of both; what else follows (a chain's next step, a fan-in's callbacks) is
+        performed for each in turn.  Every record and report is confirmed when this returns.
+
+        Parameters:
+            ended: the jobs that ended, each with its context, state, result and error.
+
+        Raises:
+            PublishError, NotFoundError: the broker refused a record or a publish (of any of them).
+        """
+        steps = [self._step(item) for item in ended]
+        records = self.log.publish_many(
+            [(item.context.id, record) for item, (record, _) in zip(ended, steps, strict=True)]
+        )
+        reports: list[Report] = []
+        others: list[tuple[Ended, list[WorkflowAction]]] = []
+        for item, (_, actions) in zip(ended, steps, strict=True):
+            if len(actions) == 1 and isinstance(actions[0], Report):
+                reports.append(actions[0])
+            else:
+                others.append((item, actions))
+        if others:  # a chain's next step goes out once the step before it is recorded
+            self.log.settle(records)
+            for item, actions in others:
+                self.perform(actions, root=item.context.continuation)
+        outcomes = (
+            self.fan_in.report_many(
+                [MemberReport(r.fan_in.id, r.fan_in.index, r.fan_in.count, r.state, r.result, r.error) for r in reports]
+            )
+            if reports
+            else []
+        )
+        # The step records' confirms came in while the reports were confirmed (one connection): the
+        # two are pipelined, and both are confirmed before any job is acknowledged.
+        self.log.settle(records)
+        for report, outcome in zip(reports, outcomes, strict=True):
+            self._after_report(report, outcome)
+
+    def _step(self, ended: Ended) -> tuple[dict[str, Any], list[WorkflowAction]]:
+        """The step record of a job that ended, and the planner's actions that follow."""
+        job, context, state, result, error = ended
         step_state: Literal["completed", "failed"] = "completed" if state == "completed" else "failed"
         if state == "cancelled":
             error = error or _CANCELLED_ERROR
@@ -195,9 +251,7 @@ class WorkflowRunner:
             record["result"] = result
         else:
             record["error"] = dict(error or {"code": "handler_error", "message": ""})
-        self.log.append(context.id, record)
-        actions = advance_workflow(context, step_state, result if step_state == "completed" else None, error)
-        self.perform(actions, root=context.continuation)
+        return record, advance_workflow(context, step_state, result if step_state == "completed" else None, error)
 
     def perform(
         self,
@@ -279,6 +333,10 @@ class WorkflowRunner:
     def _report(self, report: Report) -> None:
         ref = report.fan_in
         outcome = self.fan_in.report(ref.id, ref.index, ref.count, report.state, report.result, report.error)
+        self._after_report(report, outcome)
+
+    def _after_report(self, report: Report, outcome: Ready | Pending) -> None:
+        ref = report.fan_in
         if not isinstance(outcome, Ready):
             return
         if outcome.continuation is None:
@@ -311,11 +369,29 @@ class WorkflowRunner:
         self._publisher.close()
 
 
+MAX_BATCH: Final = 64
+"""The most jobs :class:`WorkflowHook` reports together."""
+
+
+class _Request:
+    """A job waiting in :meth:`WorkflowHook.on_terminal` for its report."""
+
+    __slots__ = ("done", "ended", "error")
+
+    def __init__(self, ended: Ended):
+        self.ended = ended
+        self.done = False
+        self.error: Exception | None = None
+
+
 class WorkflowHook:
     """The worker's completion hook for jobs of workflows, on a connection of its own.
 
-    One call at a time (a lock): a report is about a millisecond, and a :class:`FanIn` keeps one
-    stream reader per workflow open between calls.  The connection is opened on first use and
+    One call at a time (a lock), and a :class:`FanIn` keeps one stream reader per workflow open
+    between calls.  The jobs that end while a call holds the lock queue up, and the next call
+    reports all of them together (:meth:`WorkflowRunner.ended_many`: one confirm wait for their
+    step records, one for their fan-in reports), so each returns once its own report is confirmed
+    but a busy worker pays two round trips per handful of jobs, not per job.  The connection is opened on first use and
     again after a connection error (one more attempt per call: every action is idempotent).
 
     Parameters:
@@ -329,6 +405,8 @@ class WorkflowHook:
         self.topology = topology
         self.app_id = app_id
         self._lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Request] = []  # jobs waiting for the lock, reported together by whoever takes it
         self._connection: KombuConnection | None = None
         self._runner: WorkflowRunner | None = None
 
@@ -367,7 +445,56 @@ class WorkflowHook:
         context = WorkflowContext.from_meta(job.meta)
         if context is None:
             return
-        self.run(lambda runner: runner.ended(job, context, state, result, error), job_id=job.id)
+        request = _Request(Ended(job, context, state, result, error))
+        with self._queue_lock:
+            self._queue.append(request)
+        with self._lock:
+            while not request.done:  # else a call that held the lock meanwhile reported it
+                with self._queue_lock:
+                    taken, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                self._settle(taken)
+        if request.error is not None:
+            raise request.error
+
+    def _settle(self, requests: list[_Request]) -> None:
+        """Report ``requests`` together (:meth:`WorkflowRunner.ended_many`); if that fails, each on its own."""
+        try:
+            if len(requests) > 1:
+                try:
+                    self._run(lambda runner: runner.ended_many([r.ended for r in requests]))
+                    for request in requests:
+                        request.done = True
+                    return
+                except Exception as exc:  # noqa: BLE001 - each on its own: one bad job must not fail the others
+                    logger.info("the workflow hook's %d reports failed together (%r); one by one", len(requests), exc)
+                    if not isinstance(exc, ValidationError):
+                        self._reset()
+            for request in requests:
+                try:
+                    self._attempt(lambda runner: runner.ended_many([request.ended]), request.ended.job.id)  # noqa: B023
+                except Exception as exc:  # noqa: BLE001 - raised in the thread of the job it concerns
+                    request.error = exc
+                request.done = True
+        finally:
+            for request in requests:
+                if not request.done:
+                    request.error = request.error or OjsError("the workflow hook was interrupted")
+                    request.done = True
+
+    def results(self, fan_in_id: str) -> dict[str, Any]:
+        """Every job's ``parent_results`` entry of a group or batch, read from its fan-in (for a
+        callback whose results were too big to carry: ``meta.workflow.results_from``).
+
+        Parameters:
+            fan_in_id: the group's or batch's id.
+
+        Returns:
+            The entries by index (``"0"``...).
+
+        Raises:
+            OjsError: the fan-in could not be read, twice (e.g. the workflow ended and it was deleted).
+        """
+        return self.run(lambda runner: runner.fan_in.results(fan_in_id), job_id=fan_in_id)
 
     def run(self, operation: Callable[[WorkflowRunner], T], *, job_id: str = "") -> T:
         """``operation(runner)`` on the hook's connection, one call at a time; after a broker error,
@@ -385,14 +512,17 @@ class WorkflowHook:
             OjsError: the broker refused a record or a publish, twice.
         """
         with self._lock:
-            try:
-                return self._run(operation)
-            except ValidationError:
-                raise
-            except Exception:  # a broker error: once more on a new connection
-                logger.warning("the workflow hook failed for job %s; trying again", job_id, exc_info=True)
-                self._reset()
-                return self._run(operation)
+            return self._attempt(operation, job_id)
+
+    def _attempt(self, operation: Callable[[WorkflowRunner], T], job_id: str) -> T:
+        try:
+            return self._run(operation)
+        except ValidationError:
+            raise
+        except Exception:  # a broker error: once more on a new connection
+            logger.warning("the workflow hook failed for job %s; trying again", job_id, exc_info=True)
+            self._reset()
+            return self._run(operation)
 
     def _run(self, operation: Callable[[WorkflowRunner], T]) -> T:
         runner = self._runner
@@ -425,4 +555,4 @@ def _now() -> str:
     return format_timestamp(utcnow())
 
 
-__all__ = ["TerminalState", "WorkflowHook", "WorkflowRunner", "fan_in_ids", "workflow_job"]
+__all__ = ["MAX_BATCH", "Ended", "TerminalState", "WorkflowHook", "WorkflowRunner", "fan_in_ids", "workflow_job"]

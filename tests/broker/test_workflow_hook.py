@@ -6,6 +6,7 @@ as a worker's Settler would (before the ack); the hook publishes what follows.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,9 +18,11 @@ from support import get_messages, message_count, wait_until
 from ojs_kombu import Client, Job, Names, batch, chain, group
 from ojs_kombu.amqp.connection import make_connection
 from ojs_kombu.amqp.topology import Topology
-from ojs_kombu.errors import NotFoundError
+from ojs_kombu.errors import NotFoundError, OjsError
 from ojs_kombu.model.workflow import WorkflowContext
-from ojs_kombu.runtime.workflow import WorkflowHook
+from ojs_kombu.runtime.control import RunningEntry
+from ojs_kombu.runtime.processing import RunningJob
+from ojs_kombu.runtime.workflow import WorkflowHook, WorkflowRunner
 from ojs_kombu.wire.codec import decode
 
 
@@ -172,3 +175,67 @@ def test_the_hook_survives_its_connection_being_closed(amqp_url, client, names, 
         assert client.workflow(w.id).state == "completed"
     finally:
         hook.close()
+
+
+def test_reports_queued_behind_the_lock_go_out_together(amqp_url, client, names, hook, monkeypatch):
+    """Jobs that end while a report holds the lock are reported in one ``ended_many``: each caller
+    returns once its own report is confirmed, a duplicate counts once, the callback fires once,
+    and a bad job (its fan-in is gone) fails alone, in its own thread."""
+    members = [Job.create("member.run", [i], queue="wfq") for i in range(6)]
+    w = batch(members, on_complete=Job.create("batch.done", [], queue="cbq"))
+    client.enqueue_workflow(w)
+    jobs = take(amqp_url, names, "wfq", 6)
+    meta = {
+        **jobs[1].meta,
+        "workflow": {**jobs[1].meta["workflow"], "fan_in": {"id": str(uuid.uuid4()), "index": 1, "count": 2}},
+    }
+    bad = jobs[1].model_copy(update={"meta": meta})
+    calls: list[int] = []
+    runner_ended_many = WorkflowRunner.ended_many
+    monkeypatch.setattr(
+        WorkflowRunner, "ended_many", lambda self, ended: (calls.append(len(ended)), runner_ended_many(self, ended))[1]
+    )
+    errors: dict[str, BaseException] = {}
+
+    def report(job: Job) -> None:
+        try:
+            hook.on_terminal(job, "completed", job.args[0] * 10)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors[job.id if job is not bad else "bad"] = exc
+
+    threads = [threading.Thread(target=report, args=(job,)) for job in [*jobs, jobs[0], bad]]
+    with hook._lock:  # a report in progress: every job that ends meanwhile queues up
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(hook._queue) == len(threads), timeout=10)
+    for thread in threads:
+        thread.join(30)
+    assert list(errors) == ["bad"] and isinstance(errors["bad"], NotFoundError)  # its fan-in does not exist
+    assert calls[0] == len(threads)  # together first; then one by one, as the bad job failed them
+    (callback,) = take(amqp_url, names, "cbq", 1)
+    assert parent_results(callback) == {str(i): i * 10 for i in range(6)}
+    hook.on_terminal(callback, "completed", None)
+    info = client.workflow(w.id)
+    assert info.state == "completed" and info.completed_count == 6
+    assert message_count(amqp_url, names.job_queue("cbq")) == 0
+
+
+def test_callback_reads_results_over_the_inline_budget_from_the_fan_in(amqp_url, client, names, hook):
+    """§7.5: ten 60 KB results (over the 512 KiB inline budget together) are not carried by the
+    callback's envelope; ``current_job().parent_results`` reads them from the batch's fan-in."""
+    members = [Job.create("member.run", [i], queue="wfq") for i in range(10)]
+    w = batch(members, on_complete=Job.create("batch.done", [], queue="cbq"))
+    client.enqueue_workflow(w)
+    jobs = take(amqp_url, names, "wfq", 10)
+    results = {job.args[0]: {"i": job.args[0], "blob": "x" * 60_000} for job in jobs}
+    for job in jobs:
+        hook.on_terminal(job, "completed", results[job.args[0]])
+    (callback,) = take(amqp_url, names, "cbq", 1)
+    context = WorkflowContext.from_meta(callback.meta)
+    assert context is not None and context.results_from == w.id and context.parent_results == {}
+    running = RunningJob.of(callback, 1, RunningEntry(callback.id, "cbq", threading.get_ident()), hook.results)
+    assert running.parent_results == {str(i): results[i] for i in range(10)}
+    with pytest.raises(OjsError, match="only a Worker"):
+        _ = RunningJob.of(callback, 1, RunningEntry(callback.id, "cbq", 0)).parent_results
+    hook.on_terminal(callback, "completed", None)
+    assert client.workflow(w.id).state == "completed"

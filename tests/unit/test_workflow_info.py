@@ -90,3 +90,29 @@ def test_a_cancel_ends_the_workflow_and_every_job_that_had_not_ended():
     assert info.to_dict()["metadata"]["cancelled_at"] == "2026-11-27T10:00:03Z"
     finished_first = [*records[:2], records[4], records[2]]  # it ended before the cancel was recorded
     assert workflow_info(finished_first).state == "failed"
+
+
+def test_error_report_names_the_failed_chain_step_and_the_failed_callback():
+    """§9.6: a chain's ``failed_step_index``; §9.4: a failed callback is recorded with its type."""
+    w = chain(Job.create("s", [0]), batch([Job.create("m", [0])], on_complete=Job.create("done", [])))
+    error = {"code": "handler_error", "message": "boom", "attempt": 2}
+    records = [
+        _definition(w),
+        {"kind": "step", "path": [0], "state": "completed", "result": 1},
+        {"kind": "step", "path": [1, 0], "state": "completed", "result": 2},
+        {"kind": "step", "path": [1, "on_complete"], "state": "failed", "error": error, "attempt": 2},
+        {"kind": "finished", "state": "failed", "at": "t"},
+    ]
+    info = workflow_info(records)
+    assert info.state == "failed" and info.failed_step_index == 1
+    callback_id = w.steps[1].callbacks["on_complete"].id
+    assert info.errors == (
+        {"job_id": callback_id, "code": "handler_error", "message": "boom", "attempt": 2, "callback": "on_complete"},
+    )
+    data = info.to_dict()
+    assert data["failed_step_index"] == 1 and data["failed_job_ids"] == [callback_id]
+    group_like = workflow_info(records[:1] + [{"kind": "step", "path": [0], "state": "failed", "error": error}])
+    assert group_like.failed_step_index == 0 and "callback" not in group_like.errors[0]
+    only_batch = batch([Job.create("m", [0])], on_complete=Job.create("done", []))
+    failed_member = {"kind": "step", "path": [0], "state": "failed", "error": error}
+    assert workflow_info([_definition(only_batch), failed_member]).failed_step_index is None  # chains only
