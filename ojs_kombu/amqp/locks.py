@@ -39,13 +39,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
-from amqp import Connection
+from amqp import Connection, spec
 from amqp.exceptions import NotFound, PreconditionFailed
+from vine import promise
 
 from ojs_kombu.amqp.connection import close_quietly
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.publisher import ConfirmedPublisher
-from ojs_kombu.errors import PublishNackedError, UnroutableError, ValidationError
+from ojs_kombu.errors import PublishNackedError, PublishTimeoutError, UnroutableError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.wire.codec import OutgoingMessage
 
@@ -114,7 +115,7 @@ class UniqueLocks:
         self.expires_ms = math.ceil(queue_expires.total_seconds() * 1000)
         self.delete_on_release = delete_on_release
         self.persistent = persistent
-        self._publisher = ConfirmedPublisher(connection)
+        self._publisher = ConfirmedPublisher(connection, renew_on_nack=False)  # a nack is "held", no fault
         self._channel: Any = connection.channel()
 
     # -- the public operations
@@ -145,8 +146,7 @@ class UniqueLocks:
         ttl_ms = self._ttl_ms(period)
         lock = self.names.lock_queue(key)
         for _ in range(_ATTEMPTS):
-            self._declare(lock, overflow="reject-publish")
-            error = self._publish(lock, holder_id, ttl_ms, persistent=self.persistent)
+            error = self._declare_and_publish(key, holder_id, ttl_ms)
             if error is None:
                 self._write_holder(key, holder_id, ttl_ms, scheduled_at)
                 return Acquired(key, holder_id, ttl_ms)
@@ -266,10 +266,53 @@ class UniqueLocks:
                 lambda ch: ch.queue_declare(queue, durable=True, auto_delete=False, arguments=self._arguments(overflow))
             )
 
-    def _publish(
-        self, queue: str, holder_id: str, ttl_ms: int, *, persistent: bool, headers: dict[str, Any] | None = None
-    ) -> Exception | None:
-        message = OutgoingMessage(
+    def _declare_and_publish(self, key: str, holder_id: str, ttl_ms: int) -> Exception | None:
+        """Declare both queues of ``key``'s lock and publish the token in one round trip; the token's outcome.
+
+        The token follows the lock's declaration on the publisher's channel (a channel handles
+        its methods in order, so the queue exists when the token is routed); the record's queue
+        is declared at the same time on the other channel (the broker creates the two queues in
+        parallel).  Both declarations are awaited before the token's confirm is read, so a
+        reader of the record (the ``Held`` path) finds its queue.
+        """
+        lock, record = self.names.lock_queue(key), self.names.lock_holder_queue(key)
+        with map_exceptions():
+            try:
+                declared = [
+                    _send_declare(self._publisher.channel, lock, self._arguments("reject-publish")),
+                    _send_declare(self._channel, record, self._arguments("drop-head")),
+                ]
+                ticket = self._publisher.publish(
+                    self._message(holder_id, ttl_ms, persistent=self.persistent, headers=None),
+                    exchange="",
+                    routing_key=lock,
+                    queue=lock,
+                    job_id=holder_id,
+                )
+                for reply in declared:
+                    self._await(reply)
+            except (NotFound, PreconditionFailed):
+                # The broker closed a channel (a queue with other arguments): both start afresh.
+                self._publisher.close()
+                close_quietly(self._channel)
+                self._publisher = ConfirmedPublisher(self.connection, renew_on_nack=False)
+                self._channel = self.connection.channel()
+                raise
+        self._publisher.wait([ticket])
+        return ticket.error
+
+    def _await(self, reply: Any, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not reply.ready:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PublishTimeoutError(f"no reply to a lock's queue.declare within {timeout:.0f}s")
+            self.connection.drain_events(timeout=remaining)
+
+    def _message(
+        self, holder_id: str, ttl_ms: int, *, persistent: bool, headers: dict[str, Any] | None
+    ) -> OutgoingMessage:
+        return OutgoingMessage(
             holder_id.encode("utf-8"),
             {
                 "message_id": holder_id,
@@ -279,6 +322,11 @@ class UniqueLocks:
             },
             headers or {},
         )
+
+    def _publish(
+        self, queue: str, holder_id: str, ttl_ms: int, *, persistent: bool, headers: dict[str, Any] | None = None
+    ) -> Exception | None:
+        message = self._message(holder_id, ttl_ms, persistent=persistent, headers=headers)
         ticket = self._publisher.publish(message, exchange="", routing_key=queue, queue=queue, job_id=holder_id)
         self._publisher.wait([ticket])
         return ticket.error
@@ -286,8 +334,9 @@ class UniqueLocks:
     def _write_holder(self, key: str, holder_id: str, ttl_ms: int, scheduled_at: str | None) -> None:
         record_queue = self.names.lock_holder_queue(key)
         headers = {_SCHEDULED_AT: scheduled_at} if scheduled_at else None
-        for _ in range(_ATTEMPTS):
-            self._declare(record_queue, overflow="drop-head")
+        for attempt in range(_ATTEMPTS):
+            if attempt:  # declared with the token; deleted since by the release of the previous holder
+                self._declare(record_queue, overflow="drop-head")
             error = self._publish(record_queue, holder_id, ttl_ms, persistent=False, headers=headers)
             if not isinstance(error, UnroutableError):
                 break
@@ -320,6 +369,20 @@ class UniqueLocks:
             close_quietly(self._channel)
             self._channel = self.connection.channel()
             raise
+
+
+def _send_declare(channel: Any, queue: str, arguments: dict[str, Any]) -> promise:
+    """Send a durable ``queue.declare`` on ``channel`` without waiting; the promise is ready at its ``Declare-Ok``.
+
+    py-amqp drops a reply nobody waits for, so the promise is registered before the method goes
+    out (``Channel.wait`` registers it only when called).
+    """
+    reply = promise()
+    channel._pending[spec.Queue.DeclareOk] = reply
+    channel.send_method(
+        spec.Queue.Declare, "BsbbbbbF", (0, queue, False, True, False, False, False, arguments), wait=None
+    )
+    return reply
 
 
 def _body_text(message: Any) -> str:
