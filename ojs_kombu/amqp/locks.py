@@ -58,6 +58,26 @@ _HOLDER_WAIT: Final = 2.0  # seconds a reader waits for a new holder to write it
 _SCHEDULED_AT: Final = "x-ojs-scheduled-at"  # the holder record's header: the holder's scheduled_at
 
 
+def lock_ttl_ms(period: timedelta | None, expires_ms: int) -> int:
+    """How long a lock of ``period`` lives, in ms: the period (at least 1 ms), capped at ``expires_ms``.
+
+    Parameters:
+        period: the lock's period; None means ``expires_ms``.
+        expires_ms: the longest a lock lives (``queue_expires``).
+
+    Returns:
+        The TTL in milliseconds.
+
+    Raises:
+        ValidationError: ``period`` is not positive.
+    """
+    if period is None:
+        return expires_ms
+    if period <= timedelta(0):
+        raise ValidationError(f"period must be greater than zero, got {period!r}", field="period")
+    return min(expires_ms, max(1, math.ceil(period.total_seconds() * 1000)))
+
+
 @dataclass(frozen=True, slots=True)
 class Acquired:
     """The lock of ``key`` is now held by ``holder_id`` until released or ``ttl_ms`` elapsed."""
@@ -143,7 +163,7 @@ class UniqueLocks:
         """
         if not holder_id:
             raise ValidationError("holder_id must not be empty", field="holder_id")
-        ttl_ms = self._ttl_ms(period)
+        ttl_ms = lock_ttl_ms(period, self.expires_ms)
         lock = self.names.lock_queue(key)
         for _ in range(_ATTEMPTS):
             error = self._declare_and_publish(key, holder_id, ttl_ms)
@@ -243,13 +263,6 @@ class UniqueLocks:
         close_quietly(self._channel)
 
     # -- steps
-
-    def _ttl_ms(self, period: timedelta | None) -> int:
-        if period is None:
-            return self.expires_ms
-        if period <= timedelta(0):
-            raise ValidationError(f"period must be greater than zero, got {period!r}", field="period")
-        return min(self.expires_ms, max(1, math.ceil(period.total_seconds() * 1000)))
 
     def _arguments(self, overflow: str) -> dict[str, Any]:
         return {
@@ -390,4 +403,4 @@ def _body_text(message: Any) -> str:
     return body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else str(body)
 
 
-__all__ = ["DEFAULT_QUEUE_EXPIRES", "Acquired", "Held", "UniqueLocks"]
+__all__ = ["DEFAULT_QUEUE_EXPIRES", "Acquired", "Held", "UniqueLocks", "lock_ttl_ms"]

@@ -40,19 +40,41 @@ from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import connect_once, make_connection
 from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, Acquired, Held, UniqueLocks
+from ojs_kombu.amqp.urls import redact
 from ojs_kombu.errors import DuplicateJobError, ValidationError
 from ojs_kombu.model.fields import JobState
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.policy.unique import effective_on_conflict, effective_states, job_unique_key, period_end
+from ojs_kombu.runtime.redis_locks import RedisLocks, is_redis_url
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: ``with_locks(operation)`` runs ``operation(locks)`` on a :class:`UniqueLocks` (and may retry it after a reconnect).
-WithLocks = Callable[[Callable[[UniqueLocks], Any]], Any]
+
+class Locks(Protocol):
+    """A unique-lock backend: :class:`~ojs_kombu.amqp.locks.UniqueLocks` (RabbitMQ queues) or
+    :class:`~ojs_kombu.runtime.redis_locks.RedisLocks` (``SET NX PX``)."""
+
+    def acquire(
+        self, key: str, holder_id: str, period: timedelta | None, *, scheduled_at: str | None = None
+    ) -> Acquired | Held:
+        """Take the lock of ``key`` for ``holder_id`` unless another holds it (atomic set-if-absent)."""
+
+    def holder(self, key: str) -> str | None:
+        """The id of the job holding the lock of ``key``, or None when it is free."""
+
+    def release(self, key: str, holder_id: str) -> bool:
+        """Free the lock of ``key`` if ``holder_id`` holds it."""
+
+    def close(self) -> None:
+        """Close what the backend opened."""
+
+
+#: ``with_locks(operation)`` runs ``operation(locks)`` on a :class:`Locks` (and may retry it after a reconnect).
+WithLocks = Callable[[Callable[[Locks], Any]], Any]
 
 _REPLACE_ATTEMPTS: Final = 3  # replace: another job may take the freed lock first; then try again
 
@@ -93,7 +115,7 @@ def claim(job: Job, with_locks: WithLocks, cancel: Callable[[str], None]) -> Cla
 
     Parameters:
         job: the job.
-        with_locks: runs an operation on a :class:`UniqueLocks`.
+        with_locks: runs an operation on the :class:`Locks` (RabbitMQ's or Redis's).
         cancel: ``cancel(existing_id)`` cancels the holder through the control plane (``replace``).
 
     Returns:
@@ -110,7 +132,7 @@ def claim(job: Job, with_locks: WithLocks, cancel: Callable[[str], None]) -> Cla
     period = remaining_period(job)
     for _ in range(_REPLACE_ATTEMPTS):
         outcome: Acquired | Held = with_locks(
-            partial(UniqueLocks.acquire, key=key, holder_id=job.id, period=period, scheduled_at=job.scheduled_at)
+            partial(_acquire, key=key, holder_id=job.id, period=period, scheduled_at=job.scheduled_at)
         )
         if isinstance(outcome, Acquired) or outcome.existing_id == job.id:
             return Claim(key, job)  # (our own token: an acquire retried after its connection broke)
@@ -120,11 +142,21 @@ def claim(job: Job, with_locks: WithLocks, cancel: Callable[[str], None]) -> Cla
         if on_conflict not in ("replace", "replace_except_schedule") or existing is None:
             raise duplicate(job, outcome)
         cancel(existing)
-        with_locks(partial(UniqueLocks.release, key=key, holder_id=existing))
+        with_locks(partial(_release, key=key, holder_id=existing))
         if on_conflict == "replace_except_schedule":
             job = _keep_schedule(job, outcome)
         logger.info("job %s replaces job %s (unique, %s)", job.id, existing, on_conflict)
     raise duplicate(job, Held(key, with_locks(lambda locks: locks.holder(key))))
+
+
+def _acquire(
+    locks: Locks, key: str, holder_id: str, period: timedelta | None, scheduled_at: str | None
+) -> Acquired | Held:
+    return locks.acquire(key, holder_id, period, scheduled_at=scheduled_at)
+
+
+def _release(locks: Locks, key: str, holder_id: str) -> bool:
+    return locks.release(key, holder_id)
 
 
 def duplicate(job: Job, held: Held) -> DuplicateJobError:
@@ -142,6 +174,26 @@ def _keep_schedule(job: Job, held: Held) -> Job:
     kept = job.model_copy(update={"scheduled_at": held.existing_scheduled_at})
     scheduled = kept.scheduled_datetime
     return kept if scheduled is not None and scheduled > utcnow() else job
+
+
+def check_backend(backend: str | None) -> str | None:
+    """``backend`` (``unique_backend=``) if it is None or a Redis URL.
+
+    Parameters:
+        backend: None (the locks are RabbitMQ queues) or a ``redis://`` / ``rediss://`` URL.
+
+    Returns:
+        ``backend``.
+
+    Raises:
+        ValidationError: anything else.
+    """
+    if backend is None or is_redis_url(backend):
+        return backend
+    raise ValidationError(
+        f"unique_backend must be None (RabbitMQ) or a redis:// URL, got {redact(str(backend))!r}",
+        field="unique_backend",
+    )
 
 
 def lock_to_release(job: Job, state: JobState) -> str | None:
@@ -178,6 +230,8 @@ class UniqueRelease:
         names: the deployment's entity names.
         ssl, transport_options, heartbeat: as for the worker's connection.
         queue_expires: ``x-expires`` of the lock queues (the deployment's one value).
+        backend: where the locks are: None (RabbitMQ, on a connection of its own) or a Redis
+            URL (:class:`~ojs_kombu.runtime.redis_locks.RedisLocks`): the publishers' backend.
     """
 
     def __init__(
@@ -190,8 +244,10 @@ class UniqueRelease:
         heartbeat: float = 0,
         queue_expires: timedelta = DEFAULT_QUEUE_EXPIRES,
         connection_name: str = "ojs_kombu unique locks",
+        backend: str | None = None,
     ):
         self.url = url
+        self.backend = check_backend(backend)
         self.names = names
         self.queue_expires = queue_expires
         self._options: dict[str, Any] = {
@@ -202,7 +258,7 @@ class UniqueRelease:
         }
         self._lock = threading.Lock()
         self._connection: Connection | None = None
-        self._locks: UniqueLocks | None = None
+        self._locks: Locks | None = None
 
     def release(self, job: Job, state: JobState) -> bool:
         """Free ``job``'s unique lock now that it is in ``state``, unless ``state`` is one of its policy's ``states``.
@@ -235,7 +291,9 @@ class UniqueRelease:
                         )
         return False
 
-    def _unique_locks(self) -> UniqueLocks:
+    def _unique_locks(self) -> Locks:
+        if self._locks is None and self.backend is not None:
+            self._locks = RedisLocks(self.backend, names=self.names, queue_expires=self.queue_expires)
         if self._locks is None:
             connection = make_connection(self.url, **self._options)
             self._connection = connection
@@ -244,7 +302,9 @@ class UniqueRelease:
         return self._locks
 
     def _reset(self) -> None:
-        connection, self._connection, self._locks = self._connection, None, None
+        connection, self._connection, locks, self._locks = self._connection, None, self._locks, None
+        if isinstance(locks, RedisLocks):
+            locks.close()
         if connection is not None:
             try:
                 connection.collect()
@@ -254,6 +314,9 @@ class UniqueRelease:
     def close(self) -> None:
         """Close the connection (idempotent); a later release opens a new one."""
         with self._lock:
+            if isinstance(self._locks, RedisLocks):
+                self._locks.close()
+                self._locks = None
             if self._connection is not None:
                 connection, self._connection, self._locks = self._connection, None, None
                 try:
@@ -264,6 +327,8 @@ class UniqueRelease:
 
 __all__ = [
     "Claim",
+    "Locks",
+    "check_backend",
     "Releaser",
     "UniqueRelease",
     "lock_to_release",

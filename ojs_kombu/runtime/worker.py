@@ -202,6 +202,8 @@ class Worker:
             :attr:`completed_log`; :attr:`deduplicated` counts them).  The prefetch count grows
             by 64: completed jobs wait unacked for their record's confirm.
         completed_options: bounds of what ``deduplicate`` remembers (age, stream size, ids in memory).
+        unique_backend: where the locks of unique jobs are, freed when their jobs end: None
+            (RabbitMQ queues) or the Redis URL the publishers use (``Client(unique_backend=...)``).
 
     Raises:
         ValidationError: a queue name, the concurrency, ``dead_letter_mode`` or ``metrics_port`` is invalid.
@@ -234,6 +236,7 @@ class Worker:
         inline: bool = True,
         deduplicate: bool = False,
         completed_options: CompletedOptions | None = None,
+        unique_backend: str | None = None,
     ):
         self.queues = _queues(queues)
         self.concurrency = _concurrency(concurrency)
@@ -264,6 +267,7 @@ class Worker:
             presence_interval=presence_interval,
             deduplicate=deduplicate,
             completed_options=completed_options,
+            unique_backend=unique_backend,
         )
         self.completed_log: CompletedLog | None = None
         """The completed job ids (``deduplicate=True``)."""
