@@ -29,7 +29,7 @@ from ojs_kombu.client.session import Service, Session
 from ojs_kombu.errors import BrokerConnectionError, OjsError, PublishTimeoutError
 from ojs_kombu.model.job import Job
 from ojs_kombu.runtime.redis_locks import RedisLocks
-from ojs_kombu.runtime.unique import Claim, Locks, check_backend, claim
+from ojs_kombu.runtime.unique import Claim, Locks, check_backend, claim_many
 
 logger = logging.getLogger(__name__)
 
@@ -84,14 +84,15 @@ class Uniqueness(Service):
         outcomes: list[EnqueueResult | None] = [None] * len(jobs)
         claimed: dict[int, tuple[str, Job]] = {}  # index -> (key, job): locks taken
         sending: list[int] = []
+        unique = [i for i, job in enumerate(jobs) if isinstance(job, Job) and job.unique is not None]
+        claims = dict(zip(unique, self._claim_many([jobs[i] for i in unique]), strict=True))
         for index, job in enumerate(jobs):
-            if not isinstance(job, Job) or job.unique is None:
+            if index not in claims:
                 sending.append(index)
                 continue
-            try:
-                outcome = self._claim(job)
-            except OjsError as exc:
-                outcomes[index] = EnqueueResult(job, exc)
+            outcome = claims[index]
+            if isinstance(outcome, OjsError):
+                outcomes[index] = EnqueueResult(job, outcome)
                 continue
             if outcome.existing_id is not None:  # ignored: nothing is published
                 job = job.model_copy(update={"id": outcome.existing_id})
@@ -115,8 +116,8 @@ class Uniqueness(Service):
                 self.release(claimed[index][0], claimed[index][1].id)
         return [outcome for outcome in outcomes if outcome is not None]
 
-    def _claim(self, job: Job) -> Claim:
-        return claim(job, self._with_locks, lambda existing: self.control.cancel(existing, job.queue))
+    def _claim_many(self, jobs: list[Job]) -> list[Claim | OjsError]:
+        return claim_many(jobs, self._with_locks, self.control.cancel) if jobs else []
 
     def _with_locks(self, operation: Callable[[Locks], Any]) -> Any:
         if self.backend is not None:

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Final
 
-from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, Acquired, Held, lock_ttl_ms
+from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, Acquired, Held, LockRequest, lock_ttl_ms
 from ojs_kombu.amqp.urls import redact
 from ojs_kombu.errors import BrokerConnectionError, ValidationError
 from ojs_kombu.model.naming import Names
@@ -116,14 +117,34 @@ class RedisLocks:
             ValidationError: ``period`` is not positive, or ``holder_id`` is empty.
             BrokerConnectionError: Redis is unreachable or did not answer in time.
         """
-        if not holder_id:
-            raise ValidationError("holder_id must not be empty", field="holder_id")
-        ttl_ms = lock_ttl_ms(period, self.expires_ms)
-        value = json.dumps([holder_id, scheduled_at])
-        existing = self._run(self._acquire, key, value, ttl_ms)
-        if existing is None:
-            return Acquired(key, holder_id, ttl_ms)
-        return _held(key, existing)
+        return self.acquire_many([LockRequest(key, holder_id, period, scheduled_at)])[0]
+
+    def acquire_many(self, requests: Sequence[LockRequest]) -> list[Acquired | Held]:
+        """Take the locks of a batch, each as :meth:`acquire` does, in one round trip (a pipeline).
+
+        Parameters:
+            requests: what to lock, in order (a later request for a key an earlier one took is
+                :class:`~ojs_kombu.amqp.locks.Held` by it).
+
+        Returns:
+            One ``Acquired`` or ``Held`` per request, in order.
+
+        Raises:
+            ValidationError, BrokerConnectionError: as :meth:`acquire`.
+        """
+        for request in requests:
+            if not request.holder_id:
+                raise ValidationError("holder_id must not be empty", field="holder_id")
+        ttls = [lock_ttl_ms(request.period, self.expires_ms) for request in requests]
+        pipeline = self._client.pipeline(transaction=False)
+        for request, ttl_ms in zip(requests, ttls, strict=True):
+            value = json.dumps([request.holder_id, request.scheduled_at])
+            self._acquire(keys=[self.names.lock_queue(request.key)], args=[value, ttl_ms], client=pipeline)
+        values = self._call(pipeline.execute)
+        return [
+            Acquired(request.key, request.holder_id, ttl_ms) if existing is None else _held(request.key, existing)
+            for request, ttl_ms, existing in zip(requests, ttls, values, strict=True)
+        ]
 
     def holder(self, key: str) -> str | None:
         """The id of the job holding the lock of ``key``, or None when it is free.

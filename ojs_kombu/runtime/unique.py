@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -39,9 +39,9 @@ from typing import Any, Final, Protocol, TypeVar
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import connect_once, make_connection
-from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, Acquired, Held, UniqueLocks
+from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, Acquired, Held, LockRequest, UniqueLocks
 from ojs_kombu.amqp.urls import redact
-from ojs_kombu.errors import DuplicateJobError, ValidationError
+from ojs_kombu.errors import DuplicateJobError, OjsError, ValidationError
 from ojs_kombu.model.fields import JobState
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
@@ -63,6 +63,9 @@ class Locks(Protocol):
     ) -> Acquired | Held:
         """Take the lock of ``key`` for ``holder_id`` unless another holds it (atomic set-if-absent)."""
 
+    def acquire_many(self, requests: Sequence[LockRequest]) -> list[Acquired | Held]:
+        """Take the locks of a batch, each as :meth:`acquire` does, in fewer round trips."""
+
     def holder(self, key: str) -> str | None:
         """The id of the job holding the lock of ``key``, or None when it is free."""
 
@@ -75,6 +78,14 @@ class Locks(Protocol):
 
 #: ``with_locks(operation)`` runs ``operation(locks)`` on a :class:`Locks` (and may retry it after a reconnect).
 WithLocks = Callable[[Callable[[Locks], Any]], Any]
+
+
+class CancelOn(Protocol):
+    """``cancel(job_id, queue)``: cancel a job through the control plane of ``queue`` (``replace``)."""
+
+    def __call__(self, job_id: str, queue: str) -> None:
+        """Cancel ``job_id`` on ``queue``."""
+
 
 _REPLACE_ATTEMPTS: Final = 3  # replace: another job may take the freed lock first; then try again
 
@@ -110,13 +121,16 @@ def remaining_period(job: Job) -> timedelta | None:
     return max(end - now, timedelta(milliseconds=1))
 
 
-def claim(job: Job, with_locks: WithLocks, cancel: Callable[[str], None]) -> Claim:
+def claim(
+    job: Job, with_locks: WithLocks, cancel: Callable[[str], None], *, first: Acquired | Held | None = None
+) -> Claim:
     """Take the lock of ``job`` (which has a ``unique`` policy) before it is published; apply ``on_conflict``.
 
     Parameters:
         job: the job.
         with_locks: runs an operation on the :class:`Locks` (RabbitMQ's or Redis's).
         cancel: ``cancel(existing_id)`` cancels the holder through the control plane (``replace``).
+        first: the outcome of an acquire already made for ``job`` (:func:`claim_many`).
 
     Returns:
         The :class:`Claim`.
@@ -130,9 +144,11 @@ def claim(job: Job, with_locks: WithLocks, cancel: Callable[[str], None]) -> Cla
     key = job_unique_key(job)
     on_conflict = effective_on_conflict(job.unique)
     period = remaining_period(job)
-    for _ in range(_REPLACE_ATTEMPTS):
-        outcome: Acquired | Held = with_locks(
-            partial(_acquire, key=key, holder_id=job.id, period=period, scheduled_at=job.scheduled_at)
+    for attempt in range(_REPLACE_ATTEMPTS):
+        outcome: Acquired | Held = (
+            first
+            if attempt == 0 and first is not None
+            else with_locks(partial(_acquire, key=key, holder_id=job.id, period=period, scheduled_at=job.scheduled_at))
         )
         if isinstance(outcome, Acquired) or outcome.existing_id == job.id:
             return Claim(key, job)  # (our own token: an acquire retried after its connection broke)
@@ -147,6 +163,44 @@ def claim(job: Job, with_locks: WithLocks, cancel: Callable[[str], None]) -> Cla
             job = _keep_schedule(job, outcome)
         logger.info("job %s replaces job %s (unique, %s)", job.id, existing, on_conflict)
     raise duplicate(job, Held(key, with_locks(lambda locks: locks.holder(key))))
+
+
+def claim_many(jobs: Sequence[Job], with_locks: WithLocks, cancel: CancelOn) -> list[Claim | OjsError]:
+    """:func:`claim` every job of a batch (each has a ``unique`` policy): their locks taken together.
+
+    One :meth:`Locks.acquire_many` takes every lock it can; a job whose key is held then goes
+    through :func:`claim` (its ``on_conflict``) with that outcome.  Should the batch's acquire
+    fail, each job is claimed on its own, so an error is that job's.
+
+    Parameters:
+        jobs: the batch.
+        with_locks: as for :func:`claim`.
+        cancel: ``cancel(existing_id, queue)``: ``replace`` cancels the holder on the new job's queue.
+
+    Returns:
+        One :class:`Claim` or the job's error (:class:`DuplicateJobError`, :class:`ValidationError` ...), in order.
+    """
+    outcomes: list[Claim | OjsError | None] = [None] * len(jobs)
+    requests: dict[int, LockRequest] = {}
+    for index, job in enumerate(jobs):
+        try:
+            requests[index] = LockRequest(job_unique_key(job), job.id, remaining_period(job), job.scheduled_at)
+        except OjsError as exc:
+            outcomes[index] = exc
+    firsts: list[Acquired | Held | None]
+    try:
+        firsts = list(with_locks(lambda locks: locks.acquire_many(list(requests.values())))) if requests else []
+    except OjsError:
+        firsts = [None] * len(requests)
+    for (index, request), first in zip(requests.items(), firsts, strict=True):
+        if isinstance(first, Acquired):
+            outcomes[index] = Claim(request.key, jobs[index])
+            continue
+        try:
+            outcomes[index] = claim(jobs[index], with_locks, partial(cancel, queue=jobs[index].queue), first=first)
+        except OjsError as exc:
+            outcomes[index] = exc
+    return [outcome for outcome in outcomes if outcome is not None]
 
 
 def _acquire(
@@ -326,6 +380,7 @@ class UniqueRelease:
 
 
 __all__ = [
+    "CancelOn",
     "Claim",
     "Locks",
     "check_backend",
@@ -334,6 +389,7 @@ __all__ = [
     "lock_to_release",
     "WithLocks",
     "claim",
+    "claim_many",
     "duplicate",
     "remaining_period",
 ]
