@@ -14,7 +14,7 @@ import redis
 from support import wait_until
 
 from ojs_kombu import Client, DuplicateJobError, Job, Names, UniquePolicy, ValidationError, current_job
-from ojs_kombu.amqp.locks import Acquired, Held
+from ojs_kombu.amqp.locks import Acquired, Held, LockRequest
 from ojs_kombu.policy import job_unique_key
 from ojs_kombu.runtime.redis_locks import RedisLocks
 from tools.redis import RedisServerError, provision_redis
@@ -66,6 +66,16 @@ def test_redis_lock_set_if_absent_holder_expiry_and_compare_and_delete(redis_url
         assert locks.release(key, "job-c") is False
         assert locks.holder(key) == "job-d"
         assert locks.release(key, "job-d") is True
+
+        # A batch (enqueue_many) in one pipeline: a later request for a key taken earlier is Held by it.
+        other = uuid.uuid4().hex * 2
+        batch = [LockRequest(key, "job-e", None), LockRequest(other, "job-f", None), LockRequest(key, "job-g", None)]
+        assert locks.acquire_many(batch) == [
+            Acquired(key, "job-e", locks.expires_ms),
+            Acquired(other, "job-f", locks.expires_ms),
+            Held(key, "job-e"),
+        ]
+        assert locks.release(key, "job-e") and locks.release(other, "job-f")
 
         with pytest.raises(ValidationError) as info:
             locks.acquire(key, "job-e", timedelta(0))
