@@ -28,6 +28,12 @@ Measured choices (``docs/unique-jobs.md``):
   about its file descriptor limit of live locks (``persistent=False``: no file, and a restart
   frees every lock).
 
+* **Two round trips.** The lock's declaration and its token go out together on the publisher's
+  channel (in order on one channel), the record's queue is declared at the same moment on the
+  other channel, and the record follows the ack; :meth:`UniqueLocks.acquire_many` does that for a
+  batch at once.  Profiled on 4.3, the sequential version spent 3.0 of its 4.3 ms in the two
+  durable declarations.
+
 A :class:`UniqueLocks` uses one py-amqp connection from one thread.
 """
 
