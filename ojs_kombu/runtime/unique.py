@@ -158,7 +158,7 @@ def claim(
         if on_conflict not in ("replace", "replace_except_schedule") or existing is None:
             raise duplicate(job, outcome)
         cancel(existing)
-        with_locks(partial(_release, key=key, holder_id=existing))
+        with_locks(partial(release_lock, key=key, holder_id=existing))
         if on_conflict == "replace_except_schedule":
             job = _keep_schedule(job, outcome)
         logger.info("job %s replaces job %s (unique, %s)", job.id, existing, on_conflict)
@@ -209,7 +209,8 @@ def _acquire(
     return locks.acquire(key, holder_id, period, scheduled_at=scheduled_at)
 
 
-def _release(locks: Locks, key: str, holder_id: str) -> bool:
+def release_lock(locks: Locks, key: str, holder_id: str) -> bool:
+    """``locks.release(key, holder_id)``: for ``with_locks(partial(release_lock, key=..., holder_id=...))``."""
     return locks.release(key, holder_id)
 
 
@@ -391,5 +392,6 @@ __all__ = [
     "claim",
     "claim_many",
     "duplicate",
+    "release_lock",
     "remaining_period",
 ]
