@@ -170,7 +170,8 @@ def claim_many(jobs: Sequence[Job], with_locks: WithLocks, cancel: CancelOn) -> 
 
     One :meth:`Locks.acquire_many` takes every lock it can; a job whose key is held then goes
     through :func:`claim` (its ``on_conflict``) with that outcome.  Should the batch's acquire
-    fail, each job is claimed on its own, so an error is that job's.
+    fail (the broker unreachable ...), every job of the batch carries its error; a lock it took
+    before failing ends with its period.
 
     Parameters:
         jobs: the batch.
@@ -187,11 +188,12 @@ def claim_many(jobs: Sequence[Job], with_locks: WithLocks, cancel: CancelOn) -> 
             requests[index] = LockRequest(job_unique_key(job), job.id, remaining_period(job), job.scheduled_at)
         except OjsError as exc:
             outcomes[index] = exc
-    firsts: list[Acquired | Held | None]
     try:
-        firsts = list(with_locks(lambda locks: locks.acquire_many(list(requests.values())))) if requests else []
-    except OjsError:
-        firsts = [None] * len(requests)
+        firsts = with_locks(lambda locks: locks.acquire_many(list(requests.values()))) if requests else []
+    except OjsError as exc:  # the broker (or Redis) failed: every job of the batch fails with it
+        for index in requests:
+            outcomes[index] = exc
+        return [outcome for outcome in outcomes if outcome is not None]
     for (index, request), first in zip(requests.items(), firsts, strict=True):
         if isinstance(first, Acquired):
             outcomes[index] = Claim(request.key, jobs[index])
