@@ -15,7 +15,7 @@ read by anyone without touching the lock (no holder record beside it, unlike the
 It needs the optional ``redis`` client library (``pip install ojs-kombu[redis]``).  A lock
 lives in that Redis only: its persistence and failover are the server's (``appendonly``,
 Sentinel); an acquire while it is unreachable raises :class:`~ojs_kombu.errors.BrokerConnectionError`,
-it never passes.  A Redis key costs ~100 bytes beside the ~90 KB of a lock's two classic queues.
+it never passes.  A live lock costs Redis ~260 bytes (measured), a RabbitMQ node ~86 KB and an open file.
 """
 
 from __future__ import annotations
