@@ -115,6 +115,8 @@ class OjsBroker(dramatiq.Broker):
         ``ojs.stream.completed.{q}`` (confirmed, then the ack) and acks without running a
         delivery whose job completed already.
       completed_options: bounds of what ``deduplicate`` remembers (:class:`ojs_kombu.CompletedOptions`).
+      unique_backend: where the ``ojs_unique`` jobs' locks are: None (RabbitMQ queues) or a Redis
+        URL (``ojs_kombu.Client(unique_backend=...)``): the same for every broker of a deployment.
       **options: ``RabbitmqBroker``'s pika keyword arguments ``host``, ``port``,
         ``virtual_host``, ``credentials`` (``pika.PlainCredentials``) and ``heartbeat``, instead
         of ``url`` (translated into an AMQP URL by :func:`ojs_dramatiq.parameters.url_for_parameters`;
@@ -180,6 +182,7 @@ class OjsBroker(dramatiq.Broker):
         presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
         deduplicate: bool = False,
         completed_options: CompletedOptions | None = None,
+        unique_backend: str | None = None,
         **options: Any,
     ):
         self._running: OjsRunning | None = None
@@ -199,6 +202,7 @@ class OjsBroker(dramatiq.Broker):
             heartbeat=self.heartbeat,
             ssl=self.ssl,
             transport_options=self.transport_options,
+            unique_backend=unique_backend,
             **client_options,
         )
         self.names = self.client.names
@@ -217,6 +221,7 @@ class OjsBroker(dramatiq.Broker):
             presence_interval=presence_interval,
             deduplicate=deduplicate,
             completed_options=completed_options,
+            unique_backend=unique_backend,
         )
         self.cancellations, self.paused = self.assembly.cancellations, self.assembly.paused
         self.lifecycle, self.activity = self.assembly.lifecycle, self.assembly.activity

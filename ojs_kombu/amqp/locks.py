@@ -28,6 +28,12 @@ Measured choices (``docs/unique-jobs.md``):
   about its file descriptor limit of live locks (``persistent=False``: no file, and a restart
   frees every lock).
 
+* **Two round trips.** The lock's declaration and its token go out together on the publisher's
+  channel (in order on one channel), the record's queue is declared at the same moment on the
+  other channel, and the record follows the ack; :meth:`UniqueLocks.acquire_many` does that for a
+  batch at once.  Profiled on 4.3, the sequential version spent 3.0 of its 4.3 ms in the two
+  durable declarations.
+
 A :class:`UniqueLocks` uses one py-amqp connection from one thread.
 """
 
@@ -35,17 +41,18 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
-from amqp import Connection
+from amqp import Connection, spec
 from amqp.exceptions import NotFound, PreconditionFailed
 
 from ojs_kombu.amqp.connection import close_quietly
 from ojs_kombu.amqp.errors import map_exceptions
-from ojs_kombu.amqp.publisher import ConfirmedPublisher
-from ojs_kombu.errors import PublishNackedError, UnroutableError, ValidationError
+from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
+from ojs_kombu.errors import PublishNackedError, PublishTimeoutError, UnroutableError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.wire.codec import OutgoingMessage
 
@@ -55,6 +62,36 @@ DEFAULT_QUEUE_EXPIRES: Final = timedelta(days=7)
 _ATTEMPTS: Final = 5  # acquire: a lock freed or a queue deleted between two steps is tried again
 _HOLDER_WAIT: Final = 2.0  # seconds a reader waits for a new holder to write its id
 _SCHEDULED_AT: Final = "x-ojs-scheduled-at"  # the holder record's header: the holder's scheduled_at
+
+
+def lock_ttl_ms(period: timedelta | None, expires_ms: int) -> int:
+    """How long a lock of ``period`` lives, in ms: the period (at least 1 ms), capped at ``expires_ms``.
+
+    Parameters:
+        period: the lock's period; None means ``expires_ms``.
+        expires_ms: the longest a lock lives (``queue_expires``).
+
+    Returns:
+        The TTL in milliseconds.
+
+    Raises:
+        ValidationError: ``period`` is not positive.
+    """
+    if period is None:
+        return expires_ms
+    if period <= timedelta(0):
+        raise ValidationError(f"period must be greater than zero, got {period!r}", field="period")
+    return min(expires_ms, max(1, math.ceil(period.total_seconds() * 1000)))
+
+
+@dataclass(frozen=True, slots=True)
+class LockRequest:
+    """One lock to take (:meth:`UniqueLocks.acquire_many`): the arguments of :meth:`UniqueLocks.acquire`."""
+
+    key: str
+    holder_id: str
+    period: timedelta | None
+    scheduled_at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +151,7 @@ class UniqueLocks:
         self.expires_ms = math.ceil(queue_expires.total_seconds() * 1000)
         self.delete_on_release = delete_on_release
         self.persistent = persistent
-        self._publisher = ConfirmedPublisher(connection)
+        self._publisher = ConfirmedPublisher(connection, renew_on_nack=False)  # a nack is "held", no fault
         self._channel: Any = connection.channel()
 
     # -- the public operations
@@ -140,25 +177,53 @@ class UniqueLocks:
             PublishError: the broker did not confirm the token (timeout, unroutable five times).
             BrokerRefusedError: a lock queue exists with other arguments (another ``queue_expires``).
         """
-        if not holder_id:
-            raise ValidationError("holder_id must not be empty", field="holder_id")
-        ttl_ms = self._ttl_ms(period)
-        lock = self.names.lock_queue(key)
+        return self.acquire_many([LockRequest(key, holder_id, period, scheduled_at)])[0]
+
+    def acquire_many(self, requests: Sequence[LockRequest]) -> list[Acquired | Held]:
+        """Take the locks of a batch, each as :meth:`acquire` does, in two round trips for all.
+
+        The declarations and tokens of every lock go out together, then the records of the
+        locks taken; a request whose key another holds (or an earlier request of the batch)
+        gets :class:`Held` with that holder's id.
+
+        Parameters:
+            requests: what to lock, in order.
+
+        Returns:
+            One :class:`Acquired` or :class:`Held` per request, in order.
+
+        Raises:
+            ValidationError, PublishError, BrokerRefusedError: as :meth:`acquire`.
+        """
+        for request in requests:
+            if not request.holder_id:
+                raise ValidationError("holder_id must not be empty", field="holder_id")
+        ttls = [lock_ttl_ms(request.period, self.expires_ms) for request in requests]
+        results: list[Acquired | Held | None] = [None] * len(requests)
+        pending = list(range(len(requests)))
         for _ in range(_ATTEMPTS):
-            self._declare(lock, overflow="reject-publish")
-            error = self._publish(lock, holder_id, ttl_ms, persistent=self.persistent)
-            if error is None:
-                self._write_holder(key, holder_id, ttl_ms, scheduled_at)
-                return Acquired(key, holder_id, ttl_ms)
-            if isinstance(error, UnroutableError):
-                continue  # the queue was deleted (released, expired) after our declaration
-            if not isinstance(error, PublishNackedError):
-                raise error
-            held = self._held(key)
-            if held.existing_id is not None or self._lock_count(lock):
-                return held
-            # Freed between the nack and the read: try again.
-        return self._held(key)
+            if not pending:
+                break
+            tickets = self._declare_and_publish([requests[i] for i in pending], [ttls[i] for i in pending])
+            won = [i for i, ticket in zip(pending, tickets, strict=True) if ticket.error is None]
+            self._write_holders([(requests[i], ttls[i]) for i in won])
+            retry = []
+            for i, ticket in zip(pending, tickets, strict=True):
+                error, key = ticket.error, requests[i].key
+                if error is None:
+                    results[i] = Acquired(key, requests[i].holder_id, ttls[i])
+                elif isinstance(error, UnroutableError):
+                    retry.append(i)  # the queue was deleted (released, expired) after our declaration
+                elif not isinstance(error, PublishNackedError):
+                    raise error
+                elif (held := self._held(key)).existing_id is not None or self._lock_count(self.names.lock_queue(key)):
+                    results[i] = held
+                else:
+                    retry.append(i)  # freed between the nack and the read: try again
+            pending = retry
+        for i in pending:
+            results[i] = self._held(requests[i].key)
+        return [result for result in results if result is not None]
 
     def holder(self, key: str) -> str | None:
         """The id of the job holding the lock of ``key``, or None when it is free.
@@ -244,13 +309,6 @@ class UniqueLocks:
 
     # -- steps
 
-    def _ttl_ms(self, period: timedelta | None) -> int:
-        if period is None:
-            return self.expires_ms
-        if period <= timedelta(0):
-            raise ValidationError(f"period must be greater than zero, got {period!r}", field="period")
-        return min(self.expires_ms, max(1, math.ceil(period.total_seconds() * 1000)))
-
     def _arguments(self, overflow: str) -> dict[str, Any]:
         return {
             "x-queue-type": "classic",
@@ -266,10 +324,52 @@ class UniqueLocks:
                 lambda ch: ch.queue_declare(queue, durable=True, auto_delete=False, arguments=self._arguments(overflow))
             )
 
-    def _publish(
-        self, queue: str, holder_id: str, ttl_ms: int, *, persistent: bool, headers: dict[str, Any] | None = None
-    ) -> Exception | None:
-        message = OutgoingMessage(
+    def _declare_and_publish(self, requests: list[LockRequest], ttls: list[int]) -> list[PublishTicket]:
+        """Declare both queues of every request's lock and publish its token, in one round trip.
+
+        Each token follows its lock's declaration on the publisher's channel (a channel handles
+        its methods in order, so the queue exists when the token is routed); the records' queues
+        are declared at the same time on the other channel (the broker creates them in
+        parallel).  Every declaration is awaited before the tokens' confirms are read, so a
+        reader of a record (the ``Held`` path) finds its queue.
+
+        Returns:
+            The tokens' tickets, settled: no error = acquired.
+        """
+        arguments = self._arguments("reject-publish"), self._arguments("drop-head")
+        with map_exceptions():
+            replies = _DeclareOks(self._publisher.channel), _DeclareOks(self._channel)
+            try:
+                tickets = []
+                for request, ttl_ms in zip(requests, ttls, strict=True):
+                    lock = self.names.lock_queue(request.key)
+                    replies[0].send(lock, arguments[0])
+                    replies[1].send(self.names.lock_holder_queue(request.key), arguments[1])
+                    message = self._message(request.holder_id, ttl_ms, persistent=self.persistent, headers=None)
+                    tickets.append(
+                        self._publisher.publish(
+                            message, exchange="", routing_key=lock, queue=lock, job_id=request.holder_id
+                        )
+                    )
+                for reply in replies:
+                    reply.wait(self.connection)
+            except (NotFound, PreconditionFailed):
+                # The broker closed a channel (a queue with other arguments): both start afresh.
+                self._publisher.close()
+                close_quietly(self._channel)
+                self._publisher = ConfirmedPublisher(self.connection, renew_on_nack=False)
+                self._channel = self.connection.channel()
+                raise
+            finally:
+                for reply in replies:
+                    reply.close()
+        self._publisher.wait(tickets)
+        return tickets
+
+    def _message(
+        self, holder_id: str, ttl_ms: int, *, persistent: bool, headers: dict[str, Any] | None
+    ) -> OutgoingMessage:
+        return OutgoingMessage(
             holder_id.encode("utf-8"),
             {
                 "message_id": holder_id,
@@ -279,9 +379,33 @@ class UniqueLocks:
             },
             headers or {},
         )
+
+    def _publish(
+        self, queue: str, holder_id: str, ttl_ms: int, *, persistent: bool, headers: dict[str, Any] | None = None
+    ) -> Exception | None:
+        message = self._message(holder_id, ttl_ms, persistent=persistent, headers=headers)
         ticket = self._publisher.publish(message, exchange="", routing_key=queue, queue=queue, job_id=holder_id)
         self._publisher.wait([ticket])
         return ticket.error
+
+    def _write_holders(self, taken: list[tuple[LockRequest, int]]) -> None:
+        """Publish the holder's record of every lock taken (request, ttl_ms), confirmed; their queues are declared."""
+        tickets = []
+        for request, ttl_ms in taken:
+            record = self.names.lock_holder_queue(request.key)
+            headers = {_SCHEDULED_AT: request.scheduled_at} if request.scheduled_at else None
+            message = self._message(request.holder_id, ttl_ms, persistent=False, headers=headers)
+            tickets.append(
+                self._publisher.publish(
+                    message, exchange="", routing_key=record, queue=record, job_id=request.holder_id
+                )
+            )
+        self._publisher.wait(tickets)
+        for (request, ttl_ms), ticket in zip(taken, tickets, strict=True):
+            if isinstance(ticket.error, UnroutableError):  # deleted since by the release of the previous holder
+                self._write_holder(request.key, request.holder_id, ttl_ms, request.scheduled_at)
+            elif ticket.error is not None:
+                raise ticket.error
 
     def _write_holder(self, key: str, holder_id: str, ttl_ms: int, scheduled_at: str | None) -> None:
         record_queue = self.names.lock_holder_queue(key)
@@ -322,9 +446,43 @@ class UniqueLocks:
             raise
 
 
+class _DeclareOks:
+    """Durable ``queue.declare``s sent on one channel without waiting, and the wait for all their replies.
+
+    py-amqp drops a reply nobody waits for, and waits for one method at a time: the replies
+    (in the order of the declarations, on one channel) are counted by a listener instead.
+    """
+
+    def __init__(self, channel: Any):
+        self.channel = channel
+        self.sent = 0
+        self.received = 0
+        channel._callbacks[spec.Queue.DeclareOk] = self._on_reply
+
+    def _on_reply(self, *_: Any) -> None:
+        self.received += 1
+
+    def send(self, queue: str, arguments: dict[str, Any]) -> None:
+        self.channel.send_method(
+            spec.Queue.Declare, "BsbbbbbF", (0, queue, False, True, False, False, False, arguments), wait=None
+        )
+        self.sent += 1
+
+    def wait(self, connection: Any, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.received < self.sent:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PublishTimeoutError(f"no reply to a lock's queue.declare within {timeout:.0f}s")
+            connection.drain_events(timeout=remaining)
+
+    def close(self) -> None:
+        self.channel._callbacks.pop(spec.Queue.DeclareOk, None)
+
+
 def _body_text(message: Any) -> str:
     body = message.body
     return body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else str(body)
 
 
-__all__ = ["DEFAULT_QUEUE_EXPIRES", "Acquired", "Held", "UniqueLocks"]
+__all__ = ["DEFAULT_QUEUE_EXPIRES", "Acquired", "Held", "LockRequest", "UniqueLocks", "lock_ttl_ms"]

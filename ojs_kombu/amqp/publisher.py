@@ -78,12 +78,15 @@ class ConfirmedPublisher:
 
     ``window`` bounds the number of unconfirmed publishes: past it, ``publish``
     reads confirms until half the window is free, so a large batch never
-    buffers without limit in the broker or in this process.
+    buffers without limit in the broker or in this process.  ``renew_on_nack=False``
+    keeps the channel after a ``Basic.Nack``: for a publisher whose nacks are answers, not
+    faults (the unique locks' ``reject-publish`` classic queues, :mod:`ojs_kombu.amqp.locks`).
     """
 
-    def __init__(self, connection: Connection, *, window: int = 1000):
+    def __init__(self, connection: Connection, *, window: int = 1000, renew_on_nack: bool = True):
         self.connection = connection
         self.window = window
+        self.renew_on_nack = renew_on_nack
         self._unconfirmed: dict[int, PublishTicket] = {}
         self._buffered: dict[str, int] = {}  # queue -> publishes in the buffer, counted when written
         #: A wait for confirms expired on this publisher: its node may confirm nothing more (a
@@ -366,7 +369,7 @@ class ConfirmedPublisher:
                 ticket.on_done(ticket)
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        self._nacked = True
+        self._nacked = self.renew_on_nack
         for ticket in self._settle(delivery_tag, multiple):
             METRICS.nacked_publish(ticket.queue)
             ticket.settle(

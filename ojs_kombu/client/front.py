@@ -108,6 +108,10 @@ class Client:
             :meth:`workers` and :meth:`events`); must match the workers'.
         gc_pause: pause Python's cyclic garbage collector while a large :meth:`enqueue_many`
             batch is published (faster; see :meth:`enqueue_many`).  ``False`` never touches it.
+        unique_backend: where the locks of unique jobs are: None (RabbitMQ queues, the default)
+            or a Redis URL (``redis://host:6379/0``: ``SET NX PX``, for millions of live keys;
+            the ``redis`` extra).  Every publisher and worker of a deployment must use the same
+            (``docs/unique-jobs.md``).
 
     Raises:
         ValidationError: a bad option, or a bad failover list (empty, malformed, mixed schemes).
@@ -150,6 +154,7 @@ class Client:
         control: ControlOptions | None = None,
         events_options: EventsOptions | None = None,
         gc_pause: bool = True,
+        unique_backend: str | None = None,
     ):
         name = connection_name or f"ojs_kombu client {socket.gethostname()} pid {os.getpid()}"
         options = (queue_options or QueueOptions()).with_queue_type(queue_type)
@@ -167,9 +172,8 @@ class Client:
         )
         # The capability services; a new one (workflows, cron) is a Service over the same session.
         self._control = Control(self._session)
-        self._publishing = Publishing(
-            self._session, gc_pause=gc_pause, uniqueness=Uniqueness(self._session, self._control)
-        )
+        self._uniqueness = Uniqueness(self._session, self._control, backend=unique_backend)
+        self._publishing = Publishing(self._session, gc_pause=gc_pause, uniqueness=self._uniqueness)
         self._dead_letters = DeadLetters(self._session)
         self._observation = Observation(self._session)
         self._workflows = Workflows(self._session)
@@ -458,7 +462,8 @@ class Client:
         return self._session.run(lambda conn: self.topology.delete_declared(conn.connection))
 
     def close(self) -> None:
-        """Close every pooled connection.  Idempotent."""
+        """Close every pooled connection (and the unique locks' Redis connections).  Idempotent."""
+        self._uniqueness.close()
         self._session.close()
 
     def __enter__(self) -> Client:

@@ -15,6 +15,7 @@ the job may be queued, so its lock stays and ends with the job, or with its peri
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -27,7 +28,8 @@ from ojs_kombu.client.results import EnqueueResult
 from ojs_kombu.client.session import Service, Session
 from ojs_kombu.errors import BrokerConnectionError, OjsError, PublishTimeoutError
 from ojs_kombu.model.job import Job
-from ojs_kombu.runtime.unique import Claim, claim
+from ojs_kombu.runtime.redis_locks import RedisLocks
+from ojs_kombu.runtime.unique import Claim, Locks, check_backend, claim_many
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +45,27 @@ class Uniqueness(Service):
         control: the control service (``replace`` cancels the existing job through it).
         queue_expires: ``x-expires`` of the lock queues (one value per deployment, see
             :class:`~ojs_kombu.amqp.locks.UniqueLocks`).
+        backend: None (the locks are RabbitMQ queues, on the pooled connections) or a Redis URL
+            (:class:`~ojs_kombu.runtime.redis_locks.RedisLocks`, connected on first use).
+
+    Raises:
+        ValidationError: ``backend`` is neither None nor a Redis URL.
     """
 
-    def __init__(self, session: Session, control: Control, *, queue_expires: timedelta = DEFAULT_QUEUE_EXPIRES):
+    def __init__(
+        self,
+        session: Session,
+        control: Control,
+        *,
+        queue_expires: timedelta = DEFAULT_QUEUE_EXPIRES,
+        backend: str | None = None,
+    ):
         super().__init__(session)
         self.control = control
         self.queue_expires = queue_expires
+        self.backend = check_backend(backend)
+        self._redis: RedisLocks | None = None
+        self._redis_lock = threading.Lock()
 
     def publish(self, jobs: list[Job], publish: Callable[[list[Job]], list[EnqueueResult]]) -> list[EnqueueResult]:
         """Claim the lock of every job with a ``unique`` policy, ``publish`` the others and the claimed ones.
@@ -67,14 +84,15 @@ class Uniqueness(Service):
         outcomes: list[EnqueueResult | None] = [None] * len(jobs)
         claimed: dict[int, tuple[str, Job]] = {}  # index -> (key, job): locks taken
         sending: list[int] = []
+        unique = [i for i, job in enumerate(jobs) if isinstance(job, Job) and job.unique is not None]
+        claims = dict(zip(unique, self._claim_many([jobs[i] for i in unique]), strict=True))
         for index, job in enumerate(jobs):
-            if not isinstance(job, Job) or job.unique is None:
+            if index not in claims:
                 sending.append(index)
                 continue
-            try:
-                outcome = self._claim(job)
-            except OjsError as exc:
-                outcomes[index] = EnqueueResult(job, exc)
+            outcome = claims[index]
+            if isinstance(outcome, OjsError):
+                outcomes[index] = EnqueueResult(job, outcome)
                 continue
             if outcome.existing_id is not None:  # ignored: nothing is published
                 job = job.model_copy(update={"id": outcome.existing_id})
@@ -98,11 +116,26 @@ class Uniqueness(Service):
                 self.release(claimed[index][0], claimed[index][1].id)
         return [outcome for outcome in outcomes if outcome is not None]
 
-    def _claim(self, job: Job) -> Claim:
-        return claim(job, self._with_locks, lambda existing: self.control.cancel(existing, job.queue))
+    def _claim_many(self, jobs: list[Job]) -> list[Claim | OjsError]:
+        return claim_many(jobs, self._with_locks, self.control.cancel) if jobs else []
 
-    def _with_locks(self, operation: Callable[[UniqueLocks], Any]) -> Any:
+    def _with_locks(self, operation: Callable[[Locks], Any]) -> Any:
+        if self.backend is not None:
+            return operation(self._redis_locks())
         return self.session.run(lambda conn: operation(self.locks(conn)))
+
+    def _redis_locks(self) -> RedisLocks:
+        with self._redis_lock:
+            if self._redis is None:
+                assert self.backend is not None
+                self._redis = RedisLocks(self.backend, names=self.session.names, queue_expires=self.queue_expires)
+            return self._redis
+
+    def close(self) -> None:
+        """Close the Redis backend's connections, if any (the pooled AMQP ones are the session's)."""
+        with self._redis_lock:
+            if self._redis is not None:
+                self._redis.close()
 
     def release(self, key: str, holder_id: str) -> None:
         """Free the lock of ``key`` held by ``holder_id`` (a job whose publish failed); a failure is logged.
@@ -112,7 +145,7 @@ class Uniqueness(Service):
             holder_id: the job that took it.
         """
         try:
-            self.session.run(lambda conn: self.locks(conn).release(key, holder_id))
+            self._with_locks(lambda locks: locks.release(key, holder_id))
         except OjsError as exc:
             logger.warning("could not release the unique lock of job %s: %s; it ends with its period", holder_id, exc)
 

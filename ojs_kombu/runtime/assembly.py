@@ -66,9 +66,10 @@ class Assembly:
             the completed ids and records each success before its ack, and its prefetch grows by
             :data:`~ojs_kombu.runtime.completed.DEDUPE_EXTRA_PREFETCH`.
         completed_options: bounds of what ``deduplicate`` remembers.
+        unique_backend: where unique jobs' locks are (None: RabbitMQ; a Redis URL), see :class:`UniqueRelease`.
 
     Raises:
-        ValidationError: ``dead_letter_mode``, ``cancel_running`` or ``presence_interval`` is invalid.
+        ValidationError: ``dead_letter_mode``, ``cancel_running``, ``presence_interval`` or ``unique_backend`` is invalid.
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class Assembly:
         presence_interval: float = DEFAULT_PRESENCE_INTERVAL,
         deduplicate: bool = False,
         completed_options: CompletedOptions | None = None,
+        unique_backend: str | None = None,
     ) -> None:
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
@@ -105,7 +107,7 @@ class Assembly:
         #: Frees the unique lock of a job that ends (its own connection, opened by the first job with a
         #: ``unique`` policy); :meth:`close` closes it.
         self.unique_release = UniqueRelease(
-            url, names, ssl=connection.ssl, transport_options=connection.transport_options
+            url, names, ssl=connection.ssl, transport_options=connection.transport_options, backend=unique_backend
         )
         #: Advances the workflows of the jobs its settlers settle for good (a connection of its own, opened on first use).
         self.workflow = WorkflowHook(self._workflow_connection, topology)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -39,20 +39,53 @@ from typing import Any, Final, Protocol, TypeVar
 from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import connect_once, make_connection
-from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, Acquired, Held, UniqueLocks
-from ojs_kombu.errors import DuplicateJobError, ValidationError
+from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, Acquired, Held, LockRequest, UniqueLocks
+from ojs_kombu.amqp.urls import redact
+from ojs_kombu.errors import DuplicateJobError, OjsError, ValidationError
 from ojs_kombu.model.fields import JobState
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.timefmt import utcnow
 from ojs_kombu.policy.unique import effective_on_conflict, effective_states, job_unique_key, period_end
+from ojs_kombu.runtime.redis_locks import RedisLocks, is_redis_url
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: ``with_locks(operation)`` runs ``operation(locks)`` on a :class:`UniqueLocks` (and may retry it after a reconnect).
-WithLocks = Callable[[Callable[[UniqueLocks], Any]], Any]
+
+class Locks(Protocol):
+    """A unique-lock backend: :class:`~ojs_kombu.amqp.locks.UniqueLocks` (RabbitMQ queues) or
+    :class:`~ojs_kombu.runtime.redis_locks.RedisLocks` (``SET NX PX``)."""
+
+    def acquire(
+        self, key: str, holder_id: str, period: timedelta | None, *, scheduled_at: str | None = None
+    ) -> Acquired | Held:
+        """Take the lock of ``key`` for ``holder_id`` unless another holds it (atomic set-if-absent)."""
+
+    def acquire_many(self, requests: Sequence[LockRequest]) -> list[Acquired | Held]:
+        """Take the locks of a batch, each as :meth:`acquire` does, in fewer round trips."""
+
+    def holder(self, key: str) -> str | None:
+        """The id of the job holding the lock of ``key``, or None when it is free."""
+
+    def release(self, key: str, holder_id: str) -> bool:
+        """Free the lock of ``key`` if ``holder_id`` holds it."""
+
+    def close(self) -> None:
+        """Close what the backend opened."""
+
+
+#: ``with_locks(operation)`` runs ``operation(locks)`` on a :class:`Locks` (and may retry it after a reconnect).
+WithLocks = Callable[[Callable[[Locks], Any]], Any]
+
+
+class CancelOn(Protocol):
+    """``cancel(job_id, queue)``: cancel a job through the control plane of ``queue`` (``replace``)."""
+
+    def __call__(self, job_id: str, queue: str) -> None:
+        """Cancel ``job_id`` on ``queue``."""
+
 
 _REPLACE_ATTEMPTS: Final = 3  # replace: another job may take the freed lock first; then try again
 
@@ -88,13 +121,16 @@ def remaining_period(job: Job) -> timedelta | None:
     return max(end - now, timedelta(milliseconds=1))
 
 
-def claim(job: Job, with_locks: WithLocks, cancel: Callable[[str], None]) -> Claim:
+def claim(
+    job: Job, with_locks: WithLocks, cancel: Callable[[str], None], *, first: Acquired | Held | None = None
+) -> Claim:
     """Take the lock of ``job`` (which has a ``unique`` policy) before it is published; apply ``on_conflict``.
 
     Parameters:
         job: the job.
-        with_locks: runs an operation on a :class:`UniqueLocks`.
+        with_locks: runs an operation on the :class:`Locks` (RabbitMQ's or Redis's).
         cancel: ``cancel(existing_id)`` cancels the holder through the control plane (``replace``).
+        first: the outcome of an acquire already made for ``job`` (:func:`claim_many`).
 
     Returns:
         The :class:`Claim`.
@@ -108,9 +144,11 @@ def claim(job: Job, with_locks: WithLocks, cancel: Callable[[str], None]) -> Cla
     key = job_unique_key(job)
     on_conflict = effective_on_conflict(job.unique)
     period = remaining_period(job)
-    for _ in range(_REPLACE_ATTEMPTS):
-        outcome: Acquired | Held = with_locks(
-            partial(UniqueLocks.acquire, key=key, holder_id=job.id, period=period, scheduled_at=job.scheduled_at)
+    for attempt in range(_REPLACE_ATTEMPTS):
+        outcome: Acquired | Held = (
+            first
+            if attempt == 0 and first is not None
+            else with_locks(partial(_acquire, key=key, holder_id=job.id, period=period, scheduled_at=job.scheduled_at))
         )
         if isinstance(outcome, Acquired) or outcome.existing_id == job.id:
             return Claim(key, job)  # (our own token: an acquire retried after its connection broke)
@@ -120,11 +158,62 @@ def claim(job: Job, with_locks: WithLocks, cancel: Callable[[str], None]) -> Cla
         if on_conflict not in ("replace", "replace_except_schedule") or existing is None:
             raise duplicate(job, outcome)
         cancel(existing)
-        with_locks(partial(UniqueLocks.release, key=key, holder_id=existing))
+        with_locks(partial(release_lock, key=key, holder_id=existing))
         if on_conflict == "replace_except_schedule":
             job = _keep_schedule(job, outcome)
         logger.info("job %s replaces job %s (unique, %s)", job.id, existing, on_conflict)
     raise duplicate(job, Held(key, with_locks(lambda locks: locks.holder(key))))
+
+
+def claim_many(jobs: Sequence[Job], with_locks: WithLocks, cancel: CancelOn) -> list[Claim | OjsError]:
+    """:func:`claim` every job of a batch (each has a ``unique`` policy): their locks taken together.
+
+    One :meth:`Locks.acquire_many` takes every lock it can; a job whose key is held then goes
+    through :func:`claim` (its ``on_conflict``) with that outcome.  Should the batch's acquire
+    fail (the broker unreachable ...), every job of the batch carries its error; a lock it took
+    before failing ends with its period.
+
+    Parameters:
+        jobs: the batch.
+        with_locks: as for :func:`claim`.
+        cancel: ``cancel(existing_id, queue)``: ``replace`` cancels the holder on the new job's queue.
+
+    Returns:
+        One :class:`Claim` or the job's error (:class:`DuplicateJobError`, :class:`ValidationError` ...), in order.
+    """
+    outcomes: list[Claim | OjsError | None] = [None] * len(jobs)
+    requests: dict[int, LockRequest] = {}
+    for index, job in enumerate(jobs):
+        try:
+            requests[index] = LockRequest(job_unique_key(job), job.id, remaining_period(job), job.scheduled_at)
+        except OjsError as exc:
+            outcomes[index] = exc
+    try:
+        firsts = with_locks(lambda locks: locks.acquire_many(list(requests.values()))) if requests else []
+    except OjsError as exc:  # the broker (or Redis) failed: every job of the batch fails with it
+        for index in requests:
+            outcomes[index] = exc
+        return [outcome for outcome in outcomes if outcome is not None]
+    for (index, request), first in zip(requests.items(), firsts, strict=True):
+        if isinstance(first, Acquired):
+            outcomes[index] = Claim(request.key, jobs[index])
+            continue
+        try:
+            outcomes[index] = claim(jobs[index], with_locks, partial(cancel, queue=jobs[index].queue), first=first)
+        except OjsError as exc:
+            outcomes[index] = exc
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _acquire(
+    locks: Locks, key: str, holder_id: str, period: timedelta | None, scheduled_at: str | None
+) -> Acquired | Held:
+    return locks.acquire(key, holder_id, period, scheduled_at=scheduled_at)
+
+
+def release_lock(locks: Locks, key: str, holder_id: str) -> bool:
+    """``locks.release(key, holder_id)``: for ``with_locks(partial(release_lock, key=..., holder_id=...))``."""
+    return locks.release(key, holder_id)
 
 
 def duplicate(job: Job, held: Held) -> DuplicateJobError:
@@ -142,6 +231,26 @@ def _keep_schedule(job: Job, held: Held) -> Job:
     kept = job.model_copy(update={"scheduled_at": held.existing_scheduled_at})
     scheduled = kept.scheduled_datetime
     return kept if scheduled is not None and scheduled > utcnow() else job
+
+
+def check_backend(backend: str | None) -> str | None:
+    """``backend`` (``unique_backend=``) if it is None or a Redis URL.
+
+    Parameters:
+        backend: None (the locks are RabbitMQ queues) or a ``redis://`` / ``rediss://`` URL.
+
+    Returns:
+        ``backend``.
+
+    Raises:
+        ValidationError: anything else.
+    """
+    if backend is None or is_redis_url(backend):
+        return backend
+    raise ValidationError(
+        f"unique_backend must be None (RabbitMQ) or a redis:// URL, got {redact(str(backend))!r}",
+        field="unique_backend",
+    )
 
 
 def lock_to_release(job: Job, state: JobState) -> str | None:
@@ -178,6 +287,8 @@ class UniqueRelease:
         names: the deployment's entity names.
         ssl, transport_options, heartbeat: as for the worker's connection.
         queue_expires: ``x-expires`` of the lock queues (the deployment's one value).
+        backend: where the locks are: None (RabbitMQ, on a connection of its own) or a Redis
+            URL (:class:`~ojs_kombu.runtime.redis_locks.RedisLocks`): the publishers' backend.
     """
 
     def __init__(
@@ -190,8 +301,10 @@ class UniqueRelease:
         heartbeat: float = 0,
         queue_expires: timedelta = DEFAULT_QUEUE_EXPIRES,
         connection_name: str = "ojs_kombu unique locks",
+        backend: str | None = None,
     ):
         self.url = url
+        self.backend = check_backend(backend)
         self.names = names
         self.queue_expires = queue_expires
         self._options: dict[str, Any] = {
@@ -202,7 +315,7 @@ class UniqueRelease:
         }
         self._lock = threading.Lock()
         self._connection: Connection | None = None
-        self._locks: UniqueLocks | None = None
+        self._locks: Locks | None = None
 
     def release(self, job: Job, state: JobState) -> bool:
         """Free ``job``'s unique lock now that it is in ``state``, unless ``state`` is one of its policy's ``states``.
@@ -235,7 +348,9 @@ class UniqueRelease:
                         )
         return False
 
-    def _unique_locks(self) -> UniqueLocks:
+    def _unique_locks(self) -> Locks:
+        if self._locks is None and self.backend is not None:
+            self._locks = RedisLocks(self.backend, names=self.names, queue_expires=self.queue_expires)
         if self._locks is None:
             connection = make_connection(self.url, **self._options)
             self._connection = connection
@@ -244,7 +359,9 @@ class UniqueRelease:
         return self._locks
 
     def _reset(self) -> None:
-        connection, self._connection, self._locks = self._connection, None, None
+        connection, self._connection, locks, self._locks = self._connection, None, self._locks, None
+        if isinstance(locks, RedisLocks):
+            locks.close()
         if connection is not None:
             try:
                 connection.collect()
@@ -254,6 +371,9 @@ class UniqueRelease:
     def close(self) -> None:
         """Close the connection (idempotent); a later release opens a new one."""
         with self._lock:
+            if isinstance(self._locks, RedisLocks):
+                self._locks.close()
+                self._locks = None
             if self._connection is not None:
                 connection, self._connection, self._locks = self._connection, None, None
                 try:
@@ -263,12 +383,17 @@ class UniqueRelease:
 
 
 __all__ = [
+    "CancelOn",
     "Claim",
+    "Locks",
+    "check_backend",
     "Releaser",
     "UniqueRelease",
     "lock_to_release",
     "WithLocks",
     "claim",
+    "claim_many",
     "duplicate",
+    "release_lock",
     "remaining_period",
 ]

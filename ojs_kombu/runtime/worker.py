@@ -191,6 +191,8 @@ class Worker:
             job of the queue is limited by it, besides its own ``rate_limit``; give every worker of the
             queue the same one.  Limits hold across processes (``docs/limits.md``); only ``concurrency``
             is enforced so far.
+        unique_backend: where the locks of unique jobs are, freed when their jobs end: None
+            (RabbitMQ queues) or the Redis URL the publishers use (``Client(unique_backend=...)``).
 
     Raises:
         ValidationError: a queue name, the concurrency, ``dead_letter_mode``, ``metrics_port`` or a
@@ -225,6 +227,7 @@ class Worker:
         deduplicate: bool = False,
         completed_options: CompletedOptions | None = None,
         rate_limits: Mapping[str, RateLimitPolicy | Mapping[str, Any]] | None = None,
+        unique_backend: str | None = None,
     ):
         self.queues = _queues(queues)
         #: The policy of each queue that has one (``rate_limits``).
@@ -254,6 +257,7 @@ class Worker:
             presence_interval=presence_interval,
             deduplicate=deduplicate,
             completed_options=completed_options,
+            unique_backend=unique_backend,
         )
         self.completed_log: CompletedLog | None = None
         """The completed job ids (``deduplicate=True``)."""

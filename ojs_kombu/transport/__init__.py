@@ -98,6 +98,10 @@ removed before the py-amqp connection sees them:
     stays unacked).
 ``confirm_timeout``
     seconds to wait for the confirm of a job publish (default 30).
+``unique_backend``
+    where the locks of unique jobs (``ojs_unique``) are: unset (RabbitMQ queues) or a Redis URL
+    (``redis://host:6379/0``), as ``Client(unique_backend=...)``: the same for every publisher
+    and worker of a deployment (``docs/unique-jobs.md``).
 
 ``on_cancel``
     called with the id of every cancelled job read from a control stream

@@ -4,7 +4,7 @@ and the task message codecs framework adapters register (:func:`register_codec`)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, NamedTuple, Protocol, cast
 
@@ -14,6 +14,8 @@ from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
 from ojs_kombu.runtime.lifecycle import Lifecycle
+from ojs_kombu.runtime.redis_locks import RedisLocks
+from ojs_kombu.runtime.unique import check_backend
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.entities import QueueOptions
@@ -33,6 +35,7 @@ OJS_OPTIONS = (
     "info",
     "deduplicate",
     "completed_options",
+    "unique_backend",
 )
 
 #: ``x-*`` queue arguments of a framework queue that become fields of its OJS queue's options.
@@ -126,6 +129,9 @@ class Settings:
     info: Callable[[str], JobInfo | None] | str | None = None
     deduplicate: bool = False
     completed_options: CompletedOptions | None = None
+    #: Where unique jobs' locks are: None (RabbitMQ queues) or a Redis URL (``Client(unique_backend=...)``).
+    unique_backend: str | None = None
+    _redis_locks: RedisLocks | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> Settings:
@@ -139,7 +145,8 @@ class Settings:
 
         Raises:
             TypeError: ``queue_options`` or ``completed_options`` has fields their class does not know.
-            ValidationError: a bad ``queue_options`` or ``queue_type`` (``"classic"`` or ``"quorum"``).
+            ValidationError: a bad ``queue_options``, ``queue_type`` (``"classic"`` or ``"quorum"``)
+                or ``unique_backend`` (None or a Redis URL).
         """
         queue_options = options.get("queue_options") or QueueOptions()
         if isinstance(queue_options, dict):
@@ -159,7 +166,15 @@ class Settings:
             info=options.get("info"),
             deduplicate=bool(options.get("deduplicate")),
             completed_options=completed_options,
+            unique_backend=check_backend(options.get("unique_backend")),
         )
+
+    def redis_locks(self) -> RedisLocks | None:
+        """The Redis unique locks of ``unique_backend`` (made on first use, shared by the connection's
+        channels: thread-safe), or None when the locks are RabbitMQ's."""
+        if self.unique_backend is not None and self._redis_locks is None:
+            self._redis_locks = RedisLocks(self.unique_backend, names=self.names)
+        return self._redis_locks
 
     def load_codec(self) -> TaskCodec | None:
         """The codec object: the ``codec`` option, else the registered codec (:func:`register_codec`).

@@ -20,7 +20,7 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import QUEUE_NAME_RE, ojs_queue_for
 from ojs_kombu.policy.retry import ladder_ms_until
 from ojs_kombu.policy.schedule import Cascade
-from ojs_kombu.runtime.unique import claim, lock_to_release
+from ojs_kombu.runtime.unique import Locks, claim, lock_to_release, release_lock
 from ojs_kombu.transport.completed import CompletedLogs
 from ojs_kombu.transport.control import ConnectionControl
 from ojs_kombu.transport.queues import QueueMap
@@ -114,7 +114,7 @@ class ConnectionState:
         while self._releases:
             key, holder_id = self._releases.popleft()
             try:
-                self._with_locks(partial(UniqueLocks.release, key=key, holder_id=holder_id))
+                self._with_locks(partial(release_lock, key=key, holder_id=holder_id))
             except Exception as exc:  # noqa: BLE001  (the lock then ends with its period)
                 self._unique_locks = None
                 logger.warning(
@@ -268,8 +268,11 @@ class ConnectionState:
         publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
         ticket.raise_for_error()
 
-    def _with_locks(self, operation: Callable[[UniqueLocks], Any]) -> Any:
-        """Run ``operation`` on this connection's unique locks (made on first use)."""
+    def _with_locks(self, operation: Callable[[Locks], Any]) -> Any:
+        """Run ``operation`` on this connection's unique locks (made on first use), or on Redis's (``unique_backend``)."""
+        redis_locks = self.settings.redis_locks()
+        if redis_locks is not None:
+            return operation(redis_locks)
         if self._unique_locks is None:
             self._unique_locks = UniqueLocks(self.connection, names=self.names)
         return operation(self._unique_locks)

@@ -8,7 +8,9 @@ import threading
 import time
 
 import pytest
-from support import get_messages, message_count
+import redis
+from frameworks import ojs_celery_app
+from support import get_messages, message_count, wait_until
 
 from ojs_kombu import DuplicateJobError
 
@@ -78,3 +80,25 @@ def test_a_worker_frees_the_lock_when_the_task_ends(celery_app, worker_factory):
         with pytest.raises(RuntimeError):
             failing.get(timeout=20)
         applied_eventually(broken, (1,))  # dead-lettered: freed
+
+
+def test_locks_on_redis_through_the_transport_option(amqp_url, prefix, redis_url, names, worker_factory, management):
+    # broker_transport_options={"unique_backend": "redis://..."}: the transport takes and frees its locks in Redis.
+    store = redis.Redis.from_url(redis_url)
+    with ojs_celery_app(amqp_url, prefix) as app:
+        app.conf.broker_transport_options = {"prefix": prefix, "unique_backend": redis_url}
+
+        @app.task
+        def once(n):
+            return n
+
+        first = once.apply_async((7,), ojs_unique=UNIQUE)
+        with pytest.raises(DuplicateJobError) as info:
+            once.apply_async((7,), ojs_unique=UNIQUE)
+        assert info.value.existing_id == first.id
+        lock = names.lock_queue(info.value.key)
+        assert store.exists(lock) == 1 and management.queue(lock) is None
+        with worker_factory(app):
+            assert first.get(timeout=20) == 7
+            wait_until(lambda: store.exists(lock) == 0, timeout=20, message="the Redis lock freed on completion")
+    store.close()

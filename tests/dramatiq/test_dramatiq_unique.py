@@ -8,8 +8,12 @@ import time
 
 import dramatiq
 import pytest
+import redis
+from frameworks import dramatiq_worker_starter, global_ojs_broker
+from support import wait_until
 
 from ojs_kombu import DuplicateJobError
+from tools.redis import provision_redis
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,3 +59,27 @@ def test_the_actor_option_applies_to_every_send(ojs_broker):
     singleton.send(1)
     with pytest.raises(DuplicateJobError):
         singleton.send(2)
+
+
+def test_locks_on_redis_with_unique_backend(amqp_url, prefix, names, tmp_path, management):
+    # OjsBroker(unique_backend="redis://..."): the sender takes the lock in Redis, the worker frees it there.
+    with (
+        provision_redis(tmp_path) as redis_url,
+        global_ojs_broker(amqp_url, prefix, unique_backend=redis_url) as broker,
+        dramatiq_worker_starter(broker) as start_worker,
+    ):
+
+        @dramatiq.actor(queue_name="uniqr")
+        def on_redis(n):
+            pass
+
+        first = on_redis.send_with_options(args=(1,), ojs_unique=UNIQUE)
+        with pytest.raises(DuplicateJobError) as info:
+            on_redis.send_with_options(args=(1,), ojs_unique=UNIQUE)
+        assert info.value.existing_id == broker.job_for(first).id
+        store = redis.Redis.from_url(redis_url)
+        lock = names.lock_queue(info.value.key)
+        assert store.exists(lock) == 1 and management.queue(lock) is None
+        start_worker()
+        wait_until(lambda: store.exists(lock) == 0, timeout=20, message="the Redis lock freed after the ack")
+        store.close()
