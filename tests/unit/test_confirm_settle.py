@@ -9,6 +9,7 @@ from ojs_kombu.errors import PublishNackedError
 def publisher_with(tags: list[int]) -> ConfirmedPublisher:
     publisher = ConfirmedPublisher.__new__(ConfirmedPublisher)  # no channel: only the bookkeeping is tested
     publisher._unconfirmed = {tag: PublishTicket(tag, f"job-{tag}", "q", "x", "q") for tag in tags}
+    publisher.renew_on_nack = True  # __init__'s default
     return publisher
 
 
