@@ -129,6 +129,7 @@ class CronStreamReader:
         self.channel: Channel | None = None
         self._seen_markers: set[str] = set()
         self.records = 0
+        self._snapshot_made_at: datetime | None = None
         self.first_offset: int | None = None
         """The stream offset of the first message read (> 0 once retention dropped the stream's head)."""
 
@@ -150,12 +151,15 @@ class CronStreamReader:
         return channel
 
     def snapshot_due(self, now: datetime) -> bool:
-        """Whether the book's latest snapshot is older than :data:`~ojs_kombu.wire.cron.CRON_SNAPSHOT_INTERVAL` (or missing)."""
-        snapshot = self.book.snapshot
-        return snapshot is None or now - snapshot.at >= CRON_SNAPSHOT_INTERVAL
+        """Whether the latest snapshot read or made here is older than
+        :data:`~ojs_kombu.wire.cron.CRON_SNAPSHOT_INTERVAL` (or there is none)."""
+        read = None if self.book.snapshot is None else self.book.snapshot.at
+        times = [t for t in (self._snapshot_made_at, read) if t is not None]
+        return not times or now - max(times) >= CRON_SNAPSHOT_INTERVAL
 
     def snapshot(self) -> OutgoingMessage:
-        """A snapshot of the book, through the last offset read."""
+        """A snapshot of the book through the last offset read (to publish; it counts for :meth:`snapshot_due`)."""
+        self._snapshot_made_at = utcnow()
         return snapshot_message(self.book, self.book.offset)
 
     def mark(self) -> str:

@@ -11,8 +11,9 @@ from ojs_kombu.model.cron import CronJob, tick_job_id
 from ojs_kombu.model.ids import JOB_ID_RE
 from ojs_kombu.model.naming import Names
 from ojs_kombu.policy.cron import first_due
-from ojs_kombu.runtime.cron import CronScheduler, RegisteredCron, next_run_of, registered
+from ojs_kombu.runtime.cron import CronScheduler, CronStreamReader, RegisteredCron, next_run_of, registered
 from ojs_kombu.wire.cron import (
+    CRON_SNAPSHOT_INTERVAL,
     CronBook,
     CronDefinition,
     CronFired,
@@ -237,3 +238,14 @@ def test_a_snapshot_replaces_the_book_and_the_records_written_while_it_was_made_
     assert writer.entries["a"].run_count == 1  # the snapshot's entries were copied, not shared
     empty = roundtrip(snapshot_message(CronBook(), None))
     assert isinstance(empty, CronSnapshot) and (empty.entries, empty.leader, empty.through) == ((), None, None)
+
+
+def test_a_reader_makes_a_snapshot_when_none_read_or_made_is_recent():
+    reader = CronStreamReader(Names("t"))
+    assert reader.snapshot_due(T0)  # none yet
+    reader.book.apply(CronDefinition(job(), T0), 4)
+    made = roundtrip(reader.snapshot())
+    assert isinstance(made, CronSnapshot) and made.through == 4
+    assert not reader.snapshot_due(made.at + timedelta(minutes=59))  # made here, not read back yet
+    reader.book.apply(made, 5)
+    assert reader.snapshot_due(made.at + CRON_SNAPSHOT_INTERVAL + timedelta(seconds=1))
