@@ -27,16 +27,16 @@ def tiny_retention(monkeypatch):
     monkeypatch.setattr(cron_registry, "CRON_SNAPSHOT_INTERVAL", timedelta(seconds=1))
 
 
-def first_offset(amqp_url, names) -> int:
-    """The offset of the first record the cron stream still holds."""
+def offsets(amqp_url, names) -> tuple[int, int]:
+    """The offsets of the first and the last record the cron stream holds (the last: a read marker)."""
     with Connection(amqp_url) as conn:
         conn.ensure_connection(max_retries=1)
         reader = CronStreamReader(names)
         channel = reader.attach(conn.connection)
         reader.wait(conn.connection, reader.mark(), 10)
         channel.close()
-        assert reader.first_offset is not None
-        return reader.first_offset
+        assert reader.first_offset is not None and reader.book.offset is not None
+        return reader.first_offset, reader.book.offset
 
 
 def test_definitions_and_ticks_survive_the_retention_across_snapshots_and_a_new_leader(
@@ -44,9 +44,11 @@ def test_definitions_and_ticks_survive_the_retention_across_snapshots_and_a_new_
 ):
     registry.register_cron("yearly", "0 0 1 1 *", "cron.never", queue="never")  # only snapshots keep it
     registry.register_cron("tick", "@every 1s", "cron.tick", queue="ticks")
+    _, registered_through = offsets(amqp_url, names)
     (first,) = schedulers(1)
     ticks = jobs("ticks")
-    wait_for(lambda: first_offset(amqp_url, names) > 1, 20, "both definitions aged out of the stream", step=0.5)
+    aged_out = lambda: offsets(amqp_url, names)[0] > registered_through  # noqa: E731
+    wait_for(aged_out, 30, "both definitions aged out of the stream", step=0.5)
     first.stop()
     fired_by_first = ticks.count()
     assert fired_by_first >= 2 and first.fired == fired_by_first
@@ -62,16 +64,14 @@ def test_definitions_and_ticks_survive_the_retention_across_snapshots_and_a_new_
     (second,) = schedulers(1)
     wait_for(lambda: second.fired >= 2, 20, "two ticks of the new leader")
     second.stop()
+    assert second.book.snapshot is not None and sorted(second.book.entries) == ["tick", "yearly"]
     bodies = ticks.poll()
     for body in bodies:
         check_tick(body, "tick")
     times = [parse_timestamp(b["meta"]["cron_triggered_at"]) for b in bodies]
     assert len({b["id"] for b in bodies}) == len(bodies) == first.fired + second.fired
     assert times == sorted(set(times))  # none repeated
-    # Within one leader's run, across its snapshots and segments aged out, no tick was lost.
-    assert all(
-        (b - a).total_seconds() == 1.0
-        for a, b in zip(times[: fired_by_first - 1], times[1:fired_by_first], strict=True)
-    )
+    # Every tick fired is in the fold (a tick missing there would be fired again by the next leader).
+    # Consecutive times are not asserted: a leader stalled over two occurrences fires only the last (CRON-25).
     assert registry.get("tick").run_count == len(bodies)
     assert registry.get("yearly").run_count == 0
