@@ -57,8 +57,10 @@ CRON_TYPE_FIRED = "ojs.cron.fired"
 CRON_TYPE_LEADER = "ojs.cron.leader"
 CRON_TYPE_MARKER = "ojs.cron.marker"
 CRON_TYPE_SNAPSHOT = "ojs.cron.snapshot"
-#: A record larger than this is not a cron record (a snapshot of ~2,000 cron jobs).
+#: A record larger than this is not a cron record.
 MAX_CRON_RECORD_BYTES = 1024 * 1024
+#: A snapshot larger than this is not one: RabbitMQ's default largest message (~50,000 cron jobs of ~330 bytes).
+MAX_CRON_SNAPSHOT_BYTES = 16 * 1024 * 1024
 #: Segment size of the cron stream (RabbitMQ's default is 500 MB; the stream is small).
 CRON_STREAM_SEGMENT_BYTES = 1_000_000
 #: ``x-max-age`` of the cron stream: records older than a day go, segment by segment.
@@ -313,7 +315,7 @@ def decode_cron_record(body: bytes, properties: dict[str, Any]) -> CronRecord | 
     kind = properties.get("type")
     if kind not in (CRON_TYPE_DEFINITION, CRON_TYPE_REMOVED, CRON_TYPE_FIRED, CRON_TYPE_LEADER, CRON_TYPE_SNAPSHOT):
         return None
-    if len(body) > MAX_CRON_RECORD_BYTES:
+    if len(body) > (MAX_CRON_SNAPSHOT_BYTES if kind == CRON_TYPE_SNAPSHOT else MAX_CRON_RECORD_BYTES):
         raise DecodeError(f"a cron record is {len(body)} bytes", code="invalid_payload")
     try:
         data = json.loads(body.decode("utf-8"))
@@ -454,6 +456,7 @@ __all__ = [
     "CRON_TYPE_REMOVED",
     "CRON_TYPE_SNAPSHOT",
     "MAX_CRON_RECORD_BYTES",
+    "MAX_CRON_SNAPSHOT_BYTES",
     "CronBook",
     "CronDefinition",
     "CronEntry",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -236,6 +237,8 @@ def test_a_snapshot_replaces_the_book_and_the_records_written_while_it_was_made_
     reader.apply(snapshot, 7)  # an older (or the same) snapshot changes nothing
     assert sorted(reader.entries) == ["a"]
     assert writer.entries["a"].run_count == 1  # the snapshot's entries were copied, not shared
+    big = {"entries": [], "through": 1, "at": "2026-01-01T00:00:00Z", "pad": "x" * 2_000_000}
+    assert isinstance(decode_cron_record(json.dumps(big).encode(), {"type": "ojs.cron.snapshot"}), CronSnapshot)
     empty = roundtrip(snapshot_message(CronBook(), None))
     assert isinstance(empty, CronSnapshot) and (empty.entries, empty.leader, empty.through) == ((), None, None)
 
