@@ -250,6 +250,7 @@ class CronRegistry:
         self.topology = topology or Topology(names)
         self.timeout = timeout
         self._owned: Any = None
+        self._stream_ready = False
 
     @classmethod
     def connect(
@@ -316,7 +317,7 @@ class CronRegistry:
         message = definition_message(definition)
 
         def operation(conn: Any) -> None:
-            self.topology.ensure_cron(conn.connection)
+            self._ensure_stream(conn.connection)
             _publish_confirmed(conn.connection, self.names, message, self.timeout)
 
         self._run(operation)
@@ -411,10 +412,18 @@ class CronRegistry:
             raise NotFoundError(f"no cron job is named {name!r}", reply_code=404)
         return registered(entry)
 
+    def _ensure_stream(self, connection: Any) -> None:
+        """Declare the cron stream once per registry: a stream created before it had a retention
+        differs in ``x-max-age``, which the topology warns about on every declaration (fixed with a
+        policy, see docs/periodic-jobs.md); a ``Client.crons()`` polled would log it on every call."""
+        if not self._stream_ready:
+            self.topology.ensure_cron(connection)
+            self._stream_ready = True
+
     def _read(self) -> CronBook:
         def operation(conn: Any) -> CronBook:
             connection = conn.connection
-            self.topology.ensure_cron(connection)
+            self._ensure_stream(connection)
             reader = CronStreamReader(self.names)
             channel = reader.attach(connection)
             try:

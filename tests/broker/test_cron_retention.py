@@ -6,6 +6,7 @@ within seconds, as it does after a day in production.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -14,7 +15,7 @@ from kombu import Connection
 
 from ojs_kombu.model.timefmt import parse_timestamp
 from ojs_kombu.runtime import cron_registry
-from ojs_kombu.runtime.cron_registry import CronStreamReader
+from ojs_kombu.runtime.cron_registry import CronRegistry, CronStreamReader
 from ojs_kombu.wire import cron as wire_cron
 
 
@@ -75,3 +76,23 @@ def test_definitions_and_ticks_survive_the_retention_across_snapshots_and_a_new_
     # Consecutive times are not asserted: a leader stalled over two occurrences fires only the last (CRON-25).
     assert registry.get("tick").run_count == len(bodies)
     assert registry.get("yearly").run_count == 0
+
+
+def test_a_cron_stream_created_without_retention_is_used_with_one_warning(amqp_url, names, caplog):
+    with Connection(amqp_url) as conn:
+        conn.ensure_connection(max_retries=1)
+        channel = conn.connection.channel()
+        channel.queue_declare(
+            names.cron_stream, durable=True, auto_delete=False,
+            arguments={"x-queue-type": "stream", "x-stream-max-segment-size-bytes": 1_000_000},
+        )  # fmt: skip
+        channel.close()
+    with (
+        caplog.at_level(logging.WARNING, logger="ojs_kombu.amqp.topology"),
+        CronRegistry.connect(amqp_url, names=names) as registry,
+    ):
+        registry.register_cron("old", "@every 1h", "cron.tick", queue="ticks")
+        assert [c.name for c in registry.list()] == ["old"]
+        assert [c.name for c in registry.list()] == ["old"]
+    warnings = [r.getMessage() for r in caplog.records if names.cron_stream in r.getMessage()]
+    assert len(warnings) == 1 and "x-max-age" in warnings[0]  # the policy of docs/periodic-jobs.md fixes it
