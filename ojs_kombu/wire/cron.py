@@ -41,6 +41,7 @@ Pure: :mod:`ojs_kombu.runtime.cron` publishes and reads these messages.
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -381,6 +382,7 @@ class CronBook:
     offset: int | None = None
     """The stream offset of the latest message read (any kind), or None."""
     _since: list[tuple[int, CronRecord]] = field(default_factory=list, repr=False)
+    _unread: deque[CronFired] = field(default_factory=lambda: deque(maxlen=1000), repr=False)
 
     def apply(self, record: CronRecord, offset: int | None = None) -> None:
         """Fold one record in (records are applied in stream order).
@@ -404,6 +406,8 @@ class CronBook:
             return
         if offset is not None:
             self._since.append((offset, record))
+        elif isinstance(record, CronFired):
+            self._unread.append(record)  # the leader's own tick: a snapshot read before it must not undo it
         self._fold(record)
 
     def seen(self, offset: int) -> None:
@@ -421,6 +425,8 @@ class CronBook:
         self._since = [(offset, record) for offset, record in self._since if offset > through]
         for _, record in self._since:
             self._fold(record)
+        for fired in self._unread:  # a tick folded again changes nothing (see _fold)
+            self._fold(fired)
 
     def _fold(self, record: CronRecord) -> None:
         if isinstance(record, CronDefinition):

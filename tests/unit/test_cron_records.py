@@ -237,6 +237,10 @@ def test_a_snapshot_replaces_the_book_and_the_records_written_while_it_was_made_
     reader.apply(snapshot, 7)  # an older (or the same) snapshot changes nothing
     assert sorted(reader.entries) == ["a"]
     assert writer.entries["a"].run_count == 1  # the snapshot's entries were copied, not shared
+    # The leader's own tick, folded before it is read back, survives a snapshot read meanwhile.
+    reader.apply(CronFired("a", T0 + timedelta(seconds=3), "id-3", None, T0))
+    reader.apply(roundtrip(snapshot_message(writer, 8)), 10)
+    assert (reader.entries["a"].last_job_id, reader.entries["a"].run_count) == ("id-3", 2)
     big = {"entries": [], "through": 1, "at": "2026-01-01T00:00:00Z", "pad": "x" * 2_000_000}
     assert isinstance(decode_cron_record(json.dumps(big).encode(), {"type": "ojs.cron.snapshot"}), CronSnapshot)
     empty = roundtrip(snapshot_message(CronBook(), None))
