@@ -1,8 +1,9 @@
 """The cron registry as the dashboard shows it: the cron stream followed live, on a connection of its own.
 
 ``Client.crons()`` reads ``ojs.stream.cron`` from its first record up to a marker it publishes; the
-stream has no retention limit (the definitions are kept), so a page polling it every few seconds would
-add a marker record to the stream on every update, forever, and each read would replay them all.
+stream keeps a day of records (snapshots keep the definitions, :mod:`ojs_kombu.wire.cron`), so a page
+polling it every few seconds would add a marker record on every update (3.7 MB a day at 5 s), and
+each read would replay a day of them.
 :class:`CronWatch` reads the stream once up to one marker of its own, then follows it (as every
 :class:`~ojs_kombu.CronScheduler` does, without taking part in the leader election): the pages read its
 copy of the registry; a new marker is published only when it connects again.

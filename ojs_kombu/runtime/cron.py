@@ -378,7 +378,10 @@ class CronScheduler:
             leader = CronLeader(self.scheduler_id, socket.gethostname(), os.getpid(), utcnow())
             self._publish(leader_message(leader), "", self.names.cron_stream, self.names.cron_stream)
             self.book.apply(leader)
+            self._publish_snapshot()
             logger.info("cron scheduler %s: leader, %d cron job(s)", self.scheduler_id, len(self.book.entries))
+        elif self._reader.snapshot_due(utcnow()):
+            self._publish_snapshot()
         wait, fired = MAX_EVALUATION_INTERVAL, False
         for entry in list(self.book.entries.values()):
             cron = entry.cron
@@ -572,6 +575,11 @@ class CronScheduler:
         )
         self._publisher.wait([ticket], DEFAULT_READ_TIMEOUT)
         ticket.raise_for_error()
+
+    def _publish_snapshot(self) -> None:
+        """Write the registry as this leader knows it to the cron stream (outlives the retention, see
+        :mod:`ojs_kombu.wire.cron`); readers rely on it only once it is read back."""
+        self._publish(self._reader.snapshot(), "", self.names.cron_stream, self.names.cron_stream)
 
     def _record(self, fired: CronFired, job_id: str | None) -> None:
         """Write the tick to the cron stream (confirmed) and fold it in at once."""

@@ -29,10 +29,11 @@ from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, NotFoundError, OjsError, ValidationError
 from ojs_kombu.model.cron import CronJob, OverlapPolicy
 from ojs_kombu.model.naming import Names
-from ojs_kombu.model.timefmt import format_timestamp
+from ojs_kombu.model.timefmt import format_timestamp, utcnow
 from ojs_kombu.policy.cron import first_due
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.cron import (
+    CRON_SNAPSHOT_INTERVAL,
     CronBook,
     CronEntry,
     CronLeader,
@@ -40,6 +41,7 @@ from ojs_kombu.wire.cron import (
     decode_cron_record,
     definition_message,
     removal_message,
+    snapshot_message,
 )
 
 logger = logging.getLogger(__name__)
@@ -127,6 +129,9 @@ class CronStreamReader:
         self.channel: Channel | None = None
         self._seen_markers: set[str] = set()
         self.records = 0
+        self._snapshot_made_at: datetime | None = None
+        self.first_offset: int | None = None
+        """The stream offset of the first message read (> 0 once retention dropped the stream's head)."""
 
     def attach(self, connection: Any) -> Channel:
         """Consume the stream from its first record on a new channel of ``connection`` (py-amqp).
@@ -142,7 +147,20 @@ class CronStreamReader:
         )
         self.channel = channel
         self._seen_markers.clear()
+        self.first_offset = None
         return channel
+
+    def snapshot_due(self, now: datetime) -> bool:
+        """Whether the latest snapshot read or made here is older than
+        :data:`~ojs_kombu.wire.cron.CRON_SNAPSHOT_INTERVAL` (or there is none)."""
+        read = None if self.book.snapshot is None else self.book.snapshot.at
+        times = [t for t in (self._snapshot_made_at, read) if t is not None]
+        return not times or now - max(times) >= CRON_SNAPSHOT_INTERVAL
+
+    def snapshot(self) -> OutgoingMessage:
+        """A snapshot of the book through the last offset read (to publish; it counts for :meth:`snapshot_due`)."""
+        self._snapshot_made_at = utcnow()
+        return snapshot_message(self.book, self.book.offset)
 
     def mark(self) -> str:
         """Publish a marker to the stream; :meth:`wait` returns once it is read back.
@@ -178,18 +196,25 @@ class CronStreamReader:
         assert self.channel is not None
         self.channel.basic_ack(message.delivery_info["delivery_tag"], multiple=True)
         properties = dict(message.properties)
+        offset = (properties.get("application_headers") or {}).get("x-stream-offset")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            offset = None
+        elif self.first_offset is None:
+            self.first_offset = offset
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
         try:
             record = decode_cron_record(body, properties)
         except DecodeError as exc:
             logger.warning("ignoring an unreadable record of %s: %s", self.names.cron_stream, exc)
-            return
+            record = None
         if record is None:
+            if offset is not None:
+                self.book.seen(offset)
             message_id = properties.get("message_id")
             if isinstance(message_id, str):
                 self._seen_markers.add(message_id)
             return
-        self.book.apply(record)
+        self.book.apply(record, offset)
         self.records += 1
         if self.on_record is not None:
             self.on_record(record)
@@ -225,6 +250,7 @@ class CronRegistry:
         self.topology = topology or Topology(names)
         self.timeout = timeout
         self._owned: Any = None
+        self._stream_ready = False
 
     @classmethod
     def connect(
@@ -291,7 +317,7 @@ class CronRegistry:
         message = definition_message(definition)
 
         def operation(conn: Any) -> None:
-            self.topology.ensure_cron(conn.connection)
+            self._ensure_stream(conn.connection)
             _publish_confirmed(conn.connection, self.names, message, self.timeout)
 
         self._run(operation)
@@ -386,16 +412,27 @@ class CronRegistry:
             raise NotFoundError(f"no cron job is named {name!r}", reply_code=404)
         return registered(entry)
 
+    def _ensure_stream(self, connection: Any) -> None:
+        """Declare the cron stream once per registry: a stream created before it had a retention
+        differs in ``x-max-age``, which the topology warns about on every declaration (fixed with a
+        policy, see docs/periodic-jobs.md); a ``Client.crons()`` polled would log it on every call."""
+        if not self._stream_ready:
+            self.topology.ensure_cron(connection)
+            self._stream_ready = True
+
     def _read(self) -> CronBook:
         def operation(conn: Any) -> CronBook:
             connection = conn.connection
-            self.topology.ensure_cron(connection)
+            self._ensure_stream(connection)
             reader = CronStreamReader(self.names)
             channel = reader.attach(connection)
             try:
                 reader.wait(connection, reader.mark(), self.timeout)
             finally:
                 close_quietly(channel)
+            if reader.snapshot_due(utcnow()) and reader.book.entries:
+                # No scheduler wrote one lately: keep the definitions past the stream's retention.
+                _publish_confirmed(connection, self.names, reader.snapshot(), self.timeout)
             return reader.book
 
         book: CronBook = self._run(operation)

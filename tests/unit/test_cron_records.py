@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,13 +12,15 @@ from ojs_kombu.model.cron import CronJob, tick_job_id
 from ojs_kombu.model.ids import JOB_ID_RE
 from ojs_kombu.model.naming import Names
 from ojs_kombu.policy.cron import first_due
-from ojs_kombu.runtime.cron import CronScheduler, RegisteredCron, next_run_of, registered
+from ojs_kombu.runtime.cron import CronScheduler, CronStreamReader, RegisteredCron, next_run_of, registered
 from ojs_kombu.wire.cron import (
+    CRON_SNAPSHOT_INTERVAL,
     CronBook,
     CronDefinition,
     CronFired,
     CronLeader,
     CronRemoval,
+    CronSnapshot,
     cron_marker_message,
     cron_stream_arguments,
     decode_cron_record,
@@ -25,6 +28,7 @@ from ojs_kombu.wire.cron import (
     fired_message,
     leader_message,
     removal_message,
+    snapshot_message,
 )
 from ojs_kombu.wire.events import CronEvent, cron_event_message, decode_cron_event, decode_event
 
@@ -81,7 +85,7 @@ def test_records_round_trip_through_their_messages():
     assert roundtrip(cron_marker_message()) is None
     assert decode_cron_record(b"{}", {"type": "ojs.cron.newer"}) is None
     assert cron_stream_arguments()["x-queue-type"] == "stream"
-    assert "x-max-age" not in cron_stream_arguments()  # definitions are never trimmed
+    assert cron_stream_arguments()["x-max-age"] == "1D"  # bounded: snapshots keep the definitions
 
 
 @pytest.mark.parametrize(
@@ -94,6 +98,10 @@ def test_records_round_trip_through_their_messages():
         ("ojs.cron.removed", b'{"removed_at": "2026-01-01T00:00:00Z"}'),
         ("ojs.cron.fired", b'{"name": "a", "scheduled_time": "yesterday", "at": "2026-01-01T00:00:00Z"}'),
         ("ojs.cron.leader", b'{"scheduler_id": "s", "host": "h", "pid": "1", "elected_at": "2026-01-01T00:00:00Z"}'),
+        ("ojs.cron.snapshot", b'{"entries": {}, "through": 1, "at": "2026-01-01T00:00:00Z"}'),
+        ("ojs.cron.snapshot", b'{"entries": [1], "through": 1, "at": "2026-01-01T00:00:00Z"}'),
+        ("ojs.cron.snapshot", b'{"entries": [], "through": -1, "at": "2026-01-01T00:00:00Z"}'),
+        ("ojs.cron.snapshot", b'{"entries": [], "leader": [], "through": 1, "at": "2026-01-01T00:00:00Z"}'),
     ],
 )  # fmt: skip
 def test_unreadable_records_raise_decode_errors(kind, body):
@@ -202,3 +210,49 @@ def test_cron_events_have_the_spec_body_and_round_trip():
         decode_cron_event(b"[]", {"type": "ojs.event.cron.triggered"})
     assert Names("t").cron_event_routing_key("triggered", "a") == "cron.triggered.a"
     assert Names("t").cron_stream == "t.ojs.stream.cron"
+
+
+def test_a_snapshot_replaces_the_book_and_the_records_written_while_it_was_made_apply_again():
+    writer = CronBook()  # what the leader folded up to offset 2
+    writer.apply(CronDefinition(job("a", cron="@every 1s"), T0), 0)
+    writer.apply(CronFired("a", T0 + timedelta(seconds=1), "id-1", None, T0), 1)
+    writer.apply(CronLeader("s", "h", 1, T0), 2)
+    snapshot = roundtrip(snapshot_message(writer, writer.offset))
+    assert isinstance(snapshot, CronSnapshot) and snapshot.through == 2 and snapshot.leader == writer.leader
+    assert [(e.cron, e.run_count, e.last_run_at) for e in snapshot.entries] == [
+        (job("a", cron="@every 1s"), 1, T0 + timedelta(seconds=1))
+    ]
+    # A reader whose stream lost offsets 0-1 to retention: the snapshot (offset 5) comes after records 3-4,
+    # written while it was made; they are kept, the tick at offset 1 is not counted twice.
+    reader = CronBook()
+    reader.apply(CronFired("a", T0 + timedelta(seconds=1), "id-1", None, T0), 1)
+    reader.apply(CronDefinition(job("b"), T0), 3)
+    reader.apply(CronFired("a", T0 + timedelta(seconds=2), "id-2", None, T0), 4)
+    reader.apply(snapshot, 5)
+    assert sorted(reader.entries) == ["a", "b"] and reader.leader == writer.leader
+    a = reader.entries["a"]
+    assert (a.run_count, a.last_job_id, a.last_run_at) == (2, "id-2", T0 + timedelta(seconds=2))
+    assert a.created_at == T0 and reader.offset == 5
+    reader.apply(CronRemoval("b", T0), 6)
+    reader.apply(snapshot, 7)  # an older (or the same) snapshot changes nothing
+    assert sorted(reader.entries) == ["a"]
+    assert writer.entries["a"].run_count == 1  # the snapshot's entries were copied, not shared
+    # The leader's own tick, folded before it is read back, survives a snapshot read meanwhile.
+    reader.apply(CronFired("a", T0 + timedelta(seconds=3), "id-3", None, T0))
+    reader.apply(roundtrip(snapshot_message(writer, 8)), 10)
+    assert (reader.entries["a"].last_job_id, reader.entries["a"].run_count) == ("id-3", 2)
+    big = {"entries": [], "through": 1, "at": "2026-01-01T00:00:00Z", "pad": "x" * 2_000_000}
+    assert isinstance(decode_cron_record(json.dumps(big).encode(), {"type": "ojs.cron.snapshot"}), CronSnapshot)
+    empty = roundtrip(snapshot_message(CronBook(), None))
+    assert isinstance(empty, CronSnapshot) and (empty.entries, empty.leader, empty.through) == ((), None, None)
+
+
+def test_a_reader_makes_a_snapshot_when_none_read_or_made_is_recent():
+    reader = CronStreamReader(Names("t"))
+    assert reader.snapshot_due(T0)  # none yet
+    reader.book.apply(CronDefinition(job(), T0), 4)
+    made = roundtrip(reader.snapshot())
+    assert isinstance(made, CronSnapshot) and made.through == 4
+    assert not reader.snapshot_due(made.at + timedelta(minutes=59))  # made here, not read back yet
+    reader.book.apply(made, 5)
+    assert reader.snapshot_due(made.at + CRON_SNAPSHOT_INTERVAL + timedelta(seconds=1))
