@@ -1,7 +1,8 @@
 """The broker-kill drill: duplicate executions and lost jobs when RabbitMQ is SIGKILLed mid-stream.
 
     python benchmarks/broker_kill.py [--total 4000] [--kill-at 0.4] [--kill-when ran|confirmed]
-                                     [--deduplicate] [--queue-type quorum] [--json]
+                                     [--deduplicate] [--queue-type quorum]
+                                     [--delay-queue-type quorum|classic|same] [--json]
 
 A private RabbitMQ node of its own (never the session's broker).  ``--total`` jobs, a quarter of
 them scheduled 0-3 s ahead; a ``Worker`` (``--concurrency`` 8, ``deduplicate=--deduplicate``)
@@ -57,6 +58,13 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--deduplicate", action="store_true", help="Worker(deduplicate=True)")
     parser.add_argument("--queue-type", choices=["classic", "quorum"], default=None)
+    parser.add_argument(
+        "--delay-queue-type",
+        choices=["classic", "quorum", "same"],
+        default="quorum",
+        help="QueueOptions.delay_queue_type, the retry queues' and cascade levels' type (same: None, the job "
+        "queue's type, as before the quorum default)",
+    )
     parser.add_argument("--work-ms", type=float, default=1.0, help="each job's run time")
     parser.add_argument("--quiet", type=float, default=10.0, help="seconds without a run that end the drill")
     parser.add_argument("--rabbitmq", default=None, help="the release of the private node (default 4.3)")
@@ -73,13 +81,15 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
     prefix = f"drill{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory(prefix="ojs-drill-") as base, PrivateNode(base, rabbitmq=args.rabbitmq) as node:
         options = {"deduplicate": True} if args.deduplicate else {}
+        delay_queue_type = None if args.delay_queue_type == "same" else args.delay_queue_type
+        queue_options = QueueOptions(queue_type=args.queue_type, delay_queue_type=delay_queue_type)
         worker = Worker(
             node.url,
             queues=[QUEUE],
             prefix=prefix,
             concurrency=args.concurrency,
             grace_period=5,
-            queue_options=QueueOptions(queue_type=args.queue_type) if args.queue_type else None,
+            queue_options=queue_options,
             **options,  # type: ignore[arg-type]
         )
 
@@ -100,7 +110,7 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
         with Client(
             node.url,
             prefix=prefix,
-            queue_type=args.queue_type,
+            queue_options=queue_options,
             connect_retries=10,
             publish_timeout=None,
             confirm_timeout=15,
@@ -172,6 +182,7 @@ def drill(args: argparse.Namespace) -> dict[str, object]:
     return {
         "deduplicate": args.deduplicate,
         "queue_type": args.queue_type or "default",
+        "delay_queue_type": args.delay_queue_type,
         "kill_when": args.kill_when,
         "total": args.total,
         "confirmed": len(confirmed),
@@ -193,7 +204,8 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(
-        f"deduplicate={result['deduplicate']} queue={result['queue_type']} kill_when={result['kill_when']}: "
+        f"deduplicate={result['deduplicate']} queue={result['queue_type']} delay={result['delay_queue_type']} "
+        f"kill_when={result['kill_when']}: "
         f"{result['confirmed']} confirmed, {result['lost']} lost ({result['lost_scheduled']} of them scheduled), "
         f"{result['duplicate_executions']} duplicate executions "
         f"({result['duplicates_pct']} % of confirmed; {result['jobs_run_more_than_once']} jobs ran more than once), "

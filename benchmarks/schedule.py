@@ -1,6 +1,7 @@
 """Scheduling accuracy of the TTL cascade: how late (never early) scheduled jobs run.
 
-    python benchmarks/schedule.py [--count 2000] [--spread 10] [--queue-type quorum] [--url amqp://…]
+    python benchmarks/schedule.py [--count 2000] [--spread 10] [--queue-type quorum]
+                                  [--delay-queue-type quorum|classic|same] [--url amqp://…]
 
 Schedules ``--count`` jobs uniformly 0..``--spread`` seconds ahead, enqueued at
 once in the order they fall due with ``Client.enqueue_many`` calls of
@@ -25,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 from ojs_kombu import Client, Job, Worker, current_job
 from ojs_kombu.amqp.connection import resolve_url
+from ojs_kombu.wire.entities import QueueOptions
 
 
 def _args() -> argparse.Namespace:
@@ -38,7 +40,13 @@ def _args() -> argparse.Namespace:
         "--queue-type",
         choices=["classic", "quorum"],
         default=None,
-        help="the job queue's and the cascade's type (default: the library's)",
+        help="the job queue's type (default: the library's)",
+    )
+    parser.add_argument(
+        "--delay-queue-type",
+        choices=["classic", "quorum", "same"],
+        default="quorum",
+        help="QueueOptions.delay_queue_type, the cascade levels' type (same: None, the job queue's type)",
     )
     return parser.parse_args()
 
@@ -58,8 +66,11 @@ def main() -> None:
     done = threading.Event()
     lock = threading.Lock()
 
+    options = QueueOptions(
+        queue_type=args.queue_type, delay_queue_type=None if args.delay_queue_type == "same" else args.delay_queue_type
+    )
     worker = Worker(
-        url, prefix=prefix, queues=["sched"], concurrency=args.concurrency, grace_period=5, queue_type=args.queue_type
+        url, prefix=prefix, queues=["sched"], concurrency=args.concurrency, grace_period=5, queue_options=options
     )
 
     @worker.handler("bench.scheduled")
@@ -70,7 +81,7 @@ def main() -> None:
             if len(lateness) == args.count:
                 done.set()
 
-    client = Client(url, prefix=prefix, queue_type=args.queue_type)
+    client = Client(url, prefix=prefix, queue_options=options)
     try:
         worker.start()
         if not worker.wait_until_ready(30):

@@ -283,7 +283,7 @@ class Topology:
             "x-dead-letter-exchange": n.direct_exchange,
             "x-dead-letter-routing-key": queue,
             "x-message-ttl": int(delay_ms),
-            **queue_type_arguments(self.options_for(queue).queue_type),
+            **queue_type_arguments(self.options_for(queue).delay_type),
         }
         return [
             *self.base_specs(),
@@ -309,11 +309,12 @@ class Topology:
         """Lazily declare ``queue``, the scheduling ``cascade`` and the binding that delivers
         scheduled jobs into ``ojs.queue.{queue}``.
 
-        The cascade's queues are of ``queue``'s type.  The cascade is shared by every job
-        queue of the prefix: when it exists as another type, it is used as it is (see
-        :meth:`declare`; one warning names what is lost), unless ``on_conflict="raise"``.
+        The cascade's queues are of ``queue``'s :attr:`~ojs_kombu.wire.entities.QueueOptions.delay_type`
+        (quorum by default).  The cascade is shared by every job queue of the prefix: when it
+        exists as another type, it is used as it is (see :meth:`declare`; one warning names
+        what is lost), unless ``on_conflict="raise"``.
         """
-        specs = cascade.specs(self.options_for(queue).queue_type)
+        specs = cascade.specs(self.options_for(queue).delay_type)
         with self._lock:
             self._cascade_queues.update(s.name for s in specs if isinstance(s, QueueSpec))
         self.declare(connection, [*self.queue_specs(queue), *specs, cascade.queue_binding(queue)])

@@ -84,7 +84,9 @@ removed before the py-amqp connection sees them:
 ``prefix``
     multi-tenant entity prefix (``tenant1.ojs.queue.email``).
 ``queue_options``
-    a :class:`~ojs_kombu.wire.entities.QueueOptions` or a dict of its fields for every job queue.
+    a :class:`~ojs_kombu.wire.entities.QueueOptions` or a dict of its fields for every job queue
+    (``{"delay_queue_type": None}``: retry queues and cascade levels of the job queue's type
+    instead of the quorum default).
 ``queue_type``
     ``"quorum"``: every job queue with its DLQ, retry queues and the scheduling cascade is a
     quorum queue (``docs/cluster.md``); sets ``queue_options.queue_type``.

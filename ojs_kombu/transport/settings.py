@@ -250,7 +250,8 @@ class Settings:
         return value
 
     def options_with(self, arguments: dict[str, Any]) -> QueueOptions:
-        """The queue options with the fields of the ``x-*`` queue ``arguments`` a framework declared.
+        """The queue options with the fields of the ``x-*`` queue ``arguments`` a framework declared
+        (``delay_queue_type`` is the transport's: a framework has no queue argument for it).
 
         Parameters:
             arguments: only the keys of :data:`QUEUE_ARGUMENT_OPTIONS`.
@@ -259,6 +260,7 @@ class Settings:
         fields = {
             name: getattr(base, name) for name in QUEUE_ARGUMENT_OPTIONS.values() if getattr(base, name) is not None
         }
+        fields["delay_queue_type"] = base.delay_queue_type
         fields.update({QUEUE_ARGUMENT_OPTIONS[k]: v for k, v in arguments.items()})
         return QueueOptions(**fields)
 

@@ -150,14 +150,21 @@ class QueueOptions:
     partition) before it delivers them again elsewhere; RabbitMQ's default is 60 s, during
     which those jobs wait (``docs/cluster.md``, Failover).  Shorter means sooner, and on a
     partition that heals, more duplicates.
+    ``delay_queue_type`` is the type of the queues a job waits in, the retry queues and
+    the levels of the scheduling cascade (:attr:`delay_type`): ``"quorum"`` by default,
+    whatever the job queue's type, because every hop there is a dead-lettering and a
+    classic queue dead-letters at most once (a RabbitMQ 4.3 node killed and restarted lost
+    287–736 of 1,000 scheduled jobs; quorum hops with ``x-dead-letter-strategy=at-least-once``
+    lost none, ``docs/reliability.md``).  ``None``: the job queue's own type, as before
+    (``docs/cluster.md``, *Mixed set-ups*, for existing classic cascades).
 
     Raises:
         ValidationError: a negative or non-integer size, an unknown ``overflow`` or
             ``queue_type``; with ``queue_type="quorum"``: ``max_priority`` (refused by
             RabbitMQ 3.x), an ``overflow`` other than ``"reject-publish"`` (``drop-head``
             would turn at-least-once dead-lettering off, ``reject-publish-dlx`` is not
-            supported); ``delivery_limit`` or ``consumer_disconnected_timeout`` on a queue that
-            is not quorum.
+            supported), ``delay_queue_type="classic"`` (its hops would be at-most-once);
+            ``delivery_limit`` or ``consumer_disconnected_timeout`` on a queue that is not quorum.
     """
 
     max_priority: int | None = None
@@ -169,6 +176,7 @@ class QueueOptions:
     delivery_limit: int | None = None
     consumer_timeout: int | None = None
     consumer_disconnected_timeout: int | None = None
+    delay_queue_type: QueueType | None = "quorum"
 
     def __post_init__(self) -> None:
         for name in (
@@ -189,6 +197,14 @@ class QueueOptions:
             raise ValidationError(f"unknown overflow behaviour {self.overflow!r}", field="overflow")
         if self.queue_type not in (None, "classic", "quorum"):
             raise ValidationError(f"unknown queue type {self.queue_type!r}", field="queue_type")
+        if self.delay_queue_type not in (None, "classic", "quorum"):
+            raise ValidationError(f"unknown queue type {self.delay_queue_type!r}", field="delay_queue_type")
+        if self.queue_type == "quorum" and self.delay_queue_type == "classic":
+            raise ValidationError(
+                "delay_queue_type='classic' with a quorum job queue: the retry and scheduling hops would be "
+                "at-most-once and unreplicated",
+                field="delay_queue_type",
+            )
         if self.queue_type == "quorum" and self.max_priority is not None:
             raise ValidationError("quorum queues do not support x-max-priority on RabbitMQ 3.x", field="max_priority")
         if self.queue_type == "quorum" and self.overflow not in (None, "reject-publish"):
@@ -212,8 +228,17 @@ class QueueOptions:
         """
         return self if queue_type is None else replace(self, queue_type=queue_type)
 
+    @property
+    def delay_type(self) -> QueueType | None:
+        """The type of the retry queues and scheduling cascade levels: ``delay_queue_type``, or the
+        job queue's type when that is quorum or ``delay_queue_type`` is ``None`` (``None``: the
+        broker's default type, declared without ``x-queue-type``)."""
+        if self.queue_type == "quorum" or self.delay_queue_type is None:
+            return self.queue_type
+        return self.delay_queue_type
+
     def arguments(self) -> dict[str, Any]:
-        """The ``x-*`` queue arguments these options stand for."""
+        """The ``x-*`` queue arguments of the job queue these options stand for."""
         args: dict[str, Any] = {}
         for key, value in (
             ("x-max-priority", self.max_priority),

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import kombu
 import pytest
 import test_dead_letters as dead_letters
 import test_worker_conformance as conformance
@@ -144,8 +145,44 @@ def test_quorum_refuses_what_would_lose_at_least_once():
 
 
 def declare_classic_cascade(amqp_url: str, prefix: str) -> None:
-    with Client(amqp_url, prefix=prefix) as classic:
+    """The cascade as a classic deployment declared it before quorum became the default for delays."""
+    with Client(amqp_url, prefix=prefix, queue_options=QueueOptions(delay_queue_type=None)) as classic:
         classic.declare_queue("classic", scheduling=True)
+
+
+def test_a_classic_deployment_waits_in_quorum_queues_and_names_an_old_classic_cascade(
+    amqp_url, prefix, names, management, caplog
+):
+    """The default (issue 30): classic job queue and DLQ, quorum retry queues and cascade levels with
+    at-least-once hops.  Over a classic cascade declared before that default, the same Client uses
+    it as it is, with one warning naming it and what is lost, never re-declaring it."""
+    with Client(amqp_url, prefix=prefix) as client:
+        client.declare_queue("fresh", scheduling=True)
+        with kombu.Connection(amqp_url) as connection:
+            client.topology.ensure_retry_queue(connection.connection, "fresh", 1000)
+    assert management.queue(names.job_queue("fresh"))["type"] == "classic"
+    assert management.queue(names.dead_letter_queue("fresh"))["type"] == "classic"
+    assert quorum_queue(management, names.retry_queue("fresh", 1000))["arguments"] == {
+        **QUORUM_ARGUMENTS,
+        "x-dead-letter-exchange": names.direct_exchange,
+        "x-dead-letter-routing-key": "fresh",
+        "x-message-ttl": 1000,
+    }
+    for level in range(LEVELS):
+        assert quorum_queue(management, names.schedule_queue(level))["arguments"]["x-message-ttl"] == 2**level
+
+    old = f"{prefix}.old"  # deleted with the test's prefix
+    declare_classic_cascade(amqp_url, old)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ojs_kombu.amqp.topology"), Client(amqp_url, prefix=old) as client:
+        client.declare_queue("new", scheduling=True)
+        assert len(client.topology.conflicts) == LEVELS
+        assert {d.argument for d in client.topology.conflicts[0].differences} >= {"x-queue-type"}
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "ojs_kombu.amqp.topology"]
+    assert len(warnings) == 1
+    assert Names(old).schedule_queue(0) in warnings[0].getMessage()
+    assert "at-most-once" in warnings[0].getMessage()
+    assert management.queue(Names(old).schedule_queue(0))["type"] == "classic"  # used as it is
 
 
 def test_existing_classic_cascade_is_used_with_one_warning(amqp_url, prefix, names, worker_factory, management, caplog):
@@ -175,9 +212,13 @@ def test_existing_classic_cascade_is_used_with_one_warning(amqp_url, prefix, nam
 
 
 def test_a_classic_user_meeting_a_quorum_cascade_uses_it_without_a_warning(amqp_url, prefix, names, caplog):
+    """A classic user of before the quorum default (``delay_queue_type=None``) meets the quorum cascade."""
     with Client(amqp_url, prefix=prefix, queue_type="quorum") as quorum:
         quorum.declare_queue("q", scheduling=True)
-    with caplog.at_level(logging.INFO, logger="ojs_kombu.amqp.topology"), Client(amqp_url, prefix=prefix) as classic:
+    with (
+        caplog.at_level(logging.INFO, logger="ojs_kombu.amqp.topology"),
+        Client(amqp_url, prefix=prefix, queue_options=QueueOptions(delay_queue_type=None)) as classic,
+    ):
         classic.declare_queue("c", scheduling=True)  # nothing is lost: INFO, not WARNING
         assert len(classic.topology.conflicts) == LEVELS
         # The same differences on every version (RabbitMQ 4.x names the absent x-queue-type 'classic').

@@ -16,13 +16,14 @@ from ojs_kombu import TopologyConflictError
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.model.naming import Names
 from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.wire.entities import QueueOptions
 
 
 def _existing_level(amqp_url: str, names: Names, level: int) -> None:
-    """A scheduling level's queue that exists with another TTL (same dead-letter exchange)."""
+    """A scheduling level's queue that exists with another TTL (same type and dead-letter exchange)."""
     cascade = Cascade(names)
     with raw_channel(amqp_url) as channel:
-        arguments = dict(cascade.level_arguments(level))
+        arguments = dict(cascade.level_arguments(level, QueueOptions().delay_type))
         channel.queue_declare(cascade.queue(level), durable=True, arguments={**arguments, "x-message-ttl": 7})
 
 

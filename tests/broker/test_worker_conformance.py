@@ -127,7 +127,7 @@ def test_amqp_017_018_rtr_001_exponential_retry_through_retry_queues(client, wor
                 "x-dead-letter-exchange": names.direct_exchange,
                 "x-dead-letter-routing-key": "default",
                 "x-message-ttl": delay,
-                **queue_type_arguments(client.topology.queue_options.queue_type),  # quorum: tests/broker/test_quorum.py
+                **queue_type_arguments(client.topology.queue_options.delay_type),  # quorum by default (issue 30)
             }
         )
     wait_until(lambda: message_count(client.url, names.job_queue("default")) == 0)

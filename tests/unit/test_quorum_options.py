@@ -39,6 +39,7 @@ def test_quorum_job_queue_arguments():
         ({"overflow": "drop-head"}, "overflow"),
         ({"overflow": "reject-publish-dlx"}, "overflow"),
         ({"delivery_limit": -1}, "delivery_limit"),
+        ({"delay_queue_type": "classic"}, "delay_queue_type"),
     ],
 )
 def test_quorum_refusals(options, field):
@@ -84,9 +85,33 @@ def test_every_entity_of_a_quorum_topology():
         }
 
 
-def test_a_classic_topology_is_unchanged():
+def test_a_classic_topology_waits_in_quorum_queues():
+    """Classic job queue and DLQ; retry queues and cascade levels quorum with at-least-once hops (the default)."""
     names = Names("p")
     topology = Topology(names)
+    assert topology.job_queue_arguments("q") == {
+        "x-dead-letter-exchange": names.dead_letter_exchange,
+        "x-dead-letter-routing-key": "q",
+    }
+    assert topology.dead_letter_queue_arguments("q") == {}
+    [retry] = [s for s in topology.retry_queue_specs("q", 10) if isinstance(s, QueueSpec)]
+    assert retry.argument_dict == {
+        **QUORUM_ARGUMENTS,
+        "x-dead-letter-exchange": names.direct_exchange,
+        "x-dead-letter-routing-key": "q",
+        "x-message-ttl": 10,
+    }
+    assert QueueOptions().delay_type == QueueOptions(queue_type="classic").delay_type == "quorum"
+    assert QueueOptions(queue_type="quorum", delay_queue_type=None).delay_type == "quorum"
+    assert QueueOptions(queue_type="classic", delay_queue_type=None).delay_type == "classic"
+    with pytest.raises(ValidationError) as raised:
+        QueueOptions(delay_queue_type="mirrored")  # type: ignore[arg-type]
+    assert raised.value.field == "delay_queue_type"
+
+
+def test_delay_queue_type_none_is_the_topology_of_before():
+    names = Names("p")
+    topology = Topology(names, queue_options=QueueOptions(delay_queue_type=None))
     assert topology.dead_letter_queue_arguments("q") == {}
     [retry] = [s for s in topology.retry_queue_specs("q", 10) if isinstance(s, QueueSpec)]
     assert "x-queue-type" not in retry.argument_dict
@@ -100,6 +125,8 @@ def test_transport_options():
     assert settings.queue_options == QueueOptions(max_length=5, queue_type="quorum")
     options = Settings.from_options({}).options_with({"x-queue-type": "quorum", "x-delivery-limit": 7})
     assert options == QueueOptions(queue_type="quorum", delivery_limit=7)
+    legacy = Settings.from_options({"queue_options": {"delay_queue_type": None}})
+    assert legacy.options_with({"x-max-priority": 10}) == QueueOptions(max_priority=10, delay_queue_type=None)
     with pytest.raises(ValidationError):
         Settings.from_options({"queue_type": "mirrored"})
 
