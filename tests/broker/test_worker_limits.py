@@ -153,3 +153,31 @@ def test_queue_policy_on_limit_actions_and_metrics_in_one_worker(client: Client,
     counts = client.queue_counts([names.job_queue("lq")])[names.job_queue("lq")]
     assert counts is not None and counts.ready >= 1  # handed back (the rescheduled one may be in the cascade)
     assert not [e for e in events if e.job_id == waits.id]  # never started, never failed
+
+
+def test_a_rate_window_holds_each_window_to_its_limit_in_a_worker(client: Client, worker_factory, prefix: str):
+    """A key of 5 starts per second (spec §5.2): 15 jobs on a worker of concurrency 8 start at most 5 in
+    each one-second window (aligned to the epoch, the broker's token refills) and take at least 2 s;
+    the jobs the window stopped waited (``on_limit`` "wait") and every one ran once."""
+    key = f"{prefix}-rate"
+    worker = worker_factory(("lr",), concurrency=8)
+    starts: list[tuple[float, int]] = []
+
+    @worker.handler("limited.rate")
+    def run(n: int) -> None:
+        starts.append((time.time(), n))
+
+    worker.start()
+    policy = RateLimitPolicy(key=key, rate={"limit": 5, "period": "PT1S"})
+    client.enqueue_many([Job.create("limited.rate", [n], queue="lr", rate_limit=policy) for n in range(15)])
+    wait_until(lambda: len(starts) >= 15, timeout=20, message="every job started")
+    assert sorted(n for _, n in starts) == list(range(15))
+    per_window: dict[int, int] = {}
+    for t, _ in starts:
+        per_window[int(t)] = per_window.get(int(t), 0) + 1
+    assert max(per_window.values()) <= 5, per_window
+    times = sorted(t for t, _ in starts)
+    assert times[-1] - times[0] >= 2.0, per_window
+    assert worker.limiter.refills.leading(key, "rate") and worker.limiter.refills.refills
+    assert (_sample("ojs_rate_limit_exceeded_total", key=key, strategy="rate") or 0) >= 1
+    print(f"rate window: 15 starts over {times[-1] - times[0]:.2f} s, per window {sorted(per_window.items())}")
