@@ -410,15 +410,19 @@ class Limiter:
             self._parked.clear()
         return parked
 
-    def close(self) -> None:
-        """Close the permits' connection (the permits still held return to the broker)."""
+    def close(self, *, close_permits: bool = True) -> None:
+        """Stop the waiters and the refills; close the permits' connection (the permits still held return to the broker).
+
+        Parameters:
+            close_permits: False when the permits are shared (an ``OjsBroker``'s): their owner closes them.
+        """
         with self._lock:
             permits, self._permits = self._permits, None
             waiters = list(self._waiters.values())
         for thread in waiters:
             thread.join(timeout=1.0)
         self.refills.stop()
-        if permits is not None:
+        if permits is not None and close_permits:
             permits.close()
 
     # -- what the metrics read -------------------------------------------------------------------
