@@ -145,6 +145,8 @@ class Limiter:
         generation: the consumer's connection generation now; a parked delivery of an older one
             (the connection was lost: the broker has it back) is never run, but given to ``forsake``.
         forsake: counts such a delivery out.
+        job_policy: a policy of a job's own besides its ``rate_limit`` (a framework's option mapped
+            onto one, e.g. a Celery task's ``rate_limit``), or None for none.
     """
 
     def __init__(
@@ -157,6 +159,7 @@ class Limiter:
         park_limit: int,
         generation: Callable[[], int] | None = None,
         forsake: Callable[[Delivery], None] | None = None,
+        job_policy: Callable[[Job], RateLimitPolicy | None] | None = None,
     ) -> None:
         self._make_permits = permits
         self._permits: Permits | None = None
@@ -166,6 +169,7 @@ class Limiter:
         self.park_limit = max(1, park_limit)
         self._generation = generation
         self._forsake = forsake
+        self._job_policy = job_policy
         self._lock = threading.Lock()
         self._ensured: dict[str, int] = {}  # key -> the limit passed to ensure() last
         self._parked: dict[str, deque[tuple[Delivery, Job]]] = {}
@@ -179,6 +183,10 @@ class Limiter:
 
     # -- what a job needs ------------------------------------------------------------------------
 
+    def _sources(self, job: Job) -> tuple[RateLimitPolicy | None, ...]:
+        own = None if self._job_policy is None else self._job_policy(job)
+        return (self.queue_policies.get(job.queue), job.rate_limit, own)
+
     def policies(self, job: Job) -> list[RateLimitPolicy]:
         """The policies with a ``concurrency`` that apply to ``job`` (its own, its queue's), one per key, sorted.
 
@@ -191,7 +199,7 @@ class Limiter:
             The policies, sorted by key.
         """
         found: dict[str, RateLimitPolicy] = {}
-        for policy in (self.queue_policies.get(job.queue), job.rate_limit):
+        for policy in self._sources(job):
             if policy is None or policy.concurrency is None:
                 continue
             other = found.get(policy.key)
@@ -211,7 +219,7 @@ class Limiter:
             ``(policy, schedule)`` pairs, sorted by key then kind.
         """
         found: dict[tuple[str, str], tuple[RateLimitPolicy, WindowSchedule]] = {}
-        for policy in (self.queue_policies.get(job.queue), job.rate_limit):
+        for policy in self._sources(job):
             if policy is None:
                 continue
             for schedule in WindowSchedule.for_policy(policy):
@@ -236,7 +244,7 @@ class Limiter:
             admitted = self._admitted.pop(id(delivery), None)
         if admitted is not None:
             return admitted[1]
-        if job.rate_limit is None and job.queue not in self.queue_policies:
+        if job.rate_limit is None and job.queue not in self.queue_policies and self._job_policy is None:
             return ()
         policies, windows = self.policies(job), self.windows(job)
         if not policies and not windows:
@@ -291,7 +299,9 @@ class Limiter:
                     self._holding[key] = self._holding.get(key, 0) + 1
             for policy, schedule in windows:
                 self.refills.add(policy.key, schedule)
-                if permits.take_start(policy.key, schedule) is None:
+                slot = permits.take_start(policy.key, schedule)
+                logger.debug("start token of %r (%s): slot %s", policy.key, schedule.kind, slot)
+                if slot is None:
                     self.release(taken)
                     now = time.time()
                     into_slot = now - schedule.start(schedule.slot(now))
