@@ -80,15 +80,16 @@ def task_policy(app: Any, task: Any) -> RateLimitPolicy | None:
     Returns:
         The policy, or None (no ``rate_limit``, not opted in, or a name that is not a key).
     """
+    rate = getattr(task, "rate_limit", None)
+    known = _cache.get((id(app), task.name))  # read per delivered job: the settings once per task and rate
+    if known is not None and known[0] == rate:
+        return known[2]
     opted = getattr(task, "ojs_rate_limit", None)
     enabled = bool(app.conf.get("ojs_rate_limits", False)) if opted is None else bool(opted)
-    rate = getattr(task, "rate_limit", None)
     if not enabled or not rate:
+        with _lock:
+            _cache[(id(app), task.name)] = (rate, enabled, None)
         return None
-    with _lock:
-        known = _cache.get((id(app), task.name))
-        if known is not None and known[0] == rate:
-            return known[2]
     try:
         policy = rate_limit_policy(task.name, rate)
     except ValidationError as exc:

@@ -244,8 +244,9 @@ class Limiter:
             admitted = self._admitted.pop(id(delivery), None)
         if admitted is not None:
             return admitted[1]
-        if job.rate_limit is None and job.queue not in self.queue_policies and self._job_policy is None:
-            return ()
+        if job.rate_limit is None and job.queue not in self.queue_policies:
+            if self._job_policy is None or self._job_policy(job) is None:
+                return ()  # no limits: no broker call, nothing more
         policies, windows = self.policies(job), self.windows(job)
         if not policies and not windows:
             return ()
