@@ -158,10 +158,13 @@ def test_queue_policy_on_limit_actions_and_metrics_in_one_worker(client: Client,
 def test_a_rate_window_holds_each_window_to_its_limit_in_a_worker(client: Client, worker_factory, prefix: str):
     """A key of 5 starts per second (spec §5.2): 15 jobs on a worker of concurrency 8 start at most 5 in
     each one-second window (aligned to the epoch, the broker's token refills) and take at least 2 s;
-    the jobs the window stopped waited (``on_limit`` "wait") and every one ran once."""
-    key = f"{prefix}-rate"
+    the jobs the window stopped waited (``on_limit`` "wait") and every one ran once.  A window that
+    opens only next hour drops a job with ``on_limit`` "drop" and sends a waiting one to the cascade."""
+    key, hourly = f"{prefix}-rate", f"{prefix}-hourly"
     worker = worker_factory(("lr",), concurrency=8)
     starts: list[tuple[float, int]] = []
+    events: list[Any] = []
+    worker.lifecycle.subscribe(events.append)
 
     @worker.handler("limited.rate")
     def run(n: int) -> None:
@@ -169,9 +172,18 @@ def test_a_rate_window_holds_each_window_to_its_limit_in_a_worker(client: Client
 
     worker.start()
     policy = RateLimitPolicy(key=key, rate={"limit": 5, "period": "PT1S"})
+    once_an_hour = {"key": hourly, "rate": {"limit": 1, "period": "PT1H"}}  # nothing before the next hour
+    drop = Job.create("limited.rate", [-1], queue="lr", rate_limit={**once_an_hour, "on_limit": "drop"})
+    later = Job.create("limited.rate", [-2], queue="lr", rate_limit=once_an_hour)
+    client.enqueue_many([drop, later])
     client.enqueue_many([Job.create("limited.rate", [n], queue="lr", rate_limit=policy) for n in range(15)])
     wait_until(lambda: len(starts) >= 15, timeout=20, message="every job started")
-    assert sorted(n for _, n in starts) == list(range(15))
+    assert sorted(n for _, n in starts) == list(range(15))  # neither -1 nor -2 ran
+    failed = [e for e in events if e.event == "failed" and e.job_id == drop.id]
+    assert len(failed) == 1 and failed[0].error["code"] == "rate_limited"
+    assert not [e for e in events if e.job_id == later.id]  # in the cascade until the next hour, not parked
+    assert _sample("ojs_rate_limit_waiting", key=hourly) in (None, 0.0)
+    assert (_sample("ojs_rate_limit_exceeded_total", key=hourly, strategy="rate") or 0) >= 2
     per_window: dict[int, int] = {}
     for t, _ in starts:
         per_window[int(t)] = per_window.get(int(t), 0) + 1
