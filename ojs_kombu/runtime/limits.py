@@ -53,6 +53,7 @@ from ojs_kombu.policy.retry import Decision, Failure, Outcome
 from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.refill import KeyRefills
 from ojs_kombu.runtime.settle import Settler
+from ojs_kombu.wire.events import RateLimitEvent, RateLimitEventName
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +148,10 @@ class Limiter:
         forsake: counts such a delivery out.
         job_policy: a policy of a job's own besides its ``rate_limit`` (a framework's option mapped
             onto one, e.g. a Celery task's ``rate_limit``), or None for none.
+        emit: called with the ``rate_limit.*`` events of spec §11.1 (``exceeded`` when a limit stops
+            a job, ``dropped`` with ``on_limit: "drop"``, ``released`` when a parked job may start),
+            stamped with ``worker_id``; None: no events.
+        worker_id: the worker the events are of.
     """
 
     def __init__(
@@ -160,6 +165,8 @@ class Limiter:
         generation: Callable[[], int] | None = None,
         forsake: Callable[[Delivery], None] | None = None,
         job_policy: Callable[[Job], RateLimitPolicy | None] | None = None,
+        emit: Callable[[RateLimitEvent], None] | None = None,
+        worker_id: str = "",
     ) -> None:
         self._make_permits = permits
         self._permits: Permits | None = None
@@ -170,6 +177,9 @@ class Limiter:
         self._generation = generation
         self._forsake = forsake
         self._job_policy = job_policy
+        self._emit = emit
+        self._worker_id = worker_id
+        self._parked_by: dict[int, str] = {}  # id(delivery) -> the strategy that parked it
         self._lock = threading.Lock()
         self._ensured: dict[str, int] = {}  # key -> the limit passed to ensure() last
         self._parked: dict[str, deque[tuple[Delivery, Job]]] = {}
@@ -265,8 +275,10 @@ class Limiter:
         if blocked is None:
             return taken
         self._count_exceeded(blocked.policy.key, blocked.strategy)
+        self._event("exceeded", job, blocked.policy.key, blocked.strategy, blocked.limit)
         action = blocked.policy.action
         if action == "drop":
+            self._event("dropped", job, blocked.policy.key, blocked.strategy, blocked.limit)
             reason = f"rate limit {blocked.policy.key!r}: {blocked.strategy} {blocked.limit} reached (on_limit drop)"
             attempt = job.attempt + 1
             failure = Failure("rate_limited", "RateLimited", reason)
@@ -275,7 +287,15 @@ class Limiter:
         if action == "reschedule" or blocked.retry_in > PARK_AT_MOST:
             self.settler.reschedule(delivery, job, max(1, int(blocked.retry_in * 1000)))
             return "settled"
-        return self._park(delivery, job, blocked.policy.key)
+        return self._park(delivery, job, blocked.policy.key, blocked.strategy)
+
+    def _event(self, event: RateLimitEventName, job: Job, key: str, strategy: str, limit: int | None) -> None:
+        if self._emit is None:
+            return
+        try:
+            self._emit(RateLimitEvent(event, key, strategy, job.id, job.type, job.queue, self._worker_id, limit))
+        except Exception:  # events are best effort: never in the way of a job
+            logger.warning("the rate_limit.%s event of job %s was not emitted", event, job.id, exc_info=True)
 
     def _take(
         self, policies: list[RateLimitPolicy], windows: list[tuple[RateLimitPolicy, WindowSchedule]]
@@ -348,11 +368,12 @@ class Limiter:
 
     # -- waiting ---------------------------------------------------------------------------------
 
-    def _park(self, delivery: Delivery, job: Job, key: str) -> Verdict:
+    def _park(self, delivery: Delivery, job: Job, key: str, strategy: str) -> Verdict:
         with self._lock:
             parked = self._parked.setdefault(key, deque())
             if not self._stop.is_set() and sum(map(len, self._parked.values())) < self.park_limit:
                 parked.append((delivery, job))
+                self._parked_by[id(delivery)] = strategy
                 if key not in self._waiters:
                     thread = threading.Thread(target=self._wait_loop, args=(key,), name=f"ojs-limit-{key}", daemon=True)
                     self._waiters[key] = thread
@@ -374,6 +395,7 @@ class Limiter:
                 stale = self._generation is not None and delivery.generation != self._generation()
                 if stale:
                     parked.popleft()
+                    self._parked_by.pop(id(delivery), None)
             if stale:
                 if self._forsake is not None:
                     self._forsake(delivery)
@@ -391,6 +413,7 @@ class Limiter:
                     handed = not self._stop.is_set() and bool(parked) and parked[0][0] is delivery
                     if handed:
                         parked.popleft()
+                        self._parked_by.pop(id(delivery), None)
                 if handed:
                     self.resubmit(delivery)
                 continue
@@ -405,6 +428,9 @@ class Limiter:
                     parked.popleft()
                     self._admitted[id(delivery)] = (delivery, taken)
             if handed:
+                with self._lock:
+                    strategy = self._parked_by.pop(id(delivery), "concurrency")
+                self._event("released", job, key, strategy, None)
                 self.resubmit(delivery)
             else:
                 self.release(taken)
@@ -419,6 +445,7 @@ class Limiter:
             self._stop.set()
             parked = [delivery for queue in self._parked.values() for delivery, _ in queue]
             self._parked.clear()
+            self._parked_by.clear()
         return parked
 
     def close(self, *, close_permits: bool = True) -> None:
