@@ -454,12 +454,12 @@ class Limiter:
         Parameters:
             close_permits: False when the permits are shared (an ``OjsBroker``'s): their owner closes them.
         """
+        self.refills.stop()  # first: its thread would open the permits again
         with self._lock:
             permits, self._permits = self._permits, None
             waiters = list(self._waiters.values())
         for thread in waiters:
             thread.join(timeout=1.0)
-        self.refills.stop()
         if permits is not None and close_permits:
             permits.close()
 
