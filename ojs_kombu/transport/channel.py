@@ -536,9 +536,12 @@ class Channel(pyamqp.Channel):
         delivery_info: dict[str, Any],
         queue: str,
         callback: Callable[[Any], Any],
+        admitted: bool = False,
     ) -> Any:
-        """Triage a job delivery from framework queue ``queue``; pass the converted message to ``callback``."""
-        self._metric(METRICS.messages_consumed, delivery.queue).inc()
+        """Triage a job delivery from framework queue ``queue``; pass the converted message to ``callback``
+        (``admitted``: a parked delivery back from its waiter, counted when it arrived)."""
+        if not admitted:
+            self._metric(METRICS.messages_consumed, delivery.queue).inc()
         unsettled = self._unsettled[delivery.delivery_tag] = _Unsettled(delivery)
         job = self.settler.triage(delivery)
         if job is None:
@@ -581,7 +584,7 @@ class Channel(pyamqp.Channel):
             if self._limiter is not None:
                 self._limiter.forget(delivery)
             return
-        self._deliver_job(delivery, *parked)
+        self._deliver_job(delivery, *parked, admitted=True)
 
     def _converted(
         self, properties: dict[str, Any], delivery_info: dict[str, Any], job: Job, queue: str
