@@ -31,6 +31,9 @@ revokes the task in every worker of its queue, and ``app.control.revoke`` /
 ``on_cancel`` and the worker bootstep :class:`~ojs_celery.control.CancelStep`
 are set up here.
 
+Celery's ``rate_limit`` holds across all workers when the app opts in (``app.conf.ojs_rate_limits =
+True``, or per task ``ojs_rate_limit=True``): :mod:`ojs_celery.limits`.
+
 In a Flower process (``celery -A proj flower``), Flower's broker page and
 ``/api/queues/length`` read the OJS queues under their Celery names
 (:mod:`ojs_celery.flower`).
@@ -66,6 +69,7 @@ from .canvas import (
 from .control import ON_CANCEL_HOOK, TRANSPORT_LIFECYCLE_HOOK, CancelStep
 from .flower import install_if_loaded
 from .lifecycle import INFO_HOOK
+from .limits import RATE_LIMITS_HOOK
 from .presence import PresenceStep
 from .request import REQUEST, STOCK_REQUEST
 
@@ -209,7 +213,12 @@ class Celery(celery.Celery):  # type: ignore[misc]  # Celery is untyped
                 conf[key] = value
         _refuse_pickle(conf)
         options = conf.get("broker_transport_options") or {}
-        hooks = {"on_cancel": ON_CANCEL_HOOK, "lifecycle": TRANSPORT_LIFECYCLE_HOOK, "info": INFO_HOOK}
+        hooks = {
+            "on_cancel": ON_CANCEL_HOOK,
+            "lifecycle": TRANSPORT_LIFECYCLE_HOOK,
+            "info": INFO_HOOK,
+            "rate_limits": RATE_LIMITS_HOOK,
+        }
         if any(key not in options for key in hooks):
             conf["broker_transport_options"] = {**hooks, **options}
         return conf

@@ -479,6 +479,7 @@ class OjsBroker(dramatiq.Broker):
             prefetch,
             timeout,
             lambda job: self._message_for(job, queue_name),
+            lambda: self.permits,
         )
         self._consumers.setdefault(queue_name, weakref.WeakSet()).add(consumer)
         return consumer

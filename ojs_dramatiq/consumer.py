@@ -5,6 +5,11 @@
 built by the broker's :class:`~ojs_kombu.runtime.assembly.Assembly` as an ``ojs_kombu.Worker``'s
 are.  Its messages are :class:`OjsMessageProxy`; whatever Dramatiq then does with one (ack,
 nack, a retry through ``enqueue``, a requeue) is one call of the Settler.
+
+A job's own ``rate_limit`` (``Client.enqueue(..., rate_limit=...)``) holds as it does in an
+``ojs_kombu.Worker``: the consumer's :class:`~ojs_kombu.runtime.limits.Limiter` (on the broker's
+permits) admits each job before Dramatiq sees it, parks it (``on_limit`` "wait") or settles it, and
+the permits go back when the message is settled.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from dramatiq.broker import Consumer, MessageProxy
 from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
 
+from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.errors import DecodeError
 from ojs_kombu.model.job import Job
 from ojs_kombu.policy.retry import Decision, Failure, Outcome
 from ojs_kombu.runtime.assembly import Assembly
 from ojs_kombu.runtime.delivery import Delivery
+from ojs_kombu.runtime.limits import Admitted, Limiter
 
 from .encoder import updated_job
 from .errors import dramatiq_error
@@ -42,6 +49,7 @@ class OjsMessageProxy(RunningMessage):
         super().__init__(message, job, delivery)
         self.origin = origin
         self.settled = False
+        self.held: Admitted = ()  # the permits of its rate_limit, given back when it is settled
 
     def settle_cancelled(self, state: Literal["pending", "running"]) -> None:
         """Ack the cancelled message (once), count it and emit ``cancelled``."""
@@ -69,6 +77,7 @@ class OjsConsumer(Consumer):
       prefetch: ``Basic.Qos`` prefetch count.
       timeout: milliseconds :meth:`__next__` waits for a message.
       message_for: the Dramatiq message of a delivered job (raises ``DecodeError``).
+      permits: the broker's permits (for jobs with a ``rate_limit``; shared, not closed here).
     """
 
     def __init__(
@@ -79,6 +88,7 @@ class OjsConsumer(Consumer):
         prefetch: int,
         timeout: int,
         message_for: Callable[[Job], Message[Any]],
+        permits: Callable[[], Permits],
     ):
         self.queue_name = queue_name
         self.timeout = timeout / 1000
@@ -92,6 +102,15 @@ class OjsConsumer(Consumer):
             [ojs_queue], prefetch, self._on_delivery, connection_name=f"ojs_dramatiq consumer {queue_name}"
         )
         self.consumer, self.settler, self.completed = parts.consumer, parts.settler, parts.completed
+        self.limiter = Limiter(
+            permits,
+            {},
+            self.settler,
+            self._deliveries.put,  # a parked delivery admitted: back through __next__ with its permits
+            park_limit=prefetch // 2,
+            generation=lambda: self.consumer.generation,
+            forsake=self._forsake,
+        )
         self._thread = threading.Thread(target=self._run, name=f"ojs-dramatiq-{queue_name}", daemon=True)
         self._thread.start()
 
@@ -112,11 +131,16 @@ class OjsConsumer(Consumer):
             self._unsettled += 1
         self._deliveries.put(delivery)
 
+    def _forsake(self, delivery: Delivery) -> None:  # parked while its connection was lost: redelivered
+        self._settled()
+
     def _settled(self, proxy: OjsMessageProxy | None = None) -> bool:
         if proxy is not None:
             if proxy.settled:
                 return False
             proxy.settled = True
+            if proxy.held:
+                self.limiter.release(proxy.held)
         with self._lock:
             self._unsettled -= 1
         return True
@@ -140,6 +164,7 @@ class OjsConsumer(Consumer):
             return None
         job = self.settler.triage(delivery)
         if job is None:
+            self.limiter.forget(delivery)  # admitted after waiting, then cancelled meanwhile ...
             self._settled()
             return None
         try:
@@ -149,9 +174,17 @@ class OjsConsumer(Consumer):
             self._settled()
             return None
         if self._cancellations.is_cancelled(message.message_id):  # by OjsBroker.cancel (triage knows job ids)
+            self.limiter.forget(delivery)
             self.settle_cancelled(delivery, job, "pending")
             return None
-        return OjsMessageProxy(message, job, delivery, self)
+        verdict = self.limiter.admit(delivery, job)
+        if isinstance(verdict, str):
+            if verdict == "settled":  # rescheduled or dropped
+                self._settled()
+            return None  # or parked: back through __next__ once admitted
+        proxy = OjsMessageProxy(message, job, delivery, self)
+        proxy.held = verdict
+        return proxy
 
     def settle_cancelled(
         self, delivery: Delivery, job: Job, state: Literal["pending", "running"], proxy: OjsMessageProxy | None = None
@@ -246,12 +279,17 @@ class OjsConsumer(Consumer):
                 delivery = self._deliveries.get_nowait()
             except queue_module.Empty:
                 break
+            self.limiter.forget(delivery)
+            self.settler.hand_back(delivery)
+            self._settled()
+        for delivery in self.limiter.stop():  # parked, waiting for a permit or a start
             self.settler.hand_back(delivery)
             self._settled()
         if self.completed is not None:
             self.completed.stop()  # its confirms ack the last messages: before the consumer stops
         self.consumer.stop()
         self._thread.join(timeout=30)
+        self.limiter.close(close_permits=False)
         self.consumer.close()
 
 

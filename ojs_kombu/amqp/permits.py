@@ -57,9 +57,11 @@ from amqp import Message as WireMessage
 from amqp.exceptions import ChannelError, MessageNacked
 
 from ojs_kombu.amqp.permit_connection import Hold, PermitConnection
+from ojs_kombu.amqp.windows import WindowTokens
 from ojs_kombu.errors import PermitLostError, ValidationError
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.ratelimit import RateLimitPolicy
+from ojs_kombu.policy.ratelimit import WindowSchedule
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +226,7 @@ class Permits(PermitConnection):
         """Token copies this instance acknowledged (an index held elsewhere, or a second ready copy)."""
         self.renewed = 0
         """Tokens this instance renewed (republished) because of their delivery count."""
+        self._windows: WindowTokens | None = None
 
     def __enter__(self) -> Permits:
         return self
@@ -536,6 +539,48 @@ class Permits(PermitConnection):
             ok = self._control_channel().queue_declare(self.names.limit_permit_queue(key), passive=True)
         available = int(ok.message_count)
         return PermitState(key, limit, available, max(0, limit - available), self.holding(key), self.waiting(key))
+
+    # -- window rates (start tokens, :mod:`ojs_kombu.amqp.windows`) on this connection ---------------
+
+    def _window_tokens(self) -> WindowTokens:
+        channel = self._control_channel()
+        if self._windows is None or self._windows.channel is not channel:  # a new connection: declare again
+            self._windows = WindowTokens(channel, self.names)
+        return self._windows
+
+    def take_start(self, key: str, schedule: WindowSchedule) -> int | None:
+        """Spend one start token of ``key``'s window, without waiting (:meth:`WindowTokens.take`).
+
+        Parameters:
+            key: the rate limit key.
+            schedule: the window.
+
+        Returns:
+            The slot the token was published for, or None when this slot's tokens are spent.
+
+        Raises:
+            BrokerConnectionError, BrokerRefusedError: as the broker answers.
+        """
+        with self._guarded():
+            return self._window_tokens().take(key, schedule)
+
+    def refill_starts(self, key: str, schedule: WindowSchedule, slot: int, *, now: float | None = None) -> int:
+        """Publish slot ``slot``'s start tokens of ``key``'s window (:meth:`WindowTokens.refill`).
+
+        Parameters:
+            key: the rate limit key.
+            schedule: the window.
+            slot: the current slot.
+            now: the Unix time (default: now).
+
+        Returns:
+            Tokens published.
+
+        Raises:
+            BrokerConnectionError, BrokerRefusedError: as the broker answers.
+        """
+        with self._guarded():
+            return self._window_tokens().refill(key, schedule, slot, now=now)
 
     def waiting(self, key: str) -> int:
         """How many :meth:`acquire` calls of this instance wait for a permit of ``key`` now.

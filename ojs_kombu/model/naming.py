@@ -66,6 +66,8 @@ EVENT_TYPE_WORKER = "ojs.event.worker"
 EVENT_TYPE_JOB_PREFIX = "ojs.event.job."
 """``type`` property of a job lifecycle event: this prefix and the event (``ojs.event.job.started``)."""
 EVENT_TYPE_CRON_PREFIX = "ojs.event.cron."
+#: ``type`` property prefix of a rate limit event on the events stream (``ojs.event.rate_limit.exceeded``).
+EVENT_TYPE_RATE_LIMIT_PREFIX = "ojs.event.rate_limit."
 """``type`` property of a cron event (ojs-cron.md §9): this prefix and ``triggered`` or ``skipped``."""
 
 
@@ -351,6 +353,11 @@ class Names:
     def cron_event_routing_key(event: str, name: str) -> str:
         """Routing key of a cron event on the events exchange: ``cron.{event}.{name}``."""
         return f"cron.{event}.{name}"
+
+    @staticmethod
+    def rate_limit_event_routing_key(event: str, queue: str) -> str:
+        """Routing key of a rate limit event on the events exchange: ``rate_limit.{event}.{queue}``."""
+        return f"rate_limit.{event}.{queue}"
 
     @staticmethod
     def job_event_routing_key(event: str, queue: str) -> str:

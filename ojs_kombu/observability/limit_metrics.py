@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -37,8 +37,8 @@ _EXCEEDED = ("ojs_rate_limit_exceeded", "Jobs a rate limit kept from starting wh
 class LimitSource(Protocol):
     """What a :class:`~ojs_kombu.runtime.limits.Limiter` offers the metrics."""
 
-    def snapshot(self) -> Iterable[tuple[str, int, int, int]]:
-        """``(key, active, waiting, exceeded)`` per key."""
+    def snapshot(self) -> Iterable[tuple[str, int, int, Mapping[str, int]]]:
+        """``(key, active, waiting, {strategy: exceeded})`` per key."""
 
 
 class LimitMetrics:
@@ -82,20 +82,23 @@ class LimitMetrics:
         with self._lock:
             sources = list(self._sources)
         totals: dict[str, list[int]] = {}
+        exceeded_totals: dict[tuple[str, str], int] = {}
         for source in sources:
             for key, active, waiting, exceeded in source.snapshot():
-                row = totals.setdefault(key, [0, 0, 0])
+                row = totals.setdefault(key, [0, 0])
                 row[0] += active
                 row[1] += waiting
-                row[2] += exceeded
+                for strategy, count in exceeded.items():
+                    exceeded_totals[(key, strategy)] = exceeded_totals.get((key, strategy), 0) + count
         active_family = GaugeMetricFamily(*_ACTIVE, labels=("key",))
         waiting_family = GaugeMetricFamily(*_WAITING, labels=("key",))
         exceeded_family = CounterMetricFamily(*_EXCEEDED, labels=("key", "strategy"))
         for key in sorted(totals):
-            active, waiting, exceeded = totals[key]
+            active, waiting = totals[key]
             active_family.add_metric((key,), active)
             waiting_family.add_metric((key,), waiting)
-            exceeded_family.add_metric((key, "concurrency"), exceeded)
+        for (key, strategy), count in sorted(exceeded_totals.items()):
+            exceeded_family.add_metric((key, strategy), count)
         yield active_family
         yield waiting_family
         yield exceeded_family

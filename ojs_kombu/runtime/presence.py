@@ -65,12 +65,14 @@ from ojs_kombu.wire.events import (
     JobEvent,
     JobEventRecord,
     PresenceState,
+    RateLimitEvent,
     WorkerPresence,
     decode_event,
     job_event_message,
     library_version,
     marker_message,
     presence_message,
+    rate_limit_event_message,
 )
 
 logger = logging.getLogger(__name__)
@@ -202,8 +204,8 @@ class Beacon:
             pass
         thread.join(timeout)
 
-    def offer(self, event: JobEvent) -> None:
-        """Queue a job event for publishing (a lifecycle subscriber; never blocks).
+    def offer(self, event: JobEvent | RateLimitEvent) -> None:
+        """Queue a job or rate limit event for publishing (a lifecycle subscriber; never blocks).
 
         When the pending queue is full the event is dropped and counted in :attr:`dropped`.
         """
@@ -354,17 +356,22 @@ class Beacon:
                 continue
             if item is _STOP:
                 return
-            if isinstance(item, JobEvent):
+            if isinstance(item, JobEvent | RateLimitEvent):
                 self._publish_event(channel, item)
 
-    def _publish_event(self, channel: Channel, event: JobEvent) -> None:
+    def _publish_event(self, channel: Channel, event: JobEvent | RateLimitEvent) -> None:
         try:
-            self._publish(channel, job_event_message(event), self.names.job_event_routing_key(event.event, event.queue))
+            if isinstance(event, RateLimitEvent):
+                key = self.names.rate_limit_event_routing_key(event.event, event.queue)
+                self._publish(channel, rate_limit_event_message(event), key)
+            else:
+                key = self.names.job_event_routing_key(event.event, event.queue)
+                self._publish(channel, job_event_message(event), key)
         except BaseException:
             self._requeue(event)  # published after the reconnect
             raise
 
-    def _requeue(self, event: JobEvent) -> None:
+    def _requeue(self, event: JobEvent | RateLimitEvent) -> None:
         try:
             self._pending.put_nowait(event)
         except queue_module.Full:
@@ -404,7 +411,7 @@ class Beacon:
                     item = self._pending.get_nowait()
                 except queue_module.Empty:
                     break
-                if isinstance(item, JobEvent):
+                if isinstance(item, JobEvent | RateLimitEvent):
                     self._publish_event(channel, item)
             self._publish(channel, presence_message(self.presence("offline")), self._worker_key())
         except self._errors as exc:

@@ -6,6 +6,12 @@
 (one lease per deployment: the cron leader's, DESIGN §20).  A refiller that becomes the leader
 in the middle of a slot leaves that slot alone (the previous leader may have refilled it, and a
 second refill would grant its starts twice) and refills from the next slot on.
+
+:class:`KeyRefills` is the Worker's: it refills the windows of the keys its jobs meet, with no
+scheduler to run.  Each window is refilled by the one process that holds its *refill permit* (a
+concurrency permit of 1 under the key ``{key}:refill``, :mod:`ojs_kombu.amqp.permits`): a worker
+that meets a window asks for it (again every :data:`CLAIM_INTERVAL` while another holds it), and
+a holder that dies gives it back through the broker, so the next worker's claim succeeds.
 """
 
 from __future__ import annotations
@@ -13,11 +19,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ojs_kombu.amqp.connection import close_quietly, resolve_url
 from ojs_kombu.amqp.errors import map_exceptions
 from ojs_kombu.amqp.failover import Failover
+from ojs_kombu.amqp.permits import Permit, Permits
 from ojs_kombu.amqp.reconnect import Forever, Reconnector
 from ojs_kombu.amqp.windows import WindowTokens
 from ojs_kombu.errors import BrokerRefusedError, ValidationError
@@ -164,4 +172,130 @@ class WindowRefiller:
                     del self.refills[:-1000]
 
 
-__all__ = ["WindowRefiller"]
+CLAIM_INTERVAL = 0.5
+"""Seconds between two claims of a window's refill permit by a worker that does not hold it."""
+
+
+def refill_key(key: str, kind: str) -> str:
+    """The permit key whose single permit makes its holder the refiller of ``key``'s ``kind`` window.
+
+    Parameters:
+        key: the rate limit key.
+        kind: ``"rate"`` or ``"throttle"``.
+
+    Returns:
+        ``{key}:{kind}-refill``.
+    """
+    return f"{key}:{kind}-refill"
+
+
+class KeyRefills:
+    """Refill the windows a worker's jobs meet, each by the one process holding its refill permit (see the module).
+
+    Parameters:
+        permits: the worker's permits (its connection): the refill permits, the refills.
+    """
+
+    def __init__(self, permits: Callable[[], Permits]) -> None:
+        self._permits = permits
+        self._lock = threading.Lock()
+        self._windows: dict[tuple[str, str], WindowSchedule] = {}
+        self._leads: dict[tuple[str, str], Permit] = {}
+        self._done: dict[tuple[str, str], int] = {}  # the slot each led window was last refilled for
+        self._claimed: dict[tuple[str, str], float] = {}  # monotonic time of the last claim
+        self._ensured: set[tuple[str, str]] = set()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.refills: list[tuple[str, str, int, float]] = []
+        """``(key, kind, slot, unix time)`` of this process's last refills (at most 1,000)."""
+
+    def add(self, key: str, schedule: WindowSchedule) -> None:
+        """Refill ``key``'s window from now on (idempotent; a changed schedule replaces the old one at the next slot).
+
+        Parameters:
+            key: the rate limit key.
+            schedule: the window.
+        """
+        window = (key, schedule.kind)
+        with self._lock:
+            if self._windows.get(window) == schedule or self._stop.is_set():
+                return
+            self._windows[window] = schedule
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ojs-limit-refills", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def leading(self, key: str, kind: str) -> bool:
+        """Whether this process refills ``key``'s ``kind`` window now.
+
+        Parameters:
+            key: the rate limit key.
+            kind: ``"rate"`` or ``"throttle"``.
+
+        Returns:
+            Whether it holds the window's refill permit.
+        """
+        lead = self._leads.get((key, kind))
+        return lead is not None and lead.held
+
+    def stop(self) -> None:
+        """Stop refilling and give the refill permits back."""
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2.0)
+        for lead in list(self._leads.values()):
+            try:
+                lead.release()
+            except Exception:  # noqa: BLE001 - lost with its connection: the broker has it back
+                pass
+        self._leads.clear()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            now = time.time()
+            with self._lock:
+                windows = list(self._windows.items())
+            for window, schedule in windows:
+                try:
+                    self._serve(window, schedule, now)
+                except Exception:  # the permits' connection failed: the next turn reconnects
+                    logger.warning("refilling the %s window of %r failed", window[1], window[0], exc_info=True)
+            now = time.time()
+            due = min(
+                [schedule.start(schedule.slot(now) + 1) - now for _, schedule in windows]
+                + [CLAIM_INTERVAL if not self.leading(*window) else 3600.0 for window, _ in windows]
+            )
+            self._wake.wait(max(0.0, due))
+
+    def _serve(self, window: tuple[str, str], schedule: WindowSchedule, now: float) -> None:
+        slot = schedule.slot(now)
+        lead = self._leads.get(window)
+        if lead is None or not lead.held:
+            if time.monotonic() - self._claimed.get(window, float("-inf")) < CLAIM_INTERVAL:
+                return
+            self._claimed[window] = time.monotonic()
+            permits = self._permits()
+            name = refill_key(*window)
+            if window not in self._ensured:
+                permits.ensure(name, 1)
+                self._ensured.add(window)
+            claimed = permits.acquire(name, timeout=0.0)
+            if claimed is None:
+                self._leads.pop(window, None)
+                return
+            self._leads[window] = claimed
+            self._done[window] = slot  # the slot it was elected in is its predecessor's (or nobody's)
+            return
+        if slot > self._done.get(window, slot):
+            self._done[window] = slot
+            self._permits().refill_starts(window[0], schedule, slot, now=now)
+            self.refills.append((window[0], window[1], slot, now))
+            del self.refills[:-1000]
+
+
+__all__ = ["CLAIM_INTERVAL", "KeyRefills", "WindowRefiller", "refill_key"]

@@ -106,7 +106,7 @@ from ojs_kombu.runtime.processing import Processing, RunningJob, current_job
 from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions, QueueType
-from ojs_kombu.wire.events import EventsOptions
+from ojs_kombu.wire.events import EventsOptions, RateLimitEvent
 
 logger = logging.getLogger(__name__)
 
@@ -327,6 +327,8 @@ class Worker:
             park_limit=self.concurrency // 2,
             generation=lambda: self.consumer.generation,
             forsake=processing.forsake,
+            emit=self._offer_event,  # to the events stream with events=True (spec §11.1)
+            worker_id=self.worker_id,
         )
 
     @property
@@ -677,8 +679,8 @@ class Worker:
         """
         self.dispatch.add_threads(1 if self._handlers.all_async else self.concurrency)
 
-    def _offer_event(self, event: JobEvent) -> None:
-        """The lifecycle subscriber of ``events=True``: hand the event to the beacon's thread."""
+    def _offer_event(self, event: JobEvent | RateLimitEvent) -> None:
+        """The lifecycle subscriber of ``events=True`` (and the limiter's): hand the event to the beacon's thread."""
         beacon = self._beacon
         if beacon is not None:
             beacon.offer(event)

@@ -37,6 +37,7 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.observability.metrics import METRICS
 from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.runtime.consumer import Delivery
+from ojs_kombu.runtime.limits import Admitted, Limiter
 from ojs_kombu.runtime.settle import Settler
 from ojs_kombu.runtime.subscriptions import Subscription, Subscriptions
 from ojs_kombu.runtime.window import QueueCounters
@@ -72,6 +73,7 @@ class _Unsettled:
     job: Job | None = None
     failure: Failure | None = None  # what the framework said failed, for a reject (note_failure)
     succeeded: bool = False  # the framework's next ack of it is a success (note_success)
+    held: Admitted = ()  # the permits of its rate limits, given back when it is acked or rejected
 
 
 @dataclass(eq=False, kw_only=True)
@@ -151,6 +153,10 @@ class Channel(pyamqp.Channel):
             completed=state.completed,
         )
         self._completed = state.completed
+        self._job_policy = state.settings.load_rate_limits()
+        self._limiter: Limiter | None = None  # made by the first job with a rate limit
+        self._prefetch = 0
+        self._parked: dict[int, tuple[dict[str, Any], dict[str, Any], str, Callable[[Any], Any]]] = {}
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -377,6 +383,7 @@ class Channel(pyamqp.Channel):
 
     def basic_qos(self, prefetch_size: int, prefetch_count: int, a_global: bool, argsig: str = "lBb") -> Any:
         """Always per-consumer prefetch (``global=False``): the binding's FETCH, and what quorum queues need."""
+        self._prefetch = prefetch_count
         return super().basic_qos(prefetch_size, prefetch_count, False, argsig)
 
     def basic_consume(
@@ -529,9 +536,12 @@ class Channel(pyamqp.Channel):
         delivery_info: dict[str, Any],
         queue: str,
         callback: Callable[[Any], Any],
+        admitted: bool = False,
     ) -> Any:
-        """Triage a job delivery from framework queue ``queue``; pass the converted message to ``callback``."""
-        self._metric(METRICS.messages_consumed, delivery.queue).inc()
+        """Triage a job delivery from framework queue ``queue``; pass the converted message to ``callback``
+        (``admitted``: a parked delivery back from its waiter, counted when it arrived)."""
+        if not admitted:
+            self._metric(METRICS.messages_consumed, delivery.queue).inc()
         unsettled = self._unsettled[delivery.delivery_tag] = _Unsettled(delivery)
         job = self.settler.triage(delivery)
         if job is None:
@@ -542,7 +552,39 @@ class Channel(pyamqp.Channel):
             self.settler.reject_invalid(delivery, "invalid_envelope", str(exc))
             return None
         unsettled.job = job
+        if job.rate_limit is not None or self._job_policy is not None or self._limiter is not None:
+            verdict = self._limits().admit(delivery, job)
+            if isinstance(verdict, str):
+                if verdict == "parked":  # admitted later by its waiter: back here on the connection's loop
+                    self._parked[delivery.delivery_tag] = (properties, delivery_info, queue, callback)
+                return None
+            unsettled.held = verdict
         return callback(message)
+
+    def _limits(self) -> Limiter:
+        """This channel's :class:`~ojs_kombu.runtime.limits.Limiter` (the jobs' ``rate_limit``, the ``rate_limits`` option)."""
+        if self._limiter is None:
+            state = self.ojs
+            if state.permits is None:
+                raise LookupError("this ojs:// connection has no permits for rate limits")
+            self._limiter = Limiter(
+                state.permits,
+                {},
+                self.settler,
+                lambda delivery: state.call_soon(partial(self._admitted, delivery)),
+                park_limit=self._prefetch // 2,  # at least 1
+                job_policy=self._job_policy,
+            )
+        return self._limiter
+
+    def _admitted(self, delivery: Delivery) -> None:
+        """A parked job whose waiter took its permits and start tokens (on the connection's loop): delivered now."""
+        parked = self._parked.pop(delivery.delivery_tag, None)
+        if parked is None or not self.is_open:  # the channel is gone: the broker redelivers it
+            if self._limiter is not None:
+                self._limiter.forget(delivery)
+            return
+        self._deliver_job(delivery, *parked, admitted=True)
 
     def _converted(
         self, properties: dict[str, Any], delivery_info: dict[str, Any], job: Job, queue: str
@@ -678,9 +720,18 @@ class Channel(pyamqp.Channel):
             unsettled = self._unsettled.pop(tag, None)
             if unsettled is not None:
                 self._metric(counter, unsettled.delivery.queue).inc()
+                if unsettled.held and self._limiter is not None:
+                    self._limiter.release(unsettled.held)
 
     def collect(self) -> None:
-        """Tear down this channel (py-amqp), dropping the per-delivery state."""
+        """Tear down this channel (py-amqp), dropping the per-delivery state (and what its limiter holds)."""
+        limiter, self._limiter = self._limiter, None
+        if limiter is not None:
+            limiter.stop()  # the parked deliveries go back to the broker with the channel
+            for unsettled in self._unsettled.values():
+                limiter.release(unsettled.held)
+            limiter.close(close_permits=False)
+        self._parked.clear()
         self._unsettled.clear()
         self.subscriptions.clear()
         super().collect()

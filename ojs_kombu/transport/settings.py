@@ -13,6 +13,7 @@ from kombu.utils.imports import symbol_by_name
 from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import Names
+from ojs_kombu.model.ratelimit import RateLimitPolicy
 from ojs_kombu.runtime.lifecycle import Lifecycle
 from ojs_kombu.runtime.redis_locks import RedisLocks
 from ojs_kombu.runtime.unique import check_backend
@@ -33,6 +34,7 @@ OJS_OPTIONS = (
     "on_cancel",
     "lifecycle",
     "info",
+    "rate_limits",
     "deduplicate",
     "completed_options",
     "unique_backend",
@@ -127,6 +129,7 @@ class Settings:
     on_cancel: Callable[[str], None] | str | None = None
     lifecycle: Lifecycle | Callable[[], Lifecycle] | str | None = None
     info: Callable[[str], JobInfo | None] | str | None = None
+    rate_limits: Callable[[Job], RateLimitPolicy | None] | str | None = None
     deduplicate: bool = False
     completed_options: CompletedOptions | None = None
     #: Where unique jobs' locks are: None (RabbitMQ queues) or a Redis URL (``Client(unique_backend=...)``).
@@ -164,6 +167,7 @@ class Settings:
             on_cancel=options.get("on_cancel"),
             lifecycle=options.get("lifecycle"),
             info=options.get("info"),
+            rate_limits=options.get("rate_limits"),
             deduplicate=bool(options.get("deduplicate")),
             completed_options=completed_options,
             unique_backend=check_backend(options.get("unique_backend")),
@@ -213,6 +217,16 @@ class Settings:
         """
         answer: Callable[[str], JobInfo | None] | None = self._callable_option("info")
         return answer
+
+    def load_rate_limits(self) -> Callable[[Job], RateLimitPolicy | None] | None:
+        """The ``rate_limits`` function: a policy of a job's own besides its ``rate_limit`` (a
+        framework option mapped onto one, e.g. a Celery task's ``rate_limit``), or None.
+
+        Raises:
+            TypeError: ``rate_limits`` is neither callable nor the path of a callable.
+        """
+        policy: Callable[[Job], RateLimitPolicy | None] | None = self._callable_option("rate_limits")
+        return policy
 
     def load_lifecycle(self) -> Lifecycle | None:
         """The :class:`Lifecycle` the transport's Settler emits to (``cancelled`` on delivery, ``retried``, ...).

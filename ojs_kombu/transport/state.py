@@ -12,6 +12,7 @@ from typing import Any
 import amqp
 
 from ojs_kombu.amqp.locks import UniqueLocks
+from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import BrokerConnectionError, PublishTimeoutError
@@ -47,6 +48,10 @@ class ConnectionState:
         self.completed = completed
         # (channel, delivery tag) of completed jobs whose record is confirmed: acked by maintain().
         self._recorded: deque[tuple[Any, int]] = deque()
+        # Work handed to the connection's loop from other threads (a parked job admitted by its waiter).
+        self._soon: deque[Callable[[], None]] = deque()
+        #: Makes the transport's permits (for jobs with a rate limit), shared by its connections; set by the transport.
+        self.permits: Callable[[], Permits] | None = None
         #: Makes the connection's loop call :meth:`maintain` soon, from any thread (set by the transport
         #: under kombu's event loop; without one, the next ``drain_events`` does).
         self.wake: Callable[[], None] | None = None
@@ -131,9 +136,24 @@ class ConnectionState:
         if wake is not None:
             wake()
 
+    def call_soon(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the connection's loop (from any thread): done by :meth:`maintain`.
+
+        Parameters:
+            work: what to run.
+        """
+        self._soon.append(work)
+        wake = self.wake
+        if wake is not None:
+            wake()
+
     def maintain(self) -> None:
-        """Called from the connection's loop: ack the completed jobs whose record is confirmed, free the
-        unique locks of jobs that ended, re-read cancelled control streams, apply pauses and resumes."""
+        """Called from the connection's loop: ack the completed jobs whose record is confirmed, run the
+        work handed over by other threads, free the unique locks of jobs that ended, re-read cancelled
+        control streams, apply pauses and resumes."""
+        soon = self._soon
+        while soon:
+            soon.popleft()()
         recorded = self._recorded
         while recorded:
             channel, delivery_tag = recorded.popleft()

@@ -13,6 +13,7 @@ from kombu.transport import TRANSPORT_ALIASES, pyamqp
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, transport_tls_options
 from ojs_kombu.amqp.framing import FrameReader, attach_reader
 from ojs_kombu.amqp.outbox import outbox
+from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.urls import split_urls
 from ojs_kombu.transport.channel import Channel
 from ojs_kombu.transport.completed import CompletedLogs
@@ -163,6 +164,10 @@ class Transport(pyamqp.Transport):
         self.queue_map = queue_map(self.settings.names.prefix)
         #: The completed job ids of the job queues consumed (option ``deduplicate``), made with the first connection.
         self.completed: CompletedLogs | None = None
+        #: The permits of jobs with a rate limit (a connection of their own, opened by the first limited job).
+        self._permits: Permits | None = None
+        self._permits_lock = threading.Lock()
+        self._permits_options: tuple[str, Any] | None = None  # the URLs and the TLS options it connects with
 
     def establish_connection(self) -> _OjsConnection:
         """Connect, like py-amqp's transport, with the OJS settings attached to the connection."""
@@ -204,9 +209,24 @@ class Transport(pyamqp.Transport):
             ojs_settings=self.settings, ojs_queues=self.queue_map, ojs_completed=self.completed, **opts
         )
         conn.client = self.client
+        self._permits_options = (_amqp_urls(conninfo), conninfo.ssl or None)
+        conn.ojs.permits = self.permits
         conn.connect()
         conn.frame_reader = attach_reader(conn)
         return conn
+
+    def permits(self) -> Permits:
+        """The permits of this transport's jobs with a rate limit (:class:`~ojs_kombu.runtime.limits.Limiter`),
+        made on first use, shared by its connections.
+
+        Returns:
+            The permits (they connect on first use).
+        """
+        with self._permits_lock:
+            if self._permits is None:
+                urls, ssl = self._permits_options or (_amqp_urls(self.client), None)
+                self._permits = Permits(urls, names=self.settings.names, ssl=ssl, connection_name="ojs:// permits")
+            return self._permits
 
     def register_with_event_loop(self, connection: _OjsConnection, loop: Any) -> None:
         """Read the socket from kombu's event loop (Celery's worker), and never sleep on buffered frames.
@@ -255,9 +275,9 @@ class Transport(pyamqp.Transport):
             connection.ojs.maintain()
             batch.flush()
 
-        if state.completed is not None:  # acks follow confirms read in the logs' threads
-            recorded_waker = _ThreadWaker(loop, maintain)
-            state.wake = recorded_waker.wake
+        # Acks follow confirms read in the logs' threads; parked jobs are admitted by their waiter threads.
+        recorded_waker = _ThreadWaker(loop, maintain)
+        state.wake = recorded_waker.wake
 
         # On every tick, right before the loop polls: the frames read ahead, the control plane
         # (a pause applies right after the frame that carried it), the acks of this pass.  And
@@ -320,6 +340,10 @@ class Transport(pyamqp.Transport):
                 except Exception as exc:  # noqa: BLE001 - closing anyway: the broker redelivers them
                     logger.warning("could not write the last acks before closing: %r", exc)
         super().close_connection(connection)  # type: ignore[no-untyped-call]
+        with self._permits_lock:
+            permits, self._permits = self._permits, None
+        if permits is not None:
+            permits.close()  # the permits still held go back to the broker
 
     def qos_semantics_matches_spec(self, connection: _OjsConnection) -> bool:
         """Per-consumer prefetch: Celery then sends ``global=False`` itself."""

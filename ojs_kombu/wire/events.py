@@ -50,7 +50,12 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal, NamedTuple, get_args
 
 from ojs_kombu.errors import DecodeError, ValidationError
-from ojs_kombu.model.naming import EVENT_TYPE_CRON_PREFIX, EVENT_TYPE_JOB_PREFIX, EVENT_TYPE_WORKER
+from ojs_kombu.model.naming import (
+    EVENT_TYPE_CRON_PREFIX,
+    EVENT_TYPE_JOB_PREFIX,
+    EVENT_TYPE_RATE_LIMIT_PREFIX,
+    EVENT_TYPE_WORKER,
+)
 from ojs_kombu.model.timefmt import format_timestamp, parse_timestamp, utcnow
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.control import ControlOptions, json_message
@@ -317,6 +322,58 @@ def cron_event_message(event: CronEvent) -> OutgoingMessage:
     return json_message(EVENT_TYPE_CRON_PREFIX + event.event, event.to_json(), sent_at=event.timestamp)
 
 
+RateLimitEventName = Literal["exceeded", "released", "dropped"]
+"""The rate limit events (ojs-rate-limiting.md §11.1): ``rate_limit.exceeded``, ``.released``, ``.dropped``."""
+
+
+@dataclass(frozen=True)
+class RateLimitEvent:
+    """A ``rate_limit.*`` event of a worker (ojs-rate-limiting.md §11.1).
+
+    Parameters:
+        event: ``exceeded`` (a job could not start), ``released`` (a job that waited may start now)
+            or ``dropped`` (discarded by ``on_limit: "drop"``).
+        key: the rate limit key.
+        strategy: ``concurrency``, ``rate`` or ``throttle``.
+        limit: the limit reached (``exceeded``, ``dropped``).
+        job_id, job_type, queue: the job.
+        worker_id: the worker that emitted it.
+        timestamp: when (default now).
+    """
+
+    event: RateLimitEventName
+    key: str
+    strategy: str
+    job_id: str
+    job_type: str
+    queue: str
+    worker_id: str
+    limit: int | None = None
+    timestamp: datetime = field(default_factory=utcnow)
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec's body: ``{"event": "rate_limit.<event>", "timestamp": …, "data": {…}}``."""
+        data: dict[str, Any] = {
+            "key": self.key,
+            "strategy": self.strategy,
+            "limit": self.limit,
+            "job_id": self.job_id,
+            "job_type": self.job_type,
+            "queue": self.queue,
+            "worker_id": self.worker_id,
+        }
+        return {
+            "event": f"rate_limit.{self.event}",
+            "timestamp": format_timestamp(self.timestamp),
+            "data": {k: v for k, v in data.items() if v is not None},
+        }
+
+
+def rate_limit_event_message(event: RateLimitEvent) -> OutgoingMessage:
+    """The message of a rate limit event: ``type=ojs.event.rate_limit.{event}``, body :meth:`RateLimitEvent.to_json`."""
+    return json_message(EVENT_TYPE_RATE_LIMIT_PREFIX + event.event, event.to_json(), sent_at=event.timestamp)
+
+
 def decode_cron_event(body: bytes, properties: dict[str, Any]) -> CronEvent | None:
     """Read a cron event of the events stream; ``None`` for any other message.
 
@@ -517,6 +574,8 @@ __all__ = [
     "JobEventName",
     "JobEventRecord",
     "PresenceState",
+    "RateLimitEvent",
+    "RateLimitEventName",
     "WorkerPresence",
     "cron_event_message",
     "decode_cron_event",
@@ -527,4 +586,5 @@ __all__ = [
     "library_version",
     "marker_message",
     "presence_message",
+    "rate_limit_event_message",
 ]

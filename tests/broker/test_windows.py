@@ -12,12 +12,13 @@ import time
 from collections import Counter
 
 from ojs_kombu.amqp.connection import connect_once, make_connection
+from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.windows import WindowTokens
 from ojs_kombu.model.naming import Names
 from ojs_kombu.model.ratelimit import RateLimitPolicy
 from ojs_kombu.policy.ratelimit import WindowSchedule
 from ojs_kombu.runtime.leader import LeaderLease
-from ojs_kombu.runtime.refill import WindowRefiller
+from ojs_kombu.runtime.refill import CLAIM_INTERVAL, KeyRefills, WindowRefiller
 from tests.support import wait_until
 
 
@@ -125,3 +126,27 @@ def test_a_changed_rate_needs_no_new_queue(amqp_url: str, names: Names) -> None:
         assert taken[:5] == [fast.slot(now)] * 5 and taken[5] is None
     finally:
         connection.release()
+
+
+def test_one_workers_refills_hold_a_window_and_the_next_takes_over_when_it_goes(amqp_url: str, names: Names) -> None:
+    """``KeyRefills`` (a worker's): of two processes' refills of one window, only the holder of its refill
+    permit refills; when its connection goes (a dead worker), the other claims the permit and refills."""
+    schedule = WindowSchedule("throttle", 1, 0.2)
+    first, second = Permits(amqp_url, names=names), Permits(amqp_url, names=names)
+    ones = KeyRefills(lambda: first), KeyRefills(lambda: second)
+    try:
+        for refills in ones:
+            refills.add("k", schedule)
+        wait_until(lambda: any(r.refills for r in ones), timeout=5, message="a refill")
+        leader, other = ones if ones[0].leading("k", "throttle") else ones[::-1]
+        assert not other.leading("k", "throttle") and not other.refills
+        (first if leader is ones[0] else second).close()  # the leader's connection is gone
+        wait_until(lambda: other.refills, timeout=2 + CLAIM_INTERVAL, message="the other one refilling")
+        assert other.leading("k", "throttle")
+        slots = [slot for _, _, slot, _ in leader.refills + other.refills]
+        assert len(slots) == len(set(slots)), "no slot refilled twice"
+    finally:
+        for refills in ones:
+            refills.stop()
+        first.close()
+        second.close()

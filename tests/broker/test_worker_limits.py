@@ -8,6 +8,7 @@ back by themselves (the survivor alone reaches 3 at once again).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY
-from support import wait_until
+from support import read_stream, wait_until
 
 from ojs_kombu import Client, Job, RateLimitPolicy, RetryPolicy
 
@@ -109,12 +110,17 @@ def _sample(name: str, **labels: str) -> float | None:
     return REGISTRY.get_sample_value(name, labels)
 
 
-def test_queue_policy_on_limit_actions_and_metrics_in_one_worker(client: Client, worker_factory, prefix: str, names):
+def test_queue_policy_on_limit_actions_and_metrics_in_one_worker(
+    client: Client, worker_factory, prefix: str, names, amqp_url: str
+):
     """A queue's policy holds its jobs to 1 at once; a paused key (concurrency 0) drops, reschedules or
-    keeps waiting per ``on_limit`` (never running); the ``ojs_rate_limit_*`` metrics tell it; a stopping
-    worker hands its waiting job back to the queue."""
+    keeps waiting per ``on_limit`` (never running); the ``ojs_rate_limit_*`` metrics tell it, and the
+    events stream the ``rate_limit.*`` events (spec §11.1); a stopping worker hands its waiting job
+    back to the queue."""
     queue_key, paused = f"{prefix}-queue", f"{prefix}-paused"
-    worker = worker_factory(("lq",), concurrency=4, rate_limits={"lq": {"key": queue_key, "concurrency": 1}})
+    worker = worker_factory(
+        ("lq",), concurrency=4, rate_limits={"lq": {"key": queue_key, "concurrency": 1}}, events=True
+    )
     runs: list[tuple[float, float]] = []
     ran: list[int] = []
     events: list[Any] = []
@@ -153,3 +159,66 @@ def test_queue_policy_on_limit_actions_and_metrics_in_one_worker(client: Client,
     counts = client.queue_counts([names.job_queue("lq")])[names.job_queue("lq")]
     assert counts is not None and counts.ready >= 1  # handed back (the rescheduled one may be in the cascade)
     assert not [e for e in events if e.job_id == waits.id]  # never started, never failed
+
+    def rate_limit_event(kind: str, **data: Any) -> dict[str, Any]:
+        def matches(_: Any, properties: Any, body: bytes) -> bool:
+            if properties.type != f"ojs.event.rate_limit.{kind}":
+                return False
+            return json.loads(body)["data"].items() >= data.items()
+
+        found = read_stream(amqp_url, names.events_stream, predicate=matches)
+        return next(json.loads(body) for record in found if matches(*record) for *_, body in [record])
+
+    dropped = rate_limit_event("dropped", job_id=drop.id)
+    assert dropped["event"] == "rate_limit.dropped"
+    assert dropped["data"] | {"worker_id": "?"} == {
+        "key": paused,
+        "strategy": "concurrency",
+        "limit": 0,
+        "job_id": drop.id,
+        "job_type": "limited.run",
+        "queue": "lq",
+        "worker_id": "?",
+    }
+    assert rate_limit_event("exceeded", key=queue_key, strategy="concurrency", limit=1)["data"]["worker_id"]
+    assert rate_limit_event("released", key=queue_key, strategy="concurrency")
+
+
+def test_a_rate_window_holds_each_window_to_its_limit_in_a_worker(client: Client, worker_factory, prefix: str):
+    """A key of 5 starts per second (spec §5.2): 15 jobs on a worker of concurrency 8 start at most 5 in
+    each one-second window (aligned to the epoch, the broker's token refills) and take at least 2 s;
+    the jobs the window stopped waited (``on_limit`` "wait") and every one ran once.  A window that
+    opens only next hour drops a job with ``on_limit`` "drop" and sends a waiting one to the cascade."""
+    key, hourly = f"{prefix}-rate", f"{prefix}-hourly"
+    worker = worker_factory(("lr",), concurrency=8)
+    starts: list[tuple[float, int]] = []
+    events: list[Any] = []
+    worker.lifecycle.subscribe(events.append)
+
+    @worker.handler("limited.rate")
+    def run(n: int) -> None:
+        starts.append((time.time(), n))
+
+    worker.start()
+    policy = RateLimitPolicy(key=key, rate={"limit": 5, "period": "PT1S"})
+    once_an_hour = {"key": hourly, "rate": {"limit": 1, "period": "PT1H"}}  # nothing before the next hour
+    drop = Job.create("limited.rate", [-1], queue="lr", rate_limit={**once_an_hour, "on_limit": "drop"})
+    later = Job.create("limited.rate", [-2], queue="lr", rate_limit=once_an_hour)
+    client.enqueue_many([drop, later])
+    client.enqueue_many([Job.create("limited.rate", [n], queue="lr", rate_limit=policy) for n in range(15)])
+    wait_until(lambda: len(starts) >= 15, timeout=20, message="every job started")
+    assert sorted(n for _, n in starts) == list(range(15))  # neither -1 nor -2 ran
+    failed = [e for e in events if e.event == "failed" and e.job_id == drop.id]
+    assert len(failed) == 1 and failed[0].error["code"] == "rate_limited"
+    assert not [e for e in events if e.job_id == later.id]  # in the cascade until the next hour, not parked
+    assert _sample("ojs_rate_limit_waiting", key=hourly) in (None, 0.0)
+    assert (_sample("ojs_rate_limit_exceeded_total", key=hourly, strategy="rate") or 0) >= 2
+    per_window: dict[int, int] = {}
+    for t, _ in starts:
+        per_window[int(t)] = per_window.get(int(t), 0) + 1
+    assert max(per_window.values()) <= 5, per_window
+    times = sorted(t for t, _ in starts)
+    assert times[-1] - times[0] >= 2.0, per_window
+    assert worker.limiter.refills.leading(key, "rate") and worker.limiter.refills.refills
+    assert (_sample("ojs_rate_limit_exceeded_total", key=key, strategy="rate") or 0) >= 1
+    print(f"rate window: 15 starts over {times[-1] - times[0]:.2f} s, per window {sorted(per_window.items())}")

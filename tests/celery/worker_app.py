@@ -144,3 +144,25 @@ def retry_once(self, path):
     if self.request.retries == 0:
         raise self.retry()
     return self.request.retries
+
+
+# tests/celery/test_celery_rate_limit.py: Celery's rate_limit held across workers (ojs_celery.limits).
+app.conf.ojs_rate_limits = os.environ.get("OJS_RATE_LIMITS") == "1"
+if app.conf.ojs_rate_limits:  # two workers of one node name: without remote control, no pidbox queue to share
+    app.conf.worker_enable_remote_control = False
+
+
+@app.task(rate_limit="5/s")
+def throttled(path, n):
+    """Appends ``run {n} {unix time} {worker pid}`` to ``path`` (the pool process's parent is the worker)."""
+    with open(path, "a") as log:
+        log.write(f"run {n} {time.time()} {os.getppid()}\n")
+
+
+@signals.task_received.connect(weak=False)
+def _log_admitted(request, **_):
+    """The worker's main process received ``throttled`` (the transport admitted it): ``admitted {n} {time} {pid}``."""
+    if request.task_name == "worker_app.throttled":
+        path, n = request.args
+        with open(path, "a") as log:
+            log.write(f"admitted {n} {time.time()} {os.getpid()}\n")

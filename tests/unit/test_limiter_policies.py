@@ -25,9 +25,24 @@ def test_a_job_is_limited_by_its_queue_and_its_own_policy_one_per_key_the_smalle
     assert [(p.key, p.concurrency) for p in limiter.policies(same_key)] == [("queue:mail", 5)]
     other_queue = Job.create("a.b", queue="other")
     assert limiter.policies(other_queue) == []
-    # A policy without a concurrency takes no permit (its rate and throttle are not enforced yet).
-    windows_only = Job.create("a.b", queue="other", rate_limit={"key": "k", "rate": {"limit": 1, "period": "PT1S"}})
-    assert limiter.policies(windows_only) == []
+    # A policy without a concurrency takes no permit; its windows are start tokens, the fewer starts per key win.
+    windows_only = Job.create(
+        "a.b", queue="mail", rate_limit={"key": "queue:mail", "rate": {"limit": 1, "period": "PT1S"}}
+    )
+    assert limiter.policies(windows_only) == [RateLimitPolicy(key="queue:mail", concurrency=20)]
+    assert [(p.key, s.kind, s.capacity) for p, s in limiter.windows(windows_only)] == [("queue:mail", "rate", 1)]
+    both = _limiter(
+        {
+            "mail": RateLimitPolicy(
+                key="api", rate={"limit": 100, "period": "PT1M"}, throttle={"limit": 2, "period": "PT1S"}
+            )
+        }
+    )
+    job = Job.create("a.b", queue="mail", rate_limit={"key": "api", "rate": {"limit": 2, "period": "PT1S"}})
+    assert [(s.kind, s.capacity, s.interval) for _, s in both.windows(job)] == [
+        ("rate", 100, 60.0),
+        ("throttle", 1, 0.5),
+    ]
 
 
 def test_a_job_without_limits_is_admitted_with_no_permit_and_no_broker_call() -> None:
