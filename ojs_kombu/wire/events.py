@@ -335,7 +335,8 @@ class RateLimitEvent:
             or ``dropped`` (discarded by ``on_limit: "drop"``).
         key: the rate limit key.
         strategy: ``concurrency``, ``rate`` or ``throttle``.
-        limit: the limit reached (``exceeded``, ``dropped``).
+        limit: the limit reached (``exceeded``, ``dropped``); an ``exceeded`` event's ``current`` (the
+            spec's count in use) is the limit too: a limit stops a job exactly when its count reached it.
         job_id, job_type, queue: the job.
         worker_id: the worker that emitted it.
         timestamp: when (default now).
@@ -362,6 +363,8 @@ class RateLimitEvent:
             "queue": self.queue,
             "worker_id": self.worker_id,
         }
+        if self.event == "exceeded":
+            data["current"] = self.limit
         return {
             "event": f"rate_limit.{self.event}",
             "timestamp": format_timestamp(self.timestamp),

@@ -7,12 +7,13 @@ an id, ``tests/unit/test_ratelimit_conformance_matrix.py`` checks the quotes, th
 what does not bind this binding (it has no HTTP API).
 
 One worker (concurrency 4, queue ``rl`` held to 3 at once by a queue policy) serves the whole module;
-every test limits keys of its own.  Window rates and throttles are not enforced by the Worker yet (another
-change, in ``runtime/limits.py``): their tests are strict xfails to flip when it is merged.
+every test limits keys of its own; it publishes the spec's ``rate_limit.*`` events to the events stream
+(``events=True``).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import message_count, wait_until
+from support import message_count, read_stream, wait_until
 
 from ojs_kombu import Client, Job, Names, RateLimitPolicy, Worker
 
@@ -135,21 +136,14 @@ REFERENCES: dict[str, list[str]] = {
 
 #: Requirements met in part or not at all: id -> what is missing.
 NOT_MET: dict[str, str] = {
-    "RL-06": "window rates are not enforced by the Worker yet (WindowTokens exist, unwired): a job over its "
-    "rate starts anyway",
-    "RL-07": "window rates are not enforced by the Worker yet, so no job is held for its window",
-    "RL-09": "throttles are not enforced by the Worker yet (WindowTokens exist, unwired): starts are not spaced",
-    "RL-12": "window rates are not enforced by the Worker yet: starts are not counted per window",
-    "RL-13": "throttles are not enforced by the Worker yet: starts are not spaced",
-    "RL-14": "neither window rates nor throttles are enforced by the Worker yet",
     "RL-18": "a waiting job is parked unacknowledged in the worker that fetched it (up to concurrency // 2): "
     "invisible to other workers' fetches until a permit frees or the worker stops",
     "RL-19": "a limited job is skipped for the next one (tested), but the order among parked jobs of a key is "
     "not kept, priority included; not tested",
-    "RL-24": "the events rate_limit.exceeded / rate_limit.released are not emitted (the metric "
-    "ojs_rate_limit_exceeded_total counts instead)",
-    "RL-25": "RL-001..004 are met; RL-005 is Permits.inspect and the dashboard, not the HTTP endpoint; RL-006 "
-    "(events) is missing",
+    "RL-24": "rate_limit.exceeded, .released and .dropped are emitted by the Worker (events=True); not "
+    "rate_limit.dynamic_adjusted (no handler feedback adjusts a limit), and not by the Dramatiq and Celery consumers",
+    "RL-25": "RL-001..004 and RL-006 (events, by the Worker) are met; RL-005 is Permits.inspect and the "
+    "dashboard, not the HTTP endpoint",
 }
 
 #: Requirements that do not bind this implementation: id -> why.
@@ -185,7 +179,9 @@ class Shared:
 def shared(amqp_url, management) -> Iterator[Shared]:
     prefix = f"t{uuid.uuid4().hex[:12]}"
     limits = {"rl": RateLimitPolicy(key=f"{prefix}-queue", concurrency=QUEUE_LIMIT)}
-    worker = Worker(amqp_url, queues=["rl"], prefix=prefix, concurrency=4, grace_period=5, rate_limits=limits)
+    worker = Worker(
+        amqp_url, queues=["rl"], prefix=prefix, concurrency=4, grace_period=5, rate_limits=limits, events=True
+    )
     with Client(amqp_url, prefix=prefix) as client:
         state = Shared(client, worker, Names(prefix), amqp_url, prefix)
         worker.lifecycle.subscribe(state.events.append)
@@ -237,7 +233,6 @@ def test_rl_16_a_queue_and_a_job_limit_both_hold(shared: Shared):
     assert _most_at_once(shared.of(f"{tag}-key") + shared.of(f"{tag}-free")) <= QUEUE_LIMIT
 
 
-@pytest.mark.xfail(strict=True, reason="RL-12: window rates are not enforced by the Worker yet (NOT_MET)")
 def test_rl_12_a_window_rate_holds_starts_to_its_limit(shared: Shared):
     """A rate of 1 start per second (fixed windows on the epoch): 3 jobs start in 3 different windows, all run."""
     key, tag = _key(shared), uuid.uuid4().hex[:6]
@@ -250,7 +245,6 @@ def test_rl_12_a_window_rate_holds_starts_to_its_limit(shared: Shared):
     assert len(set(windows)) == 3, windows
 
 
-@pytest.mark.xfail(strict=True, reason="RL-09: throttles are not enforced by the Worker yet (NOT_MET)")
 def test_rl_09_a_throttle_spaces_starts_evenly(shared: Shared):
     """A throttle of 4 per second (one start per 250 ms slot): 4 jobs start about 1/N apart, all run."""
     key, tag = _key(shared), uuid.uuid4().hex[:6]
@@ -279,14 +273,33 @@ def test_rl_18_a_waiting_job_stays_visible_to_other_fetches(shared: Shared):
     wait_until(lambda: message_count(shared.amqp_url, queue) == 1, timeout=3, message="the job visible again")
 
 
-@pytest.mark.xfail(strict=True, reason="RL-24: no rate_limit.exceeded / released events (NOT_MET)")
 def test_rl_24_rate_limit_events_are_emitted(shared: Shared):
-    """A job of a paused key dropped by ``on_limit``: the limit was exceeded, which is an event."""
-    paused = RateLimitPolicy(key=_key(shared), concurrency=0, on_limit="drop")
-    job = Job.create("rl.run", ["dropped", 0.0], queue="rl", rate_limit=paused)
-    shared.client.enqueue_job(job)
-    wait_until(
-        lambda: any(e.event == "failed" and e.job_id == job.id for e in list(shared.events)),
-        message="the job dropped",
+    """Two jobs of a key held to 1 (the second waits: ``exceeded``, then ``released``) and one of a paused key
+    dropped by ``on_limit`` (``dropped``): each event on the events stream with the spec's data fields."""
+    key, paused = _key(shared), _key(shared)
+    held = RateLimitPolicy(key=key, concurrency=1)
+    jobs = [Job.create("rl.run", ["held", 0.2], queue="rl", rate_limit=held) for _ in range(2)]
+    drop = Job.create(
+        "rl.run", ["dropped", 0.0], queue="rl", rate_limit=RateLimitPolicy(key=paused, concurrency=0, on_limit="drop")
     )
-    assert "rate_limit.exceeded" in {e.event for e in list(shared.events)}
+    shared.client.enqueue_many([*jobs, drop])
+
+    def event(kind: str, **data: Any) -> dict[str, Any] | None:
+        def matches(_: Any, properties: Any, body: bytes) -> bool:
+            return (
+                properties.type == f"ojs.event.rate_limit.{kind}" and json.loads(body)["data"].items() >= data.items()
+            )
+
+        found = read_stream(shared.amqp_url, shared.names.events_stream, predicate=matches)
+        bodies = [json.loads(body) for record in found if matches(*record) for *_, body in [record]]
+        return bodies[0]["data"] if bodies else None
+
+    wait_until(lambda: event("released", key=key) is not None, timeout=15, message="the held job released")
+    exceeded = event("exceeded", key=key)
+    assert exceeded is not None and {"key", "strategy", "limit", "current"} <= exceeded.keys()
+    assert (exceeded["strategy"], exceeded["limit"], exceeded["current"]) == ("concurrency", 1, 1)
+    released = event("released", key=key)
+    assert released is not None and released["strategy"] == "concurrency" and released["job_id"] in {j.id for j in jobs}
+    wait_until(lambda: event("dropped", key=paused) is not None, timeout=15, message="the paused job dropped")
+    dropped = event("dropped", key=paused)
+    assert dropped is not None and (dropped["job_id"], dropped["job_type"]) == (drop.id, "rl.run")
