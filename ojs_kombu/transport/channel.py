@@ -39,12 +39,14 @@ from ojs_kombu.policy.retry import Failure, decide
 from ojs_kombu.runtime.consumer import Delivery
 from ojs_kombu.runtime.limits import Admitted, Limiter
 from ojs_kombu.runtime.settle import Settler
-from ojs_kombu.runtime.subscriptions import Subscription, Subscriptions
+from ojs_kombu.runtime.subscriptions import Subscriptions
 from ojs_kombu.runtime.window import QueueCounters
+from ojs_kombu.transport.limits import ChannelLimits, JobPolicy
 from ojs_kombu.transport.message import DecodedMessage
 from ojs_kombu.transport.queues import ExchangeDeclaration
 from ojs_kombu.transport.settlement import ChannelSettlement, delivery_from, delivery_of, is_envelope
 from ojs_kombu.transport.state import ConnectionState
+from ojs_kombu.transport.subscriber import JobConsumer, JobSubscriber
 from ojs_kombu.wire.codec import decode
 
 logger = logging.getLogger(__name__)
@@ -76,53 +78,6 @@ class _Unsettled:
     held: Admitted = ()  # the permits of its rate limits, given back when it is acked or rejected
 
 
-@dataclass(eq=False, kw_only=True)
-class _JobConsumer(Subscription):
-    """A consumer of a job queue: what it takes to consume it again after a pause.
-
-    Its ``tag`` is the framework's consumer tag: it stays valid across a pause and resume.
-    """
-
-    deliver: Callable[[amqp.Message], Any]
-    on_cancel: Callable[[str], Any]
-    no_local: bool
-    no_ack: bool
-    exclusive: bool
-    nowait: bool
-    arguments: dict[str, Any] | None
-    argsig: str
-    framework_queue: str
-    callback: Callable[[Any], Any]
-
-
-class _Subscriber:
-    """A channel's job queue consumers as a :class:`~ojs_kombu.runtime.subscriptions.Subscriber`."""
-
-    def __init__(self, channel: Channel) -> None:
-        self._channel = channel
-
-    def consume(self, consumer: _JobConsumer) -> str:
-        """``Basic.Consume`` ``ojs.queue.{q}`` with the framework's tag, callback and arguments."""
-        tag: str = pyamqp.Channel.basic_consume(
-            self._channel,
-            consumer.amqp_queue,
-            consumer.tag,
-            consumer.no_local,
-            consumer.no_ack,
-            consumer.exclusive,
-            consumer.nowait,
-            callback=consumer.deliver,
-            arguments=consumer.arguments,
-            on_cancel=consumer.on_cancel,
-            argsig=consumer.argsig,
-        )
-        return tag
-
-    def cancel(self, consumer: _JobConsumer) -> None:
-        """``Basic.Cancel`` the consumer (a pause: the framework's tag stays valid)."""
-        pyamqp.Channel.basic_cancel(self._channel, consumer.tag)
-
-
 @publishes_through_basic_publish  # py-amqp's confirm wrapper publishes through basic_publish too
 class Channel(pyamqp.Channel):
     """A py-amqp channel speaking the OJS binding for job queues (see :mod:`ojs_kombu.transport`)."""
@@ -133,7 +88,7 @@ class Channel(pyamqp.Channel):
         # basic_publish decides per message instead.
         without_confirm_wrapper(self)
         #: The job queue consumers (pause, resume, broker cancel), by the framework's tags.
-        self.subscriptions: Subscriptions[_JobConsumer] = Subscriptions(_Subscriber(self))
+        self.subscriptions: Subscriptions[JobConsumer] = Subscriptions(JobSubscriber(self))
         self._unsettled: dict[int, _Unsettled] = {}
         # The type of an exchange declared since the last queue declaration or binding: kombu's
         # Queue.declare() declares its exchange right before its queue (see queue_declare).
@@ -153,10 +108,8 @@ class Channel(pyamqp.Channel):
             completed=state.completed,
         )
         self._completed = state.completed
-        self._job_policy = state.settings.load_rate_limits()
-        self._limiter: Limiter | None = None  # made by the first job with a rate limit
-        self._prefetch = 0
-        self._parked: dict[int, tuple[dict[str, Any], dict[str, Any], str, Callable[[Any], Any]]] = {}
+        #: The jobs' rate limits (``rate_limit``, the ``rate_limits`` option): a Limiter made by the first limited job.
+        self.limits = ChannelLimits(self._limiter, state.settings.load_rate_limits())
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -383,7 +336,7 @@ class Channel(pyamqp.Channel):
 
     def basic_qos(self, prefetch_size: int, prefetch_count: int, a_global: bool, argsig: str = "lBb") -> Any:
         """Always per-consumer prefetch (``global=False``): the binding's FETCH, and what quorum queues need."""
-        self._prefetch = prefetch_count
+        self.limits.prefetch = prefetch_count
         return super().basic_qos(prefetch_size, prefetch_count, False, argsig)
 
     def basic_consume(
@@ -420,7 +373,7 @@ class Channel(pyamqp.Channel):
         paused = state.control.paused
         if not consumer_tag and ojs_queue in paused:
             consumer_tag = f"ojs-paused-{uuid.uuid4().hex}"  # paused: remembered, consumed on resume
-        consumer = _JobConsumer(
+        consumer = JobConsumer(
             amqp_name,
             ojs_queue,
             tag=consumer_tag,
@@ -552,39 +505,32 @@ class Channel(pyamqp.Channel):
             self.settler.reject_invalid(delivery, "invalid_envelope", str(exc))
             return None
         unsettled.job = job
-        if job.rate_limit is not None or self._job_policy is not None or self._limiter is not None:
-            verdict = self._limits().admit(delivery, job)
-            if isinstance(verdict, str):
-                if verdict == "parked":  # admitted later by its waiter: back here on the connection's loop
-                    self._parked[delivery.delivery_tag] = (properties, delivery_info, queue, callback)
+        if self.limits.applies(job):
+            verdict = self.limits.admit(delivery, job, (properties, delivery_info, queue, callback))
+            if isinstance(verdict, str):  # settled, or parked: admitted later, back here on the connection's loop
                 return None
             unsettled.held = verdict
         return callback(message)
 
-    def _limits(self) -> Limiter:
-        """This channel's :class:`~ojs_kombu.runtime.limits.Limiter` (the jobs' ``rate_limit``, the ``rate_limits`` option)."""
-        if self._limiter is None:
-            state = self.ojs
-            if state.permits is None:
-                raise LookupError("this ojs:// connection has no permits for rate limits")
-            self._limiter = Limiter(
-                state.permits,
-                {},
-                self.settler,
-                lambda delivery: state.call_soon(partial(self._admitted, delivery)),
-                park_limit=self._prefetch // 2,  # at least 1
-                job_policy=self._job_policy,
-            )
-        return self._limiter
+    def _limiter(self, park_limit: int, job_policy: JobPolicy | None) -> Limiter:
+        """The Limiter of :attr:`limits` (made by its first limited job): permits of this connection."""
+        state = self.ojs
+        if state.permits is None:
+            raise LookupError("this ojs:// connection has no permits for rate limits")
+        return Limiter(
+            state.permits,
+            {},
+            self.settler,
+            lambda delivery: state.call_soon(partial(self._admitted, delivery)),
+            park_limit=park_limit,  # at least 1
+            job_policy=job_policy,
+        )
 
     def _admitted(self, delivery: Delivery) -> None:
         """A parked job whose waiter took its permits and start tokens (on the connection's loop): delivered now."""
-        parked = self._parked.pop(delivery.delivery_tag, None)
-        if parked is None or not self.is_open:  # the channel is gone: the broker redelivers it
-            if self._limiter is not None:
-                self._limiter.forget(delivery)
-            return
-        self._deliver_job(delivery, *parked, admitted=True)
+        parked = self.limits.admitted(delivery, self.is_open)
+        if parked is not None:
+            self._deliver_job(delivery, *parked, admitted=True)
 
     def _converted(
         self, properties: dict[str, Any], delivery_info: dict[str, Any], job: Job, queue: str
@@ -720,18 +666,11 @@ class Channel(pyamqp.Channel):
             unsettled = self._unsettled.pop(tag, None)
             if unsettled is not None:
                 self._metric(counter, unsettled.delivery.queue).inc()
-                if unsettled.held and self._limiter is not None:
-                    self._limiter.release(unsettled.held)
+                self.limits.release(unsettled.held)
 
     def collect(self) -> None:
         """Tear down this channel (py-amqp), dropping the per-delivery state (and what its limiter holds)."""
-        limiter, self._limiter = self._limiter, None
-        if limiter is not None:
-            limiter.stop()  # the parked deliveries go back to the broker with the channel
-            for unsettled in self._unsettled.values():
-                limiter.release(unsettled.held)
-            limiter.close(close_permits=False)
-        self._parked.clear()
+        self.limits.close(unsettled.held for unsettled in self._unsettled.values())
         self._unsettled.clear()
         self.subscriptions.clear()
         super().collect()

@@ -18,7 +18,7 @@ import ojs_celery  # noqa: F401  registers the Celery codec: the jobs below reac
 from ojs_kombu.amqp.delivery import RawDelivery
 from ojs_kombu.amqp.outbox import outbox
 from ojs_kombu.model.job import Job
-from ojs_kombu.transport.channel import _JobConsumer
+from ojs_kombu.transport.subscriber import JobConsumer
 
 
 def test_event_loop_reads_many_frames_per_recv(amqp_url, prefix):
@@ -199,7 +199,7 @@ def test_the_frame_reader_and_py_amqp_convert_a_job_delivery_alike(amqp_url, pre
             "routing_key": raw.delivery_info["routing_key"],
         }
         got: list = []
-        consumer = _JobConsumer(
+        consumer = JobConsumer(
             amqp_queue,
             queue_name,
             tag="ctag",
