@@ -563,6 +563,7 @@ class CronScheduler:
             retry=options.get("retry"),
             timeout=options.get("timeout"),
             tags=options.get("tags"),
+            rate_limit=cron.rate_limit,
             id=job_id,
         )
 
