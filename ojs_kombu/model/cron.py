@@ -45,6 +45,7 @@ from ojs_kombu.model.job import Job
 from ojs_kombu.model.jsonvalue import ensure_json_native
 from ojs_kombu.model.naming import validate_job_type, validate_queue_name
 from ojs_kombu.model.policies import RetryPolicy
+from ojs_kombu.model.ratelimit import MAX_RATE_LIMIT_KEY_LENGTH, RateLimitPolicy
 
 OverlapPolicy = Literal["skip", "allow", "cancel_previous", "enqueue"]
 """What a tick does while the previous run is still active (spec §6)."""
@@ -58,6 +59,9 @@ CRON_NAME_RE = re.compile(CRON_NAME_PATTERN)
 
 DEFAULT_TIMEZONE = "UTC"
 """The time zone of a definition that names none (spec §5.1, CRON-15)."""
+
+ENQUEUE_LIMIT_PREFIX = "cron:"
+"""The rate limit key of an ``enqueue`` cron job's occurrences starts with this, then its name."""
 
 #: The spec's macros (§4) and the expressions they stand for.
 MACROS: dict[str, str] = {
@@ -317,7 +321,32 @@ def _check_options(options: Any) -> dict[str, Any]:
         except ValidationError as exc:
             path = f"options.retry.{exc.field}" if exc.field else "options.retry"
             raise ValidationError(f"options.retry: {exc}", field=path) from None
+    if "rate_limit" in result:
+        try:
+            RateLimitPolicy.model_validate(result["rate_limit"])
+        except ValidationError as exc:
+            path = f"options.rate_limit.{exc.field}" if exc.field else "options.rate_limit"
+            raise ValidationError(f"options.rate_limit: {exc}", field=path) from None
     return result
+
+
+def enqueue_limit_key(name: str) -> str:
+    """The rate limit key that keeps the occurrences of the ``enqueue`` cron job ``name`` one at a time.
+
+    ``cron:{name}``; a name too long for a key (over 155 characters) is cut and ends with a
+    digest of the whole name, so two long names never share a key.
+
+    Parameters:
+        name: the cron job's name (valid, CRON-02).
+
+    Returns:
+        A key matching :data:`~ojs_kombu.model.ratelimit.RATE_LIMIT_KEY_PATTERN`.
+    """
+    key = ENQUEUE_LIMIT_PREFIX + name
+    if len(key) <= MAX_RATE_LIMIT_KEY_LENGTH:
+        return key
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:16]
+    return f"{key[: MAX_RATE_LIMIT_KEY_LENGTH - len(digest) - 1]}:{digest}"
 
 
 @dataclass(frozen=True)
@@ -330,8 +359,10 @@ class CronJob:
         type: the OJS job type each occurrence enqueues (CRON-04).
         args: the job's arguments, JSON-native (CRON-05); a tuple is kept as a list.
         timezone: IANA name the expression is read in (default ``"UTC"``).
-        options: the job's options (``queue``, ``timeout``, ``retry``, ``tags``, ``meta``).
-        overlap_policy: ``skip`` (default), ``allow``, ``cancel_previous`` or ``enqueue``.
+        options: the job's options (``queue``, ``timeout``, ``retry``, ``tags``, ``meta``,
+            ``rate_limit``: a :class:`~ojs_kombu.model.ratelimit.RateLimitPolicy` object).
+        overlap_policy: ``skip`` (default), ``allow``, ``cancel_previous`` or ``enqueue`` (its
+            occurrences run one at a time: see :attr:`rate_limit`).
         enabled: a disabled job stays registered and does not fire.
         description: free text, or ``None``.
 
@@ -373,6 +404,16 @@ class CronJob:
                 f"overlap_policy {self.overlap_policy!r} is unknown; use one of {', '.join(OVERLAP_POLICIES)}",
                 field="overlap_policy",
             )
+        own = self.options.get("rate_limit")
+        if self.overlap_policy == "enqueue" and own is not None:
+            policy = RateLimitPolicy.model_validate(own)
+            if policy.concurrency != 1 or policy.lossy:
+                raise ValidationError(
+                    "overlap_policy 'enqueue' runs one occurrence at a time, so options.rate_limit must have "
+                    f"concurrency 1 and on_limit 'wait' or 'reschedule' (got concurrency {policy.concurrency!r}, "
+                    f"on_limit {policy.action!r}); leave it out to limit the occurrences by the cron job's name",
+                    field="options.rate_limit",
+                )
         if not isinstance(self.enabled, bool):
             raise ValidationError(f"enabled must be true or false, got {self.enabled!r}", field="enabled")
         if self.description is not None and not isinstance(self.description, str):
@@ -392,6 +433,23 @@ class CronJob:
     def queue(self) -> str:
         """The queue each occurrence goes to: ``options["queue"]``, default ``"default"`` (spec §2.2)."""
         return cast(str, self.options.get("queue", "default"))
+
+    @property
+    def rate_limit(self) -> RateLimitPolicy | None:
+        """The ``rate_limit`` of each occurrence's job: ``options["rate_limit"]`` when set, else for
+        ``enqueue`` a concurrency of 1 keyed :func:`enqueue_limit_key` (on_limit ``wait``), else ``None``.
+
+        A job carries one policy.  For ``enqueue``, a policy of the options must have concurrency 1
+        (checked at registration), so it keeps the occurrences one at a time too, and it wins: its
+        key may deliberately be shared with other jobs (e.g. one migration at a time, whichever cron
+        job or client enqueued it).
+        """
+        own = self.options.get("rate_limit")
+        if own is not None:
+            return RateLimitPolicy.model_validate(own)
+        if self.overlap_policy == "enqueue":
+            return RateLimitPolicy(key=enqueue_limit_key(self.name), concurrency=1, on_limit="wait")
+        return None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CronJob:
@@ -505,6 +563,7 @@ def job_options(job: Job) -> dict[str, Any]:
 __all__ = [
     "CRON_NAME_PATTERN",
     "DEFAULT_TIMEZONE",
+    "ENQUEUE_LIMIT_PREFIX",
     "MACROS",
     "MAX_CRON_NAME_LENGTH",
     "OVERLAP_POLICIES",
@@ -512,6 +571,7 @@ __all__ = [
     "CronExpression",
     "CronJob",
     "OverlapPolicy",
+    "enqueue_limit_key",
     "job_options",
     "nearest_weekday",
     "parse_timezone",

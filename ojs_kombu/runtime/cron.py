@@ -31,8 +31,10 @@ occurrence (CRON-25).
 the job lifecycle events on the events stream (``Worker(events=True)``): active when its latest
 event is ``started``, ``failed`` or ``retried``.  ``skip`` then skips the occurrence
 (``cron.skipped``, reason ``overlap_skip``); ``cancel_previous`` cancels the previous job
-through the control plane and fires; ``allow`` fires.  ``enqueue`` fires too: the new job
-waits in the queue behind the previous one, which serialises them only with one consumer.
+through the control plane and fires; ``allow`` fires.  ``enqueue`` fires too, and each of its
+jobs carries :attr:`~ojs_kombu.model.cron.CronJob.rate_limit` (concurrency 1, keyed by the cron
+job's name, unless its options carry one), so the workers' concurrency limits run the
+occurrences one at a time, across processes (CRON-18).
 Without job events (workers not publishing them) a job waiting in its queue or running is
 not seen: ``skip`` and ``cancel_previous`` then behave as ``allow``.
 """
@@ -563,6 +565,7 @@ class CronScheduler:
             retry=options.get("retry"),
             timeout=options.get("timeout"),
             tags=options.get("tags"),
+            rate_limit=cron.rate_limit,
             id=job_id,
         )
 

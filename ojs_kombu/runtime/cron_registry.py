@@ -347,7 +347,7 @@ class CronRegistry:
             name, expression, job_type, args, timezone, overlap_policy, enabled, description:
                 the definition's ``name``, ``cron``, ``type``, ``args`` ...
             queue: where each occurrence's job goes (``options["queue"]``).
-            options: further job options (``timeout``, ``retry``, ``tags``, ``meta``).
+            options: further job options (``timeout``, ``retry``, ``tags``, ``meta``, ``rate_limit``).
 
         Returns:
             As :meth:`register`.

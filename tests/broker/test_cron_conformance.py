@@ -97,13 +97,6 @@ REFERENCES: dict[str, list[str]] = {
 
 #: Requirements met only in part: id -> what is missing and why (the matrix says "partly").
 NOT_MET: dict[str, str] = {
-    "CRON-18": (
-        "`enqueue` fires while the previous run is active, but does not keep the two from running at "
-        "once: the new job waits in the queue only behind consumers that are busy, so a second worker "
-        "(or concurrency > 1) starts it (test_cron_18_enqueue_never_runs_two_occurrences_at_once is a "
-        "strict xfail). Holding it back needs a per-cron concurrency limit of 1 at the workers, which "
-        "the unique lock (uniq2) or a single-active-consumer queue per cron job could give"
-    ),
     "CRON-S03": (
         "the zones come from the machine's tz database through `zoneinfo` (the system's, or the `tzdata` "
         "package when installed, 2026f here), so it is as recent as the machine's; there is no reload "
@@ -199,18 +192,21 @@ def test_cron_18_allow_fires_while_the_previous_run_is_active(registry, schedule
 
 @pytest.fixture
 def two_slots(amqp_url, prefix):
-    """A worker of concurrency 2 on the queue ``serial`` whose jobs run 1.5 s and record overlaps."""
+    """A worker of concurrency 2 on the queue ``serial`` whose jobs run 1.5 s and record overlaps and limits."""
     running: list[str] = []
     overlaps: list[tuple[str, ...]] = []
     done: list[str] = []
+    limits: list[object] = []
     lock = threading.Lock()
     worker = Worker(amqp_url, queues=["serial"], prefix=prefix, events=True, concurrency=2)
 
     def serial() -> None:
         from ojs_kombu import current_job
 
-        job_id = current_job().id
+        job = current_job()
+        job_id = job.id
         with lock:
+            limits.append(job.rate_limit)
             running.append(job_id)
             if len(running) > 1:
                 overlaps.append(tuple(running))
@@ -222,17 +218,19 @@ def two_slots(amqp_url, prefix):
     worker.handler("cron.serial", serial)
     worker.start()
     assert worker.wait_until_ready()
-    yield overlaps, done
+    yield overlaps, done, limits
     worker.stop(timeout=10)
 
 
-@pytest.mark.xfail(strict=True, reason="CRON-18 enqueue: see NOT_MET")
 def test_cron_18_enqueue_never_runs_two_occurrences_at_once(registry, schedulers, two_slots):
-    overlaps, done = two_slots
+    """A worker with a free slot still holds the next occurrence back: each carries a concurrency-1 limit."""
+    overlaps, done, limits = two_slots
     registry.register_cron("serial", "@every 1s", "cron.serial", queue="serial", overlap_policy="enqueue")
-    schedulers(1)
+    (scheduler,) = schedulers(1)
     wait_for(lambda: len(done) >= 3, 30, "three occurrences ran")
     assert overlaps == []
+    assert len(set(done)) == len(done) and scheduler.fired >= len(done)  # the waiting ones ran once, none lost
+    assert {(p.key, p.concurrency, p.action) for p in limits} == {("cron:serial", 1, "wait")}
 
 
 def test_cron_25_missed_occurrences_fire_once_on_catch_up(registry, schedulers, jobs):

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ojs_kombu.errors import ValidationError
-from ojs_kombu.model.cron import MACROS, CronExpression, CronJob, parse_timezone
+from ojs_kombu.model.cron import MACROS, CronExpression, CronJob, enqueue_limit_key, parse_timezone
 from ojs_kombu.policy.cron import dst_skipped, due, evaluation_delay, next_fire
 
 NY = parse_timezone("America/New_York")
@@ -118,6 +118,30 @@ def test_required_fields(missing):
 @pytest.mark.parametrize("policy", ["skip", "allow", "cancel_previous", "enqueue"])
 def test_all_four_overlap_policies(policy):  # CRON-18
     assert CronJob(name="a", cron="@daily", type="a.b", overlap_policy=policy).overlap_policy == policy
+
+
+def test_enqueue_occurrences_carry_a_concurrency_of_one_keyed_by_the_name():  # CRON-18
+    """Only ``enqueue`` gets a limit of its own; a template's ``rate_limit`` wins when it keeps them one at a time."""
+    limit = CronJob(name="serial", cron="@daily", type="a.b", overlap_policy="enqueue").rate_limit
+    assert limit is not None and (limit.key, limit.concurrency, limit.action) == ("cron:serial", 1, "wait")
+    assert all(
+        CronJob(name="a", cron="@daily", type="a.b", overlap_policy=p).rate_limit is None for p in ("skip", "allow")
+    )
+    long_a, long_b = "a" * 254 + "b", "a" * 254 + "c"
+    assert len(enqueue_limit_key(long_a)) == 160 and enqueue_limit_key(long_a) != enqueue_limit_key(long_b)
+    own = {"key": "migrations", "concurrency": 1, "on_limit": "reschedule"}
+    job = CronJob(name="m", cron="@daily", type="a.b", options={"rate_limit": own}, overlap_policy="enqueue")
+    assert job.rate_limit is not None and job.rate_limit.key == "migrations"
+    shared = {"key": "api", "concurrency": 3}
+    assert CronJob(name="a", cron="@daily", type="a.b", options={"rate_limit": shared}).rate_limit.concurrency == 3
+    for bad, field in (
+        (shared, "options.rate_limit"),
+        ({"key": "api", "concurrency": 1, "on_limit": "drop"}, "options.rate_limit"),
+        ({"key": "no spaces"}, "options.rate_limit.key"),
+    ):
+        with pytest.raises(ValidationError) as raised:
+            CronJob(name="a", cron="@daily", type="a.b", options={"rate_limit": bad}, overlap_policy="enqueue")
+        assert raised.value.field == field
 
 
 # --- expressions (spec §3, §4) --------------------------------------------------------------------
