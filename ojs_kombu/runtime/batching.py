@@ -139,6 +139,7 @@ class Batcher:
         self._ack_many = ack_many
         self._running = running
         self._items: queue_module.SimpleQueue[_Item | None] = queue_module.SimpleQueue()
+        self._collecting: list[_Item] = []  # the batch in collection
         self._thread = threading.Thread(target=self._loop, name=f"ojs-batch-{job_type}", daemon=True)
         self._thread.start()
         #: Batches called so far.
@@ -152,10 +153,16 @@ class Batcher:
         """End the collector once the items added so far have run."""
         self._items.put(None)
 
+    @property
+    def held(self) -> int:
+        """The jobs that joined and have not been passed to the handler yet (the batch in
+        collection and those queued for it; for an instant one fewer while one moves between them)."""
+        return self._items.qsize() + len(self._collecting)
+
     def _loop(self) -> None:
         items, draining = self._items, self._processing.draining
         while (first := items.get()) is not None:
-            batch = [first]
+            batch = self._collecting = [first]
             deadline = time.monotonic() + self.spec.timeout
             ending = False
             while len(batch) < self.spec.size:
@@ -170,6 +177,7 @@ class Batcher:
                     ending = True
                     break
                 batch.append(item)
+            self._collecting = []
             self.run(batch)
             if ending:
                 return
