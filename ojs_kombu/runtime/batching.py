@@ -189,6 +189,7 @@ class Batcher:
         collected = CollectedAcks(settler.consumer)
         settler.consumer = collected
         members: list[tuple[Delivery, Job, int, RunningEntry]] = []
+        processing._began(len(batch))
         try:
             for delivery, job in batch:
                 attempt = job.attempt + 1

@@ -215,6 +215,11 @@ class Processing:
             if not deferred:
                 self._done()
 
+    def _began(self, count: int) -> None:
+        """``count`` collected jobs (a batch) start running: in flight until :meth:`_done`."""
+        with self._lock:
+            self.in_flight += count
+
     def _done(self) -> None:
         """A job left its slot: run and settled, or left to the broker."""
         with self._lock:
@@ -246,6 +251,10 @@ class Processing:
                 limiter.forget(delivery)  # admitted after waiting, then cancelled meanwhile ...
             return False
         if self.batching is not None and self.batching.take(delivery, job):
+            # Collected, not running (its batch counts it in while it runs): else a drain would never
+            # let the dispatch run jobs on the consumer thread again (Dispatch waits for in_flight == 0).
+            with self._lock:
+                self.in_flight -= 1
             return True  # settled, and counted out, when its batch has run (runtime/batching.py)
         attempt = job.attempt + 1
         handler = self.handlers.get(job.type)
