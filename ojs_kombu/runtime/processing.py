@@ -220,11 +220,11 @@ class Processing:
         with self._lock:
             self.in_flight += count
 
-    def _done(self) -> None:
-        """A job left its slot: run and settled, or left to the broker."""
+    def _done(self, count: int = 1) -> None:
+        """A job (``count`` of a batch) left its slot: run and settled, or left to the broker."""
         with self._lock:
-            self.in_flight -= 1
-            self.unsettled -= 1
+            self.in_flight -= count
+            self.unsettled -= count
 
     def forsake(self, delivery: Delivery) -> None:
         """A delivery parked for its permits whose connection was lost (the broker has it back): counted out, never run."""
