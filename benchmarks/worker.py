@@ -21,7 +21,7 @@ prefix and deleted afterwards.
 stream, confirmed, before its ack) with a plain ``Worker`` instead (target: >= 0.5x, "not
 halved"); each round loads fresh job ids, so no round's jobs are skipped as completed.
 With ``--batch SIZE`` the other side is not pika but the same Worker with a batch handler
-(``Worker.batch_handler("bench.noop", size=SIZE, timeout=0.1)``; prefetch concurrency + 2 * SIZE):
+(``Worker.batch_handler("bench.noop", size=SIZE, timeout=0.1)``; prefetch concurrency + SIZE):
 the ratio is plain / batch.
 """
 

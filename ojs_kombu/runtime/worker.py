@@ -412,7 +412,7 @@ class Worker:
         (``@worker.batch_handler("thumbs", size=100, timeout=1.0)``; :mod:`~ojs_kombu.runtime.batching`).
 
         A batch is what arrived within ``timeout`` seconds of its first job, at most ``size``.  The
-        prefetch grows by ``2 * size`` (a batch running and the next one collecting), from the next
+        prefetch grows by ``size`` (``concurrency`` + every batch handler's size), from the next
         connection: register before :meth:`start`.  Returning succeeds every job (one
         ``Basic.Ack(multiple=True)``); returning a list of ``len(jobs)`` results / exceptions, or
         raising :class:`~ojs_kombu.errors.BatchItemFailed`, fails those jobs only; raising
@@ -449,9 +449,8 @@ class Worker:
         return register
 
     def _apply_prefetch(self) -> None:
-        """``concurrency`` plus room for two full batches of each batch handler, one running and the next
-        collecting (from the next connection)."""
-        prefetch = self.concurrency + sum(2 * spec.size for spec in self._handlers.batches.values())
+        """``concurrency`` plus room for a full batch of each batch handler (from the next connection)."""
+        prefetch = self.concurrency + sum(spec.size for spec in self._handlers.batches.values())
         self.consumer.prefetch = self.consumer.window.prefetch = prefetch
 
     # -- lifecycle -----------------------------------------------------------------------------
