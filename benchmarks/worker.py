@@ -8,8 +8,9 @@ Each side drains ``--count`` no-op jobs loaded into one queue with
 ``Client.enqueue_many``: an ``ojs_kombu.Worker`` (``--concurrency`` handler
 threads, prefetch the same; a new Worker each round) and a plain pika consumer
 (``basic_qos(prefetch_count=concurrency)``, manual ``basic_ack``, no decoding).
-Each rate is jobs / seconds from the first delivery to the last one, so
-connecting, declaring and loading are not counted.  The sides alternate over
+Each rate is jobs / seconds from the first delivery to the last job run, so
+connecting, declaring and loading are not counted (for a Worker the first delivery is
+the first one it receives: a batch handler's first batch is collected inside the time).  The sides alternate over
 ``--rounds`` pairs (see ``pairs.py``); prints each rate, the per-round ratios and
 their median (target Worker >= 0.9x pika), and each side's process CPU per job
 (``os.times``, first to last delivery); for the Worker also its split between the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import threading
 import time
@@ -108,11 +110,19 @@ class Clock:
         self.done = threading.Event()
         self._lock = threading.Lock()
 
+    def begin(self) -> None:
+        """The first delivery arrived (before the first event, if it is to count from there)."""
+        with self._lock:
+            if not self.first:
+                self.first = time.perf_counter()
+                self.cpu_first = _cpu()
+                self.threads_first = thread_cpu()
+
     def tick(self) -> None:
         """Record one event."""
         now = time.perf_counter()
         with self._lock:
-            if not self.count:
+            if not self.first:
                 self.first = now
                 self.cpu_first = _cpu()
                 self.threads_first = thread_cpu()
@@ -126,7 +136,7 @@ class Clock:
     @property
     def rate(self) -> float:
         """Events per second between the first and the last."""
-        return (self.count - 1) / (self.last - self.first) if self.count > 1 else 0.0
+        return (self.count - 1) / (self.last - self.first) if self.count > 1 and self.last > self.first else 0.0
 
     @property
     def cpu_us(self) -> float:
@@ -139,9 +149,21 @@ def _cpu() -> float:
     return times.user + times.system
 
 
+#: Each Worker run's process CPU per job (µs), by its batch size (0: a plain handler).
+CPU_US: dict[int, list[float]] = {}
+
+
 def bench_worker(worker: Worker, count: int, batch: int = 0) -> float:
     """Drain ``count`` jobs with ``worker`` (with a batch handler of ``batch`` jobs if not 0); returns jobs/s."""
     clock = Clock(count)
+    received = worker.processing.received
+
+    def first_delivery() -> None:
+        if not clock.first:
+            clock.begin()
+        received()
+
+    worker.processing.received = first_delivery  # type: ignore[method-assign]
     if batch:
 
         @worker.batch_handler("bench.noop", size=batch, timeout=0.1)
@@ -159,10 +181,11 @@ def bench_worker(worker: Worker, count: int, batch: int = 0) -> float:
         worker.stop(timeout=10)
     split = ", ".join(
         f"{name} threads {(clock.threads_last[name] - clock.threads_first.get(name, 0.0)) / count * 1e6:.0f}"
-        for name in ("ojs-consumer", "ojs-handler")
+        for name in ("ojs-consumer", "ojs-handler", "ojs-batch-bench.noop")
         if name in clock.threads_last
     )
     print(f"    Worker: {clock.cpu_us:.0f} µs of process CPU per job ({split})", flush=True)
+    CPU_US.setdefault(batch, []).append(clock.cpu_us)
     return clock.rate
 
 
@@ -239,6 +262,9 @@ def main() -> None:
         report_ratio(rates, dedupe_label, worker_label, "target >= 0.5x")
     else:
         report_ratio(rates, worker_label, pika_label, "target <= 0.5x" if args.batch else "target >= 0.9x")
+    if args.batch:
+        plain, batched = (statistics.median(CPU_US.get(size, [0.0])) for size in (0, args.batch))
+        print(f"  process CPU per job, median: {plain:.0f} µs plain, {batched:.0f} µs batch")
 
 
 if __name__ == "__main__":

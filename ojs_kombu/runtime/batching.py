@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import copy
 import logging
-import queue as queue_module
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -138,7 +138,10 @@ class Batcher:
         self._processing = processing
         self._ack_many = ack_many
         self._running = running
-        self._items: queue_module.SimpleQueue[_Item | None] = queue_module.SimpleQueue()
+        self._pending: deque[_Item] = deque()  # joined, not yet passed to the handler
+        self._lock = threading.Lock()  # orders add() and the collector's take
+        self._wake = threading.Event()  # a first job joined, the batch is full, or stop()
+        self._ending = False
         self._thread = threading.Thread(target=self._loop, name=f"ojs-batch-{job_type}", daemon=True)
         self._thread.start()
         #: Batches called so far.
@@ -146,33 +149,45 @@ class Batcher:
 
     def add(self, delivery: Delivery, job: Job) -> None:
         """``job`` (judged to run) joins the batch in collection."""
-        self._items.put((delivery, job))
+        with self._lock:
+            self._pending.append((delivery, job))
+            count = len(self._pending)
+        # The collector wakes for the first job and for a full batch, not for each job (a thread
+        # switch per job would cost more than the job's share of the batch).
+        if count == 1 or count == self.spec.size:
+            self._wake.set()
 
     def stop(self) -> None:
         """End the collector once the items added so far have run."""
-        self._items.put(None)
+        self._ending = True
+        self._wake.set()
+
+    @property
+    def held(self) -> int:
+        """The jobs that joined and have not been passed to the handler yet."""
+        return len(self._pending)
 
     def _loop(self) -> None:
-        items, draining = self._items, self._processing.draining
-        while (first := items.get()) is not None:
-            batch = [first]
-            deadline = time.monotonic() + self.spec.timeout
-            ending = False
-            while len(batch) < self.spec.size:
-                left = 0.0 if draining.is_set() else deadline - time.monotonic()
-                try:
-                    item = items.get(timeout=min(left, _DRAIN_LOOK)) if left > 0 else items.get_nowait()
-                except queue_module.Empty:
-                    if left <= 0:
-                        break
-                    continue
-                if item is None:
-                    ending = True
+        pending, wake, draining = self._pending, self._wake, self._processing.draining
+        size, timeout = self.spec.size, self.spec.timeout
+        while True:
+            wake.clear()
+            if not pending:
+                if self._ending:
+                    return
+                wake.wait()
+                continue
+            deadline = time.monotonic() + timeout
+            while len(pending) < size and not self._ending and not draining.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
                     break
-                batch.append(item)
+                wake.clear()
+                if len(pending) < size:
+                    wake.wait(min(left, _DRAIN_LOOK))
+            with self._lock:
+                batch = [pending.popleft() for _ in range(min(size, len(pending)))]
             self.run(batch)
-            if ending:
-                return
 
     def run(self, batch: list[_Item]) -> None:
         """Call the handler with ``batch``'s jobs (the cancelled ones dropped) and settle each."""
@@ -181,6 +196,7 @@ class Batcher:
         collected = CollectedAcks(settler.consumer)
         settler.consumer = collected
         members: list[tuple[Delivery, Job, int, RunningEntry]] = []
+        processing._began(len(batch))
         try:
             for delivery, job in batch:
                 attempt = job.attempt + 1
@@ -210,8 +226,7 @@ class Batcher:
                         processing.settler.reject_unexpected(delivery)
         finally:
             self._ack_many(collected.acked)
-            for _ in batch:
-                processing._done()
+            processing._done(len(batch))
 
 
 class Batching:

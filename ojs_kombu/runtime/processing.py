@@ -233,11 +233,16 @@ class Processing:
             if not deferred:
                 self._done()
 
-    def _done(self) -> None:
-        """A job left its slot: run and settled, or left to the broker."""
+    def _began(self, count: int) -> None:
+        """``count`` collected jobs (a batch) start running: in flight until :meth:`_done`."""
         with self._lock:
-            self.in_flight -= 1
-            self.unsettled -= 1
+            self.in_flight += count
+
+    def _done(self, count: int = 1) -> None:
+        """A job (``count`` of a batch) left its slot: run and settled, or left to the broker."""
+        with self._lock:
+            self.in_flight -= count
+            self.unsettled -= count
 
     def forsake(self, delivery: Delivery) -> None:
         """A delivery parked for its permits whose connection was lost (the broker has it back): counted out, never run."""
@@ -264,6 +269,10 @@ class Processing:
                 limiter.forget(delivery)  # admitted after waiting, then cancelled meanwhile ...
             return False
         if self.batching is not None and self.batching.take(delivery, job):
+            # Collected, not running (its batch counts it in while it runs): else a drain would never
+            # let the dispatch run jobs on the consumer thread again (Dispatch waits for in_flight == 0).
+            with self._lock:
+                self.in_flight -= 1
             return True  # settled, and counted out, when its batch has run (runtime/batching.py)
         attempt = job.attempt + 1
         handler = self.handlers.get(job.type)
