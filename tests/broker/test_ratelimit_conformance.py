@@ -2,7 +2,7 @@
 ``RL-25``, in the spec's order), against a real broker.
 
 As for workflows (``tests/broker/test_workflow_conformance.py``): :data:`REQUIREMENTS` quotes each line with
-an id, ``tests/unit/test_ratelimit_conformance_matrix.py`` checks the quotes, the coverage and the matrix in
+an id, ``tests/unit/test_must_matrices.py`` checks the quotes, the coverage and the matrix in
 ``docs/limits.md``; :data:`NOT_MET` says what is missing (its test a strict xfail), :data:`NOT_APPLICABLE`
 what does not bind this binding (it has no HTTP API).
 

@@ -2,7 +2,7 @@
 ``WF-64``, in the spec's order), against a real broker.
 
 The spec numbers none of them: :data:`REQUIREMENTS` gives each an id, its section and its words;
-``tests/unit/test_workflow_conformance_matrix.py`` checks each quote is in the spec, that every MUST line
+``tests/unit/test_must_matrices.py`` checks each quote is in the spec, that every MUST line
 is quoted, that every id has a test here (``test_wf_07_…``) or a :data:`REFERENCES` entry, and that the
 matrix in ``docs/workflows.md`` says the same.  A line ending in ":" heads a table or list: the
 requirement is its items, and so is the test.  Met in part or not at all: :data:`NOT_MET` (its test, if
