@@ -240,7 +240,8 @@ class QueueUnavailableError(BrokerRefusedError):
     listed, but every ``Basic.Consume`` on it closes the connection with 541 INTERNAL_ERROR and
     every publish to a stream with 506 "Stream not found".  Nothing a client retries cures it;
     deleting the queue and declaring it again does (its messages are lost already).  A Worker
-    stops with it (``WorkerError.__cause__``) instead of reconnecting for ever.
+    stops with it (``WorkerError.__cause__``) instead of reconnecting for ever; its presence
+    beacon (the events stream) logs it and stops publishing.
 
     Attributes:
         entity: the queue's AMQP name.
@@ -248,7 +249,7 @@ class QueueUnavailableError(BrokerRefusedError):
     """
 
     def __init__(self, message: str, *, entity: str, seconds: float, reply_code: int = 0, reply_text: str = ""):
-        super().__init__(message, reply_code=reply_code, reply_text=reply_text, method="Basic.consume")
+        super().__init__(message, reply_code=reply_code, reply_text=reply_text)
         self.entity = entity
         self.seconds = seconds
 

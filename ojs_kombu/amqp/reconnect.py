@@ -26,9 +26,9 @@ after a failure, as kombu's ``Connection.ensure`` serves kombu (DESIGN §9, §22
   exchange) and raised as :class:`~ojs_kombu.errors.NotFoundError` if it comes back
   on the next attempt.  Nothing permanent is retried forever;
 * **a queue the broker cannot serve**: a ``Basic.Consume`` that keeps closing the connection
-  with 541 INTERNAL_ERROR (:class:`~ojs_kombu.amqp.errors.QueueNotServed`: a stream or quorum
-  queue whose member the broker lost in a crash) is retried like any loss while its member may
-  be recovering, and raised as :class:`~ojs_kombu.errors.QueueUnavailableError` once the same
+  with 541 INTERNAL_ERROR, or a publish with 506 "Stream not found"
+  (:func:`~ojs_kombu.amqp.errors.unserved_queue`: a stream or quorum queue whose member the
+  broker lost in a crash) is retried like any loss while its member may be recovering, and raised as :class:`~ojs_kombu.errors.QueueUnavailableError` once the same
   queue failed for :data:`UNSERVED_AFTER` seconds: the broker serves everything else, so only
   an operator (deleting and re-declaring it) can cure it.
 
@@ -50,7 +50,7 @@ from typing import Any, Protocol
 
 from amqp.exceptions import NotFound
 
-from ojs_kombu.amqp.errors import QueueNotServed, connection_error, map_exception, raise_if_permanent
+from ojs_kombu.amqp.errors import connection_error, map_exception, raise_if_permanent, unserved_queue
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.urls import safe_url
 from ojs_kombu.errors import NotFoundError, QueueUnavailableError, ValidationError
@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 #: The shortest connection attempt a budget allows, when it is nearly spent.
 MIN_ATTEMPT_TIMEOUT = 0.05
 
-#: Seconds a queue may refuse every consumer (:class:`~ojs_kombu.amqp.errors.QueueNotServed`)
+#: Seconds a queue may fail every consumer or publish (:func:`~ojs_kombu.amqp.errors.unserved_queue`)
 #: before :meth:`Reconnector.failed` raises :class:`~ojs_kombu.errors.QueueUnavailableError`:
 #: well beyond a member's recovery after a restart (seconds), short of sitting stuck for ever.
 UNSERVED_AFTER = 120.0
@@ -253,13 +253,14 @@ class Reconnector:
 
         Raises:
             BrokerRefusedError: ``exc`` is permanent (the one rule: see the module docstring).
-            QueueUnavailableError: ``exc`` is a :class:`~ojs_kombu.amqp.errors.QueueNotServed` of a
-                queue that has refused every consumer for :data:`UNSERVED_AFTER` seconds.
+            QueueUnavailableError: ``exc`` names a queue the broker cannot serve
+                (:func:`~ojs_kombu.amqp.errors.unserved_queue`) and it has failed for
+                :data:`UNSERVED_AFTER` seconds (the failures in between not reset).
             BrokerConnectionError: the policy gives up.
         """
         raise_if_permanent(exc, url=self.url, must_exist=self.must_exist)
-        if isinstance(exc, QueueNotServed):
-            self._raise_if_unserved_too_long(exc)
+        if (entity := unserved_queue(exc)) is not None:
+            self._raise_if_unserved_too_long(entity, exc)
         if isinstance(exc, NotFound):
             if self._not_found:
                 mapped = map_exception(exc, url=self.url, must_exist=True)
@@ -292,21 +293,22 @@ class Reconnector:
         METRICS.reconnected()
         return delay
 
-    def _raise_if_unserved_too_long(self, exc: QueueNotServed) -> None:
+    def _raise_if_unserved_too_long(self, entity: str, exc: BaseException) -> None:
         now = self._clock()
-        seconds = now - self._unserved.setdefault(exc.entity, now)
+        seconds = now - self._unserved.setdefault(entity, now)
         if seconds < UNSERVED_AFTER:
             return
+        code = int(getattr(exc, "reply_code", 0) or 0)
+        text = str(getattr(exc, "reply_text", "") or exc)
         raise QueueUnavailableError(
-            f"the broker at {safe_url(self.url)} lists queue {exc.entity!r} but has refused every consumer "
-            f"of it for {seconds:.0f}s ({exc.reply_code} {exc.reply_text}): a stream or quorum queue whose "
-            "member the broker lost (declared shortly before its node crashed). Its messages are gone; "
-            f"delete it (rabbitmqctl delete_queue {exc.entity}) and start the worker again, which "
-            "declares it anew",
-            entity=exc.entity,
+            f"the broker at {safe_url(self.url)} lists queue {entity!r} but has failed every use of it "
+            f"for {seconds:.0f}s ({code} {text}): a stream or quorum queue whose member the broker lost "
+            "(declared shortly before its node crashed). Its messages are gone; delete it "
+            f"(rabbitmqctl delete_queue {entity}) and start the worker again, which declares it anew",
+            entity=entity,
             seconds=seconds,
-            reply_code=exc.reply_code,
-            reply_text=exc.reply_text,
+            reply_code=code,
+            reply_text=text,
         ) from exc
 
 

@@ -362,36 +362,50 @@ def _forget_stream(node, queue: str) -> None:
 
 
 @pytest.mark.broker
-def test_a_worker_whose_stream_lost_its_member_stops_naming_it_and_runs_once_it_is_redeclared(
-    node, prefix, monkeypatch
+def test_a_worker_whose_streams_lost_their_members_stops_naming_them_and_runs_once_redeclared(
+    node, prefix, monkeypatch, caplog
 ):
-    """Every Basic.Consume of a stream without a member closes the connection (541): the worker
-    retries while a member may be recovering, then stops with a QueueUnavailableError naming the
-    queue; deleted, the queue is declared anew by the next worker, which consumes."""
+    """Every Basic.Consume of a stream without a member closes the connection (541), every publish
+    routed to one too (506 "Stream not found"): the consumer and the beacon retry while a member
+    may be recovering, then the worker stops with a QueueUnavailableError naming its control
+    stream and the beacon logs one naming the events stream; deleted, the queues are declared
+    anew by the next worker, which consumes."""
     monkeypatch.setattr(reconnect, "UNSERVED_AFTER", 2.0)
     management = node.management()
-    control = Names(prefix).control_queue("default")
+    names = Names(prefix)
+    control, events = names.control_queue("default"), names.events_stream
     name = f"{prefix} worker"
-    worker = Worker(node.url, prefix=prefix, grace_period=1, connection_name=name)
-    worker.start()
-    try:
-        assert worker.wait_until_ready(30)
-        assert management.queue(control)["type"] == "stream"
-        _forget_stream(node, control)
-        for connection in management.connections():
-            if connection.get("client_properties", {}).get("connection_name") == name:
-                management.close_connection(connection["name"])
-        started = time.monotonic()
-        error = wait_until(lambda: worker.error, timeout=30, message="the worker to stop on its own")
-        assert time.monotonic() - started < 15  # UNSERVED_AFTER and one back-off, not for ever
-        cause = error.__cause__
-        assert isinstance(cause, QueueUnavailableError), repr(cause)
-        assert cause.entity == control and cause.reply_code == 541
-        assert f"delete_queue {control}" in str(error) and ":guest@" not in str(error)
-        assert worker.consumer.reconnections >= 2  # retried first: a recovering member would have come back
-    finally:
-        worker.stop(timeout=10)
-    assert management.delete_queue(control)  # what the error tells the operator to do
+    worker = Worker(node.url, prefix=prefix, grace_period=1, connection_name=name, presence_interval=0.5)
+    with caplog.at_level(logging.WARNING):
+        worker.start()
+        try:
+            assert worker.wait_until_ready(30)
+            wait_until(lambda: management.queue(events), message="the events stream")
+            assert management.queue(control)["type"] == "stream"
+            _forget_stream(node, control)
+            _forget_stream(node, events)
+            for connection in management.connections():
+                if connection.get("client_properties", {}).get("connection_name", "").startswith(name):
+                    management.close_connection(connection["name"])
+            started = time.monotonic()
+            error = wait_until(lambda: worker.error, timeout=30, message="the worker to stop on its own")
+            assert time.monotonic() - started < 15  # UNSERVED_AFTER and one back-off, not for ever
+            cause = error.__cause__
+            assert isinstance(cause, QueueUnavailableError), repr(cause)
+            assert cause.entity == control and cause.reply_code == 541
+            assert f"delete_queue {control}" in str(error) and ":guest@" not in str(error)
+            assert worker.consumer.reconnections >= 2  # retried first: a recovering member would have come back
+            beacon = worker._beacon
+            assert beacon is not None and beacon._thread is not None
+            beacon._thread.join(15)
+            assert not beacon._thread.is_alive(), "the beacon kept publishing to a stream without a member"
+        finally:
+            worker.stop(timeout=10)
+    [refused] = [
+        r.getMessage() for r in caplog.records if "worker beacon: the broker refused for good" in r.getMessage()
+    ]
+    assert f"queue {events!r}" in refused and "506" in refused and f"delete_queue {events}" in refused
+    assert management.delete_queue(control) and management.delete_queue(events)  # what the errors tell
     seen: list[int] = []
     again = Worker(node.url, prefix=prefix, grace_period=1)
     again.handler("a.b", seen.append)
@@ -399,7 +413,7 @@ def test_a_worker_whose_stream_lost_its_member_stops_naming_it_and_runs_once_it_
     try:
         with Client(node.url, prefix=prefix) as client:
             client.enqueue("a.b", [1])
-            wait_until(lambda: seen == [1], message="the job, once the stream was declared anew")
+            wait_until(lambda: seen == [1], message="the job, once the streams were declared anew")
         assert again.error is None
     finally:
         again.stop(timeout=10)

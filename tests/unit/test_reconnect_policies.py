@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from amqp.exceptions import AccessRefused, InternalError, NotAllowed, NotFound
+from amqp.exceptions import AccessRefused, InternalError, NotAllowed, NotFound, ResourceError
 
 from ojs_kombu.amqp.errors import QueueNotServed
 from ojs_kombu.amqp.failover import Failover
@@ -145,6 +145,21 @@ def test_a_queue_that_refuses_every_consumer_is_retried_then_raised_naming_it():
     assert "secret" not in str(error)
     retry.reset()  # consumed again: the clock starts over
     assert retry.failed(unserved(), conn) >= 0
+
+
+def test_a_publish_to_a_stream_without_a_member_counts_as_that_stream_unserved():
+    retry, failover, clock = reconnector(Forever())
+    conn = failover.connection()
+    text = "RESOURCE_ERROR - Stream not found for queue 'p.ojs.stream.events' in vhost '/'"
+    assert retry.failed(ResourceError(text, reply_code=506), conn) >= 0
+    clock.now += UNSERVED_AFTER
+    with pytest.raises(QueueUnavailableError) as raised:
+        retry.failed(ResourceError(text, reply_code=506), conn)
+    assert raised.value.entity == "p.ojs.stream.events" and raised.value.reply_code == 506
+    other, _, clock = reconnector(Forever())
+    assert other.failed(ResourceError("RESOURCE_ERROR - other", reply_code=506), conn) >= 0
+    clock.now += 2 * UNSERVED_AFTER
+    assert other.failed(ResourceError("RESOURCE_ERROR - other", reply_code=506), conn) >= 0  # names no queue
 
 
 def test_reset_forgets_the_failures_of_a_long_running_loop():
