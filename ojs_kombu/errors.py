@@ -239,7 +239,8 @@ class QueueUnavailableError(BrokerRefusedError):
     without its member (RabbitMQ had not written down that the member exists): the queue is
     listed, but every ``Basic.Consume`` on it closes the connection with 541 INTERNAL_ERROR and
     every publish to a stream with 506 "Stream not found".  Nothing a client retries cures it;
-    deleting the queue and declaring it again does (its messages are lost already).  A Worker
+    deleting the queue and declaring it again does (its messages are lost already).  A queue
+    that lost its quorum because cluster nodes are down fails the same way: start them instead.  A Worker
     stops with it (``WorkerError.__cause__``) instead of reconnecting for ever; its presence
     beacon (the events stream) logs it and stops publishing.
 

@@ -302,9 +302,10 @@ class Reconnector:
         text = str(getattr(exc, "reply_text", "") or exc)
         raise QueueUnavailableError(
             f"the broker at {safe_url(self.url)} lists queue {entity!r} but has failed every use of it "
-            f"for {seconds:.0f}s ({code} {text}): a stream or quorum queue whose member the broker lost "
-            "(declared shortly before its node crashed). Its messages are gone; delete it "
-            f"(rabbitmqctl delete_queue {entity}) and start the worker again, which declares it anew",
+            f"for {seconds:.0f}s ({code} {text}). If every node of the cluster is up, it is a stream or "
+            "quorum queue whose member the broker lost (declared shortly before its node crashed): its "
+            f"messages are gone; delete it (rabbitmqctl delete_queue {entity}) and start the worker again, "
+            "which declares it anew. Otherwise start the missing nodes first",
             entity=entity,
             seconds=seconds,
             reply_code=code,
