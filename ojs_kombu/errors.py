@@ -232,6 +232,29 @@ class NotFoundError(BrokerRefusedError):
     """404 NOT_FOUND where the entity must already exist (a passive declare, a dead letter queue to read)."""
 
 
+class QueueUnavailableError(BrokerRefusedError):
+    """A queue the broker has declared but cannot serve, for longer than a member takes to recover.
+
+    A stream or quorum queue declared a few seconds before its node was killed can come back
+    without its member (RabbitMQ had not written down that the member exists): the queue is
+    listed, but every ``Basic.Consume`` on it closes the connection with 541 INTERNAL_ERROR and
+    every publish to a stream with 506 "Stream not found".  Nothing a client retries cures it;
+    deleting the queue and declaring it again does (its messages are lost already).  A queue
+    that lost its quorum because cluster nodes are down fails the same way: start them instead.  A Worker
+    stops with it (``WorkerError.__cause__``) instead of reconnecting for ever; its presence
+    beacon (the events stream) logs it and stops publishing.
+
+    Attributes:
+        entity: the queue's AMQP name.
+        seconds: how long it was failing when the error was raised.
+    """
+
+    def __init__(self, message: str, *, entity: str, seconds: float, reply_code: int = 0, reply_text: str = ""):
+        super().__init__(message, reply_code=reply_code, reply_text=reply_text)
+        self.entity = entity
+        self.seconds = seconds
+
+
 class Discard(Exception):
     """Raise from a handler to drop the job: acknowledged, not retried, not dead-lettered."""
 
@@ -369,6 +392,7 @@ __all__ = [
     "PublishNackedError",
     "PublishTimeoutError",
     "QueueArgumentRefusedError",
+    "QueueUnavailableError",
     "TlsVerificationError",
     "TopologyConflictError",
     "TopologyError",

@@ -33,11 +33,19 @@ by :mod:`ojs_kombu.amqp.topology` (``TopologyConflictError``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from ssl import SSLCertVerificationError
 
-from amqp.exceptions import AccessRefused, NotAllowed, NotFound
+from amqp.exceptions import (
+    AccessRefused,
+    InternalError,
+    NotAllowed,
+    NotFound,
+    RecoverableConnectionError,
+    ResourceError,
+)
 
 from ojs_kombu.amqp.urls import safe_url
 from ojs_kombu.errors import (
@@ -172,7 +180,64 @@ def connection_error(url: str, exc: BaseException, attempts: int, elapsed: float
     )
 
 
+class QueueNotServed(RecoverableConnectionError):  # type: ignore[misc]  # py-amqp is untyped
+    """The broker closed the connection (541 INTERNAL_ERROR) on a ``Basic.Consume`` of ``entity``.
+
+    Still a connection error that the consumer's back-off retries (the queue's member may be
+    recovering); the :class:`~ojs_kombu.amqp.reconnect.Reconnector` turns it into a
+    :class:`~ojs_kombu.errors.QueueUnavailableError` once ``entity`` failed for too long.
+    """
+
+    def __init__(self, entity: str, cause: InternalError):
+        super().__init__(f"the broker could not serve a consumer of {entity!r}: {cause}")
+        self.entity = entity
+        self.reply_code = getattr(cause, "reply_code", 541)
+        self.reply_text = str(getattr(cause, "reply_text", "") or cause)
+
+
+# RabbitMQ's 506 on a publish to a stream without a member (a connection exception).
+_STREAM_NOT_FOUND = re.compile(r"Stream not found for queue '([^']+)'")
+
+
+def unserved_queue(exc: BaseException) -> str | None:
+    """The queue ``exc`` says the broker cannot serve, or None.
+
+    Parameters:
+        exc: any exception.
+
+    Returns:
+        The queue's AMQP name for a :class:`QueueNotServed` (541 on ``Basic.Consume``) or a
+        506 RESOURCE_ERROR "Stream not found for queue ..." (a publish routed to a stream
+        without a member); None for anything else.
+    """
+    if isinstance(exc, QueueNotServed):
+        return exc.entity
+    if isinstance(exc, ResourceError) and (found := _STREAM_NOT_FOUND.search(str(exc.reply_text or ""))):
+        return found.group(1)
+    return None
+
+
+@contextmanager
+def consuming(entity: str) -> Iterator[None]:
+    """Name ``entity`` in the 541 INTERNAL_ERROR that a ``Basic.Consume`` of it inside the block meets.
+
+    Parameters:
+        entity: the queue's AMQP name.
+
+    Raises:
+        QueueNotServed: the broker closed the connection with 541 (a stream or quorum queue
+            without a running member: see :class:`~ojs_kombu.errors.QueueUnavailableError`).
+    """
+    try:
+        yield
+    except InternalError as exc:
+        raise QueueNotServed(entity, exc) from exc
+
+
 __all__ = [
+    "QueueNotServed",
+    "consuming",
+    "unserved_queue",
     "TlsVerificationError",
     "connection_error",
     "is_permanent",

@@ -24,7 +24,13 @@ after a failure, as kombu's ``Connection.ensure`` serves kombu (DESIGN §9, §22
   is raised at once as its typed :class:`~ojs_kombu.errors.BrokerRefusedError`; any other
   404 NOT_FOUND is retried once (re-declaring the topology cures a deleted
   exchange) and raised as :class:`~ojs_kombu.errors.NotFoundError` if it comes back
-  on the next attempt.  Nothing permanent is retried forever.
+  on the next attempt.  Nothing permanent is retried forever;
+* **a queue the broker cannot serve**: a ``Basic.Consume`` that keeps closing the connection
+  with 541 INTERNAL_ERROR, or a publish with 506 "Stream not found"
+  (:func:`~ojs_kombu.amqp.errors.unserved_queue`: a stream or quorum queue whose member the
+  broker lost in a crash) is retried like any loss while its member may be recovering, and raised as :class:`~ojs_kombu.errors.QueueUnavailableError` once the same
+  queue failed for :data:`UNSERVED_AFTER` seconds: the broker serves everything else, so only
+  an operator (deleting and re-declaring it) can cure it.
 
 Why not kombu's ``retry_over_time`` / ``Connection.ensure``: they catch by type only
 (py-amqp's ``NotAllowed``, a 530, is one of kombu's ``connection_errors``, so a
@@ -44,16 +50,21 @@ from typing import Any, Protocol
 
 from amqp.exceptions import NotFound
 
-from ojs_kombu.amqp.errors import connection_error, map_exception, raise_if_permanent
+from ojs_kombu.amqp.errors import connection_error, map_exception, raise_if_permanent, unserved_queue
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.urls import safe_url
-from ojs_kombu.errors import NotFoundError, ValidationError
+from ojs_kombu.errors import NotFoundError, QueueUnavailableError, ValidationError
 from ojs_kombu.observability.metrics import METRICS
 
 logger = logging.getLogger(__name__)
 
 #: The shortest connection attempt a budget allows, when it is nearly spent.
 MIN_ATTEMPT_TIMEOUT = 0.05
+
+#: Seconds a queue may fail every consumer or publish (:func:`~ojs_kombu.amqp.errors.unserved_queue`)
+#: before :meth:`Reconnector.failed` raises :class:`~ojs_kombu.errors.QueueUnavailableError`:
+#: well beyond a member's recovery after a restart (seconds), short of sitting stuck for ever.
+UNSERVED_AFTER = 120.0
 
 #: The warning :meth:`Reconnector.failed` logs; its fields: ``name``, ``failed`` (the node that
 #: failed), ``error``, ``next`` (the node tried next), ``delay`` (seconds) and ``note``.
@@ -199,6 +210,7 @@ class Reconnector:
         self._failing_since: float | None = None
         self._connecting_since: float | None = None
         self._not_found = False  # the last failure was a 404 (retried once)
+        self._unserved: dict[str, float] = {}  # queue -> when it first refused a consumer (QueueNotServed)
 
     @property
     def elapsed(self) -> float | None:
@@ -223,6 +235,7 @@ class Reconnector:
         self.failures = 0
         self._failing_since = None
         self._not_found = False
+        self._unserved.clear()
 
     def failed(self, exc: BaseException, conn: Any, *, note: str = "") -> float:
         """``exc`` ended the attempt on ``conn``: move to the next node and say how long to wait.
@@ -240,9 +253,14 @@ class Reconnector:
 
         Raises:
             BrokerRefusedError: ``exc`` is permanent (the one rule: see the module docstring).
+            QueueUnavailableError: ``exc`` names a queue the broker cannot serve
+                (:func:`~ojs_kombu.amqp.errors.unserved_queue`) and it has failed for
+                :data:`UNSERVED_AFTER` seconds (the failures in between not reset).
             BrokerConnectionError: the policy gives up.
         """
         raise_if_permanent(exc, url=self.url, must_exist=self.must_exist)
+        if (entity := unserved_queue(exc)) is not None:
+            self._raise_if_unserved_too_long(entity, exc)
         if isinstance(exc, NotFound):
             if self._not_found:
                 mapped = map_exception(exc, url=self.url, must_exist=True)
@@ -275,5 +293,33 @@ class Reconnector:
         METRICS.reconnected()
         return delay
 
+    def _raise_if_unserved_too_long(self, entity: str, exc: BaseException) -> None:
+        now = self._clock()
+        seconds = now - self._unserved.setdefault(entity, now)
+        if seconds < UNSERVED_AFTER:
+            return
+        code = int(getattr(exc, "reply_code", 0) or 0)
+        text = str(getattr(exc, "reply_text", "") or exc)
+        raise QueueUnavailableError(
+            f"the broker at {safe_url(self.url)} lists queue {entity!r} but has failed every use of it "
+            f"for {seconds:.0f}s ({code} {text}). If every node of the cluster is up, it is a stream or "
+            "quorum queue whose member the broker lost (declared shortly before its node crashed): its "
+            f"messages are gone; delete it (rabbitmqctl delete_queue {entity}) and start the worker again, "
+            "which declares it anew. Otherwise start the missing nodes first",
+            entity=entity,
+            seconds=seconds,
+            reply_code=code,
+            reply_text=text,
+        ) from exc
 
-__all__ = ["MIN_ATTEMPT_TIMEOUT", "RETRY_MESSAGE", "Budgeted", "Forever", "OnePass", "ReconnectPolicy", "Reconnector"]
+
+__all__ = [
+    "MIN_ATTEMPT_TIMEOUT",
+    "RETRY_MESSAGE",
+    "UNSERVED_AFTER",
+    "Budgeted",
+    "Forever",
+    "OnePass",
+    "ReconnectPolicy",
+    "Reconnector",
+]

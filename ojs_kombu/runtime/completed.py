@@ -63,6 +63,7 @@ from typing import Any, Protocol
 from amqp import Message
 
 from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, close_quietly
+from ojs_kombu.amqp.errors import consuming
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, PublishTicket
 from ojs_kombu.amqp.reconnect import Forever, Reconnector
@@ -428,7 +429,6 @@ class CompletedLog:
         self._reconnect.connecting()
         self._failover.connect(self._kombu)
         self._reconnect.succeeded()
-        self._reconnect.reset()
         connection = self._connection = self._kombu.connection
         self.topology.declare(
             connection, [s for q in self.queues for s in self.topology.completed_specs(q, self.options)], force=True
@@ -442,12 +442,14 @@ class CompletedLog:
         self.replayed = 0
         self._catch_up_started = time.monotonic()
         for queue, stream in self._streams.items():
-            channel.basic_consume(
-                stream,
-                no_ack=False,
-                callback=partial(self._on_message, queue),
-                arguments={"x-stream-offset": "first"},
-            )
+            with consuming(stream):
+                channel.basic_consume(
+                    stream,
+                    no_ack=False,
+                    callback=partial(self._on_message, queue),
+                    arguments={"x-stream-offset": "first"},
+                )
+        self._reconnect.reset()  # after consuming: a stream that refuses every consumer keeps its count
         for queue, stream in self._streams.items():
             marker = completed_marker()
             self._markers[marker.properties["message_id"]] = queue

@@ -61,6 +61,7 @@ from kombu.connection import Connection
 
 from ojs_kombu.amqp.connection import safe_url
 from ojs_kombu.amqp.delivery import RawDelivery
+from ojs_kombu.amqp.errors import consuming
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.framing import FrameReader, attach_reader, pump, read_available, socket_of, tls_pending
 from ojs_kombu.amqp.outbox import Outbox, outbox
@@ -385,12 +386,13 @@ class Consumer:
     def _consume(self, subscription: Subscription) -> str:
         """``Basic.Consume`` ``subscription``'s queue on the consuming channel; its consumer tag."""
         assert self._channel is not None  # connected
-        tag: str = self._channel.basic_consume(
-            subscription.amqp_queue,
-            no_ack=False,
-            callback=self._on_message,
-            on_cancel=self._on_cancel,
-        )
+        with consuming(subscription.amqp_queue):
+            tag: str = self._channel.basic_consume(
+                subscription.amqp_queue,
+                no_ack=False,
+                callback=self._on_message,
+                on_cancel=self._on_cancel,
+            )
         self._consuming.set()
         return tag
 

@@ -69,6 +69,7 @@ from amqp import Message
 from amqp.channel import Channel
 from amqp.exceptions import RecoverableConnectionError
 
+from ojs_kombu.amqp.errors import consuming
 from ojs_kombu.amqp.properties import WireMessage
 from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import Cancelled, DecodeError, ValidationError
@@ -520,13 +521,14 @@ class ControlReader:
             channel.queue_bind(amqp_queue, self.names.direct_exchange, self.names.control_routing_key(queue))
             arguments = None
             logger.warning("control queue of %s is degraded: reading live control messages only (no replay)", queue)
-        channel.basic_consume(
-            amqp_queue,
-            no_ack=False,
-            callback=lambda message, q=queue: self._on_message(q, message),
-            arguments=arguments,
-            on_cancel=lambda tag, q=queue: self._on_cancel(q),
-        )
+        with consuming(amqp_queue):
+            channel.basic_consume(
+                amqp_queue,
+                no_ack=False,
+                callback=lambda message, q=queue: self._on_message(q, message),
+                arguments=arguments,
+                on_cancel=lambda tag, q=queue: self._on_cancel(q),
+            )
 
     def _on_cancel(self, queue: str) -> None:
         logger.warning(

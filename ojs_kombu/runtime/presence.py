@@ -291,7 +291,6 @@ class Beacon:
         self._reconnect.succeeded()
         if self._reconnect.failures:
             logger.info("worker beacon reconnected to %s", safe_url(self._failover.current))
-            self._reconnect.reset()
         return self._channel
 
     def _publish(self, channel: Channel, message: OutgoingMessage, routing_key: str, *, presence: bool = False) -> None:
@@ -308,6 +307,10 @@ class Beacon:
 
     def _confirmed(self, delivery_tag: int, multiple: bool = False, *_: Any) -> None:
         """A ``Basic.Ack`` / ``Basic.Nack`` of the beacon's channel (read in the beacon's thread)."""
+        # Working again once the node answers a publish, not once connected: a connection that a
+        # publish to a stream without a member closes (506) keeps its back-off and its count
+        # (Reconnector: QueueUnavailableError once that lasts).
+        self._reconnect.reset()
         if multiple:
             for tag in [t for t in self._unconfirmed if t <= delivery_tag]:
                 del self._unconfirmed[tag]

@@ -7,6 +7,8 @@
 * a worker's consumer (``Forever``) reconnects after the broker closed its connection, after the
   §9 back-off, and consumes again; refused for good, it stops at once with the typed error;
 * a publish whose confirm timed out drops its pooled connection (a memory alarm on a private node);
+* a stream the broker lists but lost the member of (a crash right after its declaration) stops the
+  worker with a :class:`QueueUnavailableError` naming it, once retrying could not help;
 * the client's capability services work alone over one :class:`Session`.
 """
 
@@ -23,7 +25,17 @@ from urllib.parse import urlsplit
 import pytest
 from support import wait_until
 
-from ojs_kombu import AccessRefusedError, BrokerConnectionError, Client, Job, PublishTimeoutError, Worker, WorkerError
+from ojs_kombu import (
+    AccessRefusedError,
+    BrokerConnectionError,
+    Client,
+    Job,
+    PublishTimeoutError,
+    QueueUnavailableError,
+    Worker,
+    WorkerError,
+)
+from ojs_kombu.amqp import reconnect
 from ojs_kombu.amqp.failover import Failover
 from ojs_kombu.amqp.reconnect import Budgeted, Forever, OnePass, Reconnector
 from ojs_kombu.amqp.topology import Topology
@@ -33,6 +45,7 @@ from ojs_kombu.client.deadletters import DeadLetters
 from ojs_kombu.client.observation import Observation
 from ojs_kombu.client.publishing import Publishing
 from ojs_kombu.client.session import ConnectionSettings
+from ojs_kombu.model.naming import Names
 from ojs_kombu.runtime.completed import CompletedLog
 from ojs_kombu.runtime.cron import CronScheduler
 from ojs_kombu.runtime.leader import LeaderLease
@@ -334,3 +347,74 @@ def test_the_cron_scheduler_its_lease_the_window_refiller_and_the_completed_log_
         lease.stop(timeout=5)
         refiller.stop(timeout=5)
         completed.stop(timeout=5)
+
+
+def _forget_stream(node, queue: str) -> None:
+    """Leave ``queue`` (a stream) listed by the broker but without a member: the state a SIGKILL leaves
+    a stream in when it comes ~1 s after the declaration (the stream coordinator had not written the
+    stream down; ``benchmarks/broker_kill.py``), made here by deleting it from the coordinator only."""
+    lookup = f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{queue}">>))'
+    forget = (
+        "rabbit_stream_coordinator:process_command({delete_stream, maps:get(name, amqqueue:get_type_state(Q)), #{}})"
+    )
+    done = node.ctl("eval", f"{lookup}, {forget}.")
+    assert done is not None and done.returncode == 0 and "{ok,ok," in done.stdout, done
+
+
+@pytest.mark.broker
+def test_a_worker_whose_streams_lost_their_members_stops_naming_them_and_runs_once_redeclared(
+    node, prefix, monkeypatch, caplog
+):
+    """Every Basic.Consume of a stream without a member closes the connection (541), every publish
+    routed to one too (506 "Stream not found"): the consumer and the beacon retry while a member
+    may be recovering, then the worker stops with a QueueUnavailableError naming its control
+    stream and the beacon logs one naming the events stream; deleted, the queues are declared
+    anew by the next worker, which consumes."""
+    monkeypatch.setattr(reconnect, "UNSERVED_AFTER", 2.0)
+    management = node.management()
+    names = Names(prefix)
+    control, events = names.control_queue("default"), names.events_stream
+    name = f"{prefix} worker"
+    worker = Worker(node.url, prefix=prefix, grace_period=1, connection_name=name, presence_interval=0.5)
+    with caplog.at_level(logging.WARNING):
+        worker.start()
+        try:
+            assert worker.wait_until_ready(30)
+            wait_until(lambda: management.queue(events), message="the events stream")
+            assert management.queue(control)["type"] == "stream"
+            _forget_stream(node, control)
+            _forget_stream(node, events)
+            for connection in management.connections():
+                if connection.get("client_properties", {}).get("connection_name", "").startswith(name):
+                    management.close_connection(connection["name"])
+            started = time.monotonic()
+            error = wait_until(lambda: worker.error, timeout=30, message="the worker to stop on its own")
+            assert time.monotonic() - started < 15  # UNSERVED_AFTER and one back-off, not for ever
+            cause = error.__cause__
+            assert isinstance(cause, QueueUnavailableError), repr(cause)
+            assert cause.entity == control and cause.reply_code == 541
+            assert f"delete_queue {control}" in str(error) and ":guest@" not in str(error)
+            assert worker.consumer.reconnections >= 2  # retried first: a recovering member would have come back
+            beacon = worker._beacon
+            assert beacon is not None and beacon._thread is not None
+            beacon._thread.join(15)
+            assert not beacon._thread.is_alive(), "the beacon kept publishing to a stream without a member"
+        finally:
+            worker.stop(timeout=10)
+    [refused] = [
+        r.getMessage() for r in caplog.records if "worker beacon: the broker refused for good" in r.getMessage()
+    ]
+    assert f"queue {events!r}" in refused and "506" in refused and f"delete_queue {events}" in refused
+    assert management.delete_queue(control) and management.delete_queue(events)  # what the errors tell
+    seen: list[int] = []
+    again = Worker(node.url, prefix=prefix, grace_period=1)
+    again.handler("a.b", seen.append)
+    again.start()
+    try:
+        with Client(node.url, prefix=prefix) as client:
+            client.enqueue("a.b", [1])
+            wait_until(lambda: seen == [1], message="the job, once the streams were declared anew")
+        assert again.error is None
+    finally:
+        again.stop(timeout=10)
+    management.delete_by_prefix(prefix + ".")

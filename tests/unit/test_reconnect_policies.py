@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from amqp.exceptions import AccessRefused, NotAllowed, NotFound
+from amqp.exceptions import AccessRefused, InternalError, NotAllowed, NotFound, ResourceError
 
+from ojs_kombu.amqp.errors import QueueNotServed
 from ojs_kombu.amqp.failover import Failover
-from ojs_kombu.amqp.reconnect import MIN_ATTEMPT_TIMEOUT, Budgeted, Forever, OnePass, Reconnector
-from ojs_kombu.errors import AccessRefusedError, BrokerConnectionError, NotFoundError, ValidationError
+from ojs_kombu.amqp.reconnect import MIN_ATTEMPT_TIMEOUT, UNSERVED_AFTER, Budgeted, Forever, OnePass, Reconnector
+from ojs_kombu.errors import (
+    AccessRefusedError,
+    BrokerConnectionError,
+    NotFoundError,
+    QueueUnavailableError,
+    ValidationError,
+)
 
 ONE = "amqp://u:secret@h1//"
 TWO = "amqp://u:secret@h1//;amqp://u:secret@h2//"
@@ -115,6 +122,44 @@ def test_a_404_where_the_entity_must_exist_is_final_at_once():
     retry, failover, _ = reconnector(Forever(), must_exist=True)
     with pytest.raises(NotFoundError):
         retry.failed(NotFound("404 no queue"), failover.connection())
+
+
+def test_a_queue_that_refuses_every_consumer_is_retried_then_raised_naming_it():
+    """A 541 on Basic.Consume: a member may be recovering; past UNSERVED_AFTER only an operator can help."""
+    retry, failover, clock = reconnector(Forever())
+    conn = failover.connection()
+
+    def unserved(queue: str = "p.ojs.queue.control.q") -> QueueNotServed:
+        return QueueNotServed(queue, InternalError("INTERNAL_ERROR", reply_code=541))
+
+    assert retry.failed(unserved(), conn) >= 0
+    clock.now += UNSERVED_AFTER - 1
+    assert retry.failed(unserved(), conn) >= 0
+    assert retry.failed(unserved("p.ojs.queue.other"), conn) >= 0  # each queue has its own clock
+    clock.now += 1
+    with pytest.raises(QueueUnavailableError) as raised:
+        retry.failed(unserved(), conn)
+    error = raised.value
+    assert error.entity == "p.ojs.queue.control.q" and error.seconds == UNSERVED_AFTER
+    assert error.reply_code == 541 and "delete_queue p.ojs.queue.control.q" in str(error)
+    assert "secret" not in str(error)
+    retry.reset()  # consumed again: the clock starts over
+    assert retry.failed(unserved(), conn) >= 0
+
+
+def test_a_publish_to_a_stream_without_a_member_counts_as_that_stream_unserved():
+    retry, failover, clock = reconnector(Forever())
+    conn = failover.connection()
+    text = "RESOURCE_ERROR - Stream not found for queue 'p.ojs.stream.events' in vhost '/'"
+    assert retry.failed(ResourceError(text, reply_code=506), conn) >= 0
+    clock.now += UNSERVED_AFTER
+    with pytest.raises(QueueUnavailableError) as raised:
+        retry.failed(ResourceError(text, reply_code=506), conn)
+    assert raised.value.entity == "p.ojs.stream.events" and raised.value.reply_code == 506
+    other, _, clock = reconnector(Forever())
+    assert other.failed(ResourceError("RESOURCE_ERROR - other", reply_code=506), conn) >= 0
+    clock.now += 2 * UNSERVED_AFTER
+    assert other.failed(ResourceError("RESOURCE_ERROR - other", reply_code=506), conn) >= 0  # names no queue
 
 
 def test_reset_forgets_the_failures_of_a_long_running_loop():
