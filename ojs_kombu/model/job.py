@@ -34,7 +34,7 @@ from ojs_kombu.errors import ValidationError
 from ojs_kombu.model._problems import Problem as _Problem
 from ojs_kombu.model._problems import public_error as _public
 from ojs_kombu.model._problems import short_repr as _short
-from ojs_kombu.model.base import OjsModel, construct_trusted, is_tolerant, mode_context
+from ojs_kombu.model.base import OjsModel, SharedFieldsSet, construct_trusted, is_tolerant, mode_context
 from ojs_kombu.model.body import MAX_ENVELOPE_BYTES, BodyError, read_envelope
 from ojs_kombu.model.fields import (
     SPEC_VERSION,
@@ -289,14 +289,14 @@ class Job(OjsModel):
             state["args"] = args
             state["attempt"] = 0
             state["created_at"] = state["enqueued_at"] = stamp
-            given = _CREATED_FIELDS.copy()
+            given: set[str] = _CREATED_FIELDS  # shared while no other field is set
             if meta is not None or kwargs is not None or tags is not None:
                 field = None  # the helper reports under meta, kwargs or tags
                 meta, meta_size = _meta_argument(meta, kwargs, tags)
                 size += meta_size
                 if meta:
                     state["meta"] = meta
-                    given.add("meta")
+                    given = {*_CREATED_FIELDS, "meta"}
             if (
                 priority is not None
                 or timeout is not None
@@ -306,6 +306,8 @@ class Job(OjsModel):
                 or rate_limit is not None
             ):
                 field = None  # the helper reports under the option at fault
+                if given is _CREATED_FIELDS:
+                    given = set(_CREATED_FIELDS)
                 _option_fields(
                     state, given, now, priority, timeout, scheduled_at, expires_at, retry, unique, rate_limit
                 )
@@ -452,8 +454,10 @@ class Job(OjsModel):
 
 
 _JOB_TEMPLATE = {name: None if field.is_required() else field.default for name, field in Job.model_fields.items()}
-# The fields Job.create always sets (a set it copies per job; never changed itself).
-_CREATED_FIELDS: set[str] = {"specversion", "id", "type", "queue", "args", "attempt", "created_at", "enqueued_at"}
+# The fields Job.create always sets: the fields set of every job created without meta or options.
+_CREATED_FIELDS = SharedFieldsSet(
+    {"specversion", "id", "type", "queue", "args", "attempt", "created_at", "enqueued_at"}
+)
 
 
 # --------------------------------------------------------------------------- helpers of Job

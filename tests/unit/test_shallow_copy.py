@@ -1,11 +1,16 @@
-"""``model.base.shallow_copy`` is ``model_copy()``: equal state, nothing mutable shared but the values."""
+"""``model.base.shallow_copy`` is ``model_copy()``: equal state, nothing mutable shared but the values;
+``Job.create``'s shared fields set (``SharedFieldsSet``) is copied on write."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 from typing import Any
 
+import pytest
 from pydantic import PrivateAttr
 
+from ojs_kombu.errors import ValidationError
 from ojs_kombu.model.base import OjsModel, mode_context, shallow_copy
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.policies import RetryPolicy
@@ -52,3 +57,23 @@ def test_changing_a_copy_leaves_the_original() -> None:
     assert policy.max_attempts == 4 and policy.model_fields_set == {"max_attempts"}
     copied.initial_interval = "PT2S"
     assert "initial_interval" not in policy.model_fields_set
+
+
+def test_jobs_created_alike_share_a_fields_set_until_one_is_changed() -> None:
+    first, second = Job.create("a.b", [1]), Job.create("a.b", [2])
+    shared = first.model_fields_set
+    assert second.model_fields_set is shared  # one tracked container less per job (Job.create is hot)
+    with pytest.raises(TypeError, match="shared"):
+        shared.add("priority")
+    first.priority = 3
+    assert "priority" in first.model_fields_set and "priority" not in second.model_fields_set
+    with pytest.raises(ValidationError, match="priority"):
+        second.priority = "high"  # type: ignore[assignment]
+    updated = second.model_copy(update={"timeout": 5})
+    assert "timeout" in updated.model_fields_set and "timeout" not in shared
+    assert type(updated.model_fields_set) is set
+    for copied in (copy.deepcopy(second), pickle.loads(pickle.dumps(second)), shallow_copy(second)):
+        assert type(copied.model_fields_set) is set and copied == second
+    given = Job.create("a.b", meta={"k": 1}), Job.create("a.b", priority=1), Job.create("a.b", tags=["t"], timeout=2)
+    assert [job.model_fields_set - shared for job in given] == [{"meta"}, {"priority"}, {"meta", "timeout"}]
+    assert shared == {"specversion", "id", "type", "queue", "args", "attempt", "created_at", "enqueued_at"}
