@@ -430,11 +430,19 @@ class UniqueLocks:
     def _write_holder(self, key: str, holder_id: str, ttl_ms: int, scheduled_at: str | None) -> None:
         record_queue = self.names.lock_holder_queue(key)
         headers = {_SCHEDULED_AT: scheduled_at} if scheduled_at else None
-        for _ in range(_ATTEMPTS):
-            self._declare(record_queue, overflow="drop-head")
+        error: Exception | None = None
+        for attempt in range(_ATTEMPTS):
+            try:
+                self._declare(record_queue, overflow="drop-head")
+            except NotFound as exc:  # being created by another acquirer (see _declare_and_publish)
+                error = exc
+                time.sleep(_REFUSED_PAUSE * (attempt + 1))
+                continue
             error = self._publish(record_queue, holder_id, ttl_ms, persistent=False, headers=headers)
             if not isinstance(error, UnroutableError):
                 break
+        if isinstance(error, NotFound):
+            raise_if_permanent(error, must_exist=True)
         if error is not None:
             raise error
 
