@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, get_args
 
 from amqp import Channel, Connection
@@ -166,6 +166,7 @@ class Topology:
         self._cascade_queues: set[str] = set()  # the scheduling levels' queues (shared by all job queues)
         self._cascade_warned = False  # one warning for the whole cascade, not one per level
         self._declared: dict[Spec, None] = {}  # insertion-ordered set
+        self._warned: dict[str, str] = {}  # entity -> the conflict last logged as a warning
         self._lock = threading.RLock()
 
     @property
@@ -467,6 +468,9 @@ class Topology:
                             replaced = self._refused(
                                 connection, spec, parse_precondition_failed(spec.name, reply_text(exc))
                             )
+                            # Used as it exists: cached like an accepted entity, so the next use
+                            # neither re-declares it nor warns again (a redeclare() finds it again: see _log).
+                            self._declared[spec] = None
                         close_quietly(channel)  # py-amqp reopened it after the 406
                         return replaced, [s for s, _ in sent[index + 1 :]]
                     with self._lock:
@@ -550,7 +554,7 @@ class Topology:
         self._conflicts.pop(spec.name, None)
         self._conflicts[spec.name] = conflict
         self._control_degraded.add(self._control_queues[spec.name])
-        logger.warning(
+        self._log(conflict)(
             "%s; the control plane of this queue is degraded: workers use exclusive queues bound with key "
             "%r (cancels reach live workers only, nothing is replayed to a worker started later)",
             conflict,
@@ -567,11 +571,11 @@ class Topology:
         is_stream = channel is not None and all(d.argument != "x-queue-type" for d in conflict.differences)
         self._events_degraded = not is_stream
         if channel is not None and is_stream:
-            logger.warning("%s; using the existing events stream as it is", conflict)
+            self._log(conflict)("%s; using the existing events stream as it is", conflict)
             return channel
         if channel is not None:
             close_quietly(channel)
-        logger.warning(
+        self._log(conflict)(
             "%s; it is not the events stream: presence and job events are published to %s only, "
             "and Client.workers() / Client.events() cannot read them",
             conflict,
@@ -615,6 +619,18 @@ class Topology:
                 channel.queue_declare(spec.name, passive=True)
         return channel
 
+    def _log(self, conflict: TopologyConflictError) -> Callable[..., None]:
+        """``logger.warning`` the first time ``conflict`` is found, ``logger.debug`` when found again.
+
+        A re-declaration after a reconnect (:meth:`redeclare`) or a :meth:`forget` finds the same
+        conflict again: it was logged already, and a different one is logged anew.
+        """
+        text = str(conflict)
+        if self._warned.get(conflict.entity) == text:
+            return logger.debug
+        self._warned[conflict.entity] = text
+        return logger.warning
+
     def _warn_use_existing(self, spec: ExchangeSpec | QueueSpec, conflict: TopologyConflictError) -> None:
         """Log that ``spec`` is used as it exists; for the cascade once, naming it as a whole."""
         lost = _lost_guarantees(spec, conflict)
@@ -631,7 +647,7 @@ class Topology:
                 f": {lost}" if lost else "",
             )
             return
-        logger.warning(
+        self._log(conflict)(
             "%s; using the existing entity as it is (never re-declared with other arguments)%s",
             conflict,
             f": {lost}" if lost else "",

@@ -9,6 +9,7 @@ fallback, and each conflicting entity is recorded once however often it is re-de
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import kombu
@@ -89,14 +90,20 @@ def test_other_differing_arguments_keep_the_passive_fallback(amqp_url, prefix, n
     )
 
 
-def test_redeclaring_a_conflicting_queue_keeps_one_record(amqp_url, prefix, names):
+def test_a_conflicting_queue_is_declared_once_warned_once_and_recorded_once(amqp_url, prefix, names, caplog):
     _existing_job_queue(amqp_url, names, "email", {**_dead_letter_arguments(names, "email"), "x-max-priority": 10})
+    caplog.set_level(logging.DEBUG, logger="ojs_kombu.amqp.topology")
     with Client(amqp_url, prefix=prefix) as client:
-        for _ in range(5):
+        for _ in range(2):  # the second use finds it cached, like any declared entity: no declaration
+            client.enqueue("email.send", ["a@example.com"], queue="email")
+        for _ in range(3):  # forced re-declarations (as after a reconnect) find the same conflict again
             client.declare_queue("email")
         [conflict] = client.topology.conflicts
         assert conflict.entity == names.job_queue("email")
         assert [d.argument for d in conflict.differences] == ["x-max-priority"]
+    logged = [r for r in caplog.records if r.name == "ojs_kombu.amqp.topology" and str(conflict) in r.getMessage()]
+    assert [r.levelno for r in logged] == [logging.WARNING] + [logging.DEBUG] * 3
+    assert message_count(amqp_url, names.job_queue("email")) == 2
 
 
 def test_consumer_disconnected_timeout_is_declared_on_the_quorum_job_queue(amqp_url, prefix, names, management):
