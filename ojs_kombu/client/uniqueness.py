@@ -7,6 +7,19 @@ through :meth:`~ojs_kombu.client.control.Control.cancel`, on the new job's queue
 under ``ignore`` publishes nothing: its outcome is the job passed, with the holder's id
 (:attr:`~ojs_kombu.client.EnqueueResult.existing_id` set).
 
+``replace`` of a *running* holder never runs both (unique-jobs spec §8, UNIQ-30): after the
+cancel, one INFO (:meth:`~ojs_kombu.client.control.Control.info`, ``replace_probe`` s) asks the
+queue's workers whether the holder is ``active``.  INFO travels on the same control stream,
+after the cancel: a worker that answers has applied the cancel, so a holder it does not run now
+it never starts.  Only an ``active`` holder is waited for: INFO is asked again until no worker
+says it is active (its Settler then frees the lock as ``cancelled``), for at most
+``replace_timeout`` s; past that the replace falls back to ``reject`` (spec §5.2): a
+:class:`~ojs_kombu.errors.DuplicateJobError`, the holder cancelled but still running, the new
+job not published.  A pending or scheduled holder (nobody answers active) has its lock freed at
+once, as before; what it costs is the probe: ``replace_probe`` s when no worker knows the
+holder (the INFO timeout).  The window left: a worker that reads its control stream more than
+``replace_probe`` s late, and started the holder before reading the cancel.
+
 A job whose publish then fails has its lock released, unless the failure leaves its fate
 unknown (:class:`~ojs_kombu.errors.PublishTimeoutError`, :class:`~ojs_kombu.errors.BrokerConnectionError`):
 the job may be queued, so its lock stays and ends with the job, or with its period.
@@ -16,9 +29,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 from kombu.connection import Connection
 
@@ -26,7 +40,7 @@ from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, UniqueLocks
 from ojs_kombu.client.control import Control
 from ojs_kombu.client.results import EnqueueResult
 from ojs_kombu.client.session import Service, Session
-from ojs_kombu.errors import BrokerConnectionError, OjsError, PublishTimeoutError
+from ojs_kombu.errors import BrokerConnectionError, DuplicateJobError, OjsError, PublishTimeoutError
 from ojs_kombu.model.job import Job
 from ojs_kombu.runtime.redis_locks import RedisLocks
 from ojs_kombu.runtime.unique import Claim, Locks, check_backend, claim_many
@@ -35,6 +49,11 @@ logger = logging.getLogger(__name__)
 
 _LOCKS = "_ojs_unique_locks"  # the attribute of a pooled kombu connection holding its UniqueLocks
 _UNKNOWN_FATE = (PublishTimeoutError, BrokerConnectionError)
+
+#: Seconds the INFO after a replace's cancel waits for a worker to say the holder runs.
+DEFAULT_REPLACE_PROBE: Final = 1.0
+#: Seconds a replace waits for a running holder to end once cancelled, before it rejects.
+DEFAULT_REPLACE_TIMEOUT: Final = 10.0
 
 
 class Uniqueness(Service):
@@ -47,6 +66,10 @@ class Uniqueness(Service):
             :class:`~ojs_kombu.amqp.locks.UniqueLocks`).
         backend: None (the locks are RabbitMQ queues, on the pooled connections) or a Redis URL
             (:class:`~ojs_kombu.runtime.redis_locks.RedisLocks`, connected on first use).
+        replace_probe: seconds the INFO after a ``replace``'s cancel waits for a worker to
+            say the holder runs (what replacing a pending holder costs).
+        replace_timeout: seconds a ``replace`` waits for a running holder to end once
+            cancelled; past that it is rejected (:class:`DuplicateJobError`).
 
     Raises:
         ValidationError: ``backend`` is neither None nor a Redis URL.
@@ -59,8 +82,12 @@ class Uniqueness(Service):
         *,
         queue_expires: timedelta = DEFAULT_QUEUE_EXPIRES,
         backend: str | None = None,
+        replace_probe: float = DEFAULT_REPLACE_PROBE,
+        replace_timeout: float = DEFAULT_REPLACE_TIMEOUT,
     ):
         super().__init__(session)
+        self.replace_probe = replace_probe
+        self.replace_timeout = replace_timeout
         self.control = control
         self.queue_expires = queue_expires
         self.backend = check_backend(backend)
@@ -117,7 +144,26 @@ class Uniqueness(Service):
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _claim_many(self, jobs: list[Job]) -> list[Claim | OjsError]:
-        return claim_many(jobs, self._with_locks, self.control.cancel) if jobs else []
+        return claim_many(jobs, self._with_locks, self._cancel_holder) if jobs else []
+
+    def _cancel_holder(self, job_id: str, queue: str) -> None:
+        """Cancel the holder ``job_id`` (``replace``); return once it does not run, or reject.
+
+        Raises:
+            DuplicateJobError: it still runs ``replace_timeout`` s after the cancel (its ``key``
+                is set by :func:`~ojs_kombu.runtime.unique.claim`).
+        """
+        self.control.cancel(job_id, queue)
+        deadline = time.monotonic() + self.replace_timeout
+        while (info := self.control.info(job_id, queue, self.replace_probe)) is not None and info.state == "active":
+            if time.monotonic() >= deadline:
+                raise DuplicateJobError(
+                    f"job {job_id} is running and did not end within {self.replace_timeout:g} s of its cancel: "
+                    "an active job cannot be replaced (on_conflict falls back to reject)",
+                    existing_id=job_id,
+                    key="",
+                )
+            time.sleep(0.05)  # an active answer comes back at once: do not spin on the control stream
 
     def _with_locks(self, operation: Callable[[Locks], Any]) -> Any:
         if self.backend is not None:

@@ -8,8 +8,10 @@ When another job holds it, ``on_conflict`` decides (spec §5):
 
 * ``reject`` (default): :class:`~ojs_kombu.errors.DuplicateJobError` with the holder's id;
 * ``ignore``: the :class:`Claim` names the holder (``existing_id``): publish nothing;
-* ``replace``: the holder is cancelled through the control plane (``cancel``), its lock freed,
-  and the lock taken for the new job;
+* ``replace``: the holder is cancelled through the control plane (``cancel``, which may wait
+  for a running holder to end and raise :class:`~ojs_kombu.errors.DuplicateJobError` when it
+  does not, see :mod:`ojs_kombu.client.uniqueness`), its lock freed, and the lock taken for the
+  new job;
 * ``replace_except_schedule``: as ``replace``, and the new job keeps the holder's
   ``scheduled_at`` (written with the holder's id in the lock's record) when that lies ahead.
 
@@ -157,7 +159,10 @@ def claim(
             return Claim(key, job, existing)
         if on_conflict not in ("replace", "replace_except_schedule") or existing is None:
             raise duplicate(job, outcome)
-        cancel(existing)
+        try:
+            cancel(existing)
+        except DuplicateJobError as exc:  # a running holder that did not end in time: reject (spec §5.2)
+            raise DuplicateJobError(str(exc), existing_id=existing, key=key) from None
         with_locks(partial(release_lock, key=key, holder_id=existing))
         if on_conflict == "replace_except_schedule":
             job = _keep_schedule(job, outcome)

@@ -298,17 +298,6 @@ REFERENCES: dict[str, list[str]] = {
 
 #: Requirements met only in part or not at all: id -> what is missing and why (the matrix says "partly").
 NOT_MET: dict[str, str] = {
-    "UNIQ-12": (
-        "we replace active jobs, which the spec allows a strong implementation; our enqueue is strong "
-        "(UNIQ-19, UNIQ-29) but our replace of a running job is not atomic (UNIQ-30)"
-    ),
-    "UNIQ-30": (
-        "`replace` of a running job is not atomic: the running job is cancelled through the control plane (its "
-        "`cancelled` event is set within about a second, the handler interrupted when its blocking call "
-        "returns) while the new job is published at once, so another worker slot can run the new job while "
-        "the old one still runs. A pending or scheduled job is cancelled before the new one is published and "
-        "never runs (UNIQ-T06)"
-    ),
     "UNIQ-20": (
         "the strength is declared in docs/unique-jobs.md (strong) and nowhere machine-readable: the project has "
         "no OJS conformance manifest (no `ojs-amqp conformance` output) yet"
@@ -567,18 +556,30 @@ def test_uniq_t09_keys_with_meta_but_no_meta_keys_is_refused(shared):
     )
 
 
-@pytest.mark.xfail(strict=True, reason="UNIQ-30: see NOT_MET")
 def test_uniq_30_replacing_a_running_job_never_runs_both_at_once(shared):
     policy = UniquePolicy(keys=["type"], on_conflict="replace")
     gate = shared.gate("t30")
+    replaced: list[object] = []
     try:
         old = shared.client.enqueue("c.hold", ["t30"], unique=policy)
         wait_until(lambda: old.id in shared.running, timeout=20, message="the old job to run")
-        new = shared.client.enqueue("c.hold", ["t30"], unique=policy)
-        wait_until(lambda: new.id in shared.ran or new.id in shared.running, timeout=20, message="the new job to start")
-        gate.set()
+        # The replace waits for the running holder to end: nothing new is published meanwhile.
+        thread = threading.Thread(
+            target=lambda: replaced.append(shared.client.enqueue("c.hold", ["t30"], unique=policy))
+        )
+        thread.start()
+        read_stream(  # the INFO asking whether the cancelled holder runs (it is answered: active)
+            shared.amqp_url,
+            shared.names.control_queue("default"),
+            predicate=lambda m, p, body: p.type == "ojs.control.info" and old.id.encode() in body,
+        )
+        assert not replaced and old.id in shared.running
+        gate.set()  # the old job ends (cancelled); only then is the new one published
+        thread.join(timeout=20)
+        [new] = replaced
         wait_until(lambda: {old.id, new.id} <= set(shared.ran), timeout=20, message="both to end")
         assert not [o for o in shared.overlaps if old.id in o and new.id in o]
+        assert shared.ran.index(old.id) < shared.ran.index(new.id)
     finally:
         gate.set()
 
