@@ -33,7 +33,7 @@ from ojs_kombu.client.observation import DEFAULT_STALE_AFTER, Observation
 from ojs_kombu.client.publishing import Publishing
 from ojs_kombu.client.results import EnqueueResult, JobOptions, QueueCounts
 from ojs_kombu.client.session import ConnectionSettings, Session
-from ojs_kombu.client.uniqueness import Uniqueness
+from ojs_kombu.client.uniqueness import DEFAULT_REPLACE_TIMEOUT, Uniqueness
 from ojs_kombu.client.workflows import Workflows
 from ojs_kombu.model.cron import CronJob, OverlapPolicy
 from ojs_kombu.model.info import JobInfo
@@ -112,6 +112,9 @@ class Client:
             or a Redis URL (``redis://host:6379/0``: ``SET NX PX``, for millions of live keys;
             the ``redis`` extra).  Every publisher and worker of a deployment must use the same
             (``docs/unique-jobs.md``).
+        unique_replace_timeout: seconds an ``on_conflict="replace"`` waits for a *running*
+            holder to end once cancelled; past that it is rejected (:class:`DuplicateJobError`),
+            never run beside the new job (:mod:`ojs_kombu.client.uniqueness`).
 
     Raises:
         ValidationError: a bad option, or a bad failover list (empty, malformed, mixed schemes).
@@ -155,6 +158,7 @@ class Client:
         events_options: EventsOptions | None = None,
         gc_pause: bool = True,
         unique_backend: str | None = None,
+        unique_replace_timeout: float = DEFAULT_REPLACE_TIMEOUT,
     ):
         name = connection_name or f"ojs_kombu client {socket.gethostname()} pid {os.getpid()}"
         options = (queue_options or QueueOptions()).with_queue_type(queue_type)
@@ -172,7 +176,9 @@ class Client:
         )
         # The capability services; a new one (workflows, cron) is a Service over the same session.
         self._control = Control(self._session)
-        self._uniqueness = Uniqueness(self._session, self._control, backend=unique_backend)
+        self._uniqueness = Uniqueness(
+            self._session, self._control, backend=unique_backend, replace_timeout=unique_replace_timeout
+        )
         self._publishing = Publishing(self._session, gc_pause=gc_pause, uniqueness=self._uniqueness)
         self._dead_letters = DeadLetters(self._session)
         self._observation = Observation(self._session)

@@ -40,7 +40,7 @@ from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, UniqueLocks
 from ojs_kombu.client.control import Control
 from ojs_kombu.client.results import EnqueueResult
 from ojs_kombu.client.session import Service, Session
-from ojs_kombu.errors import BrokerConnectionError, DuplicateJobError, OjsError, PublishTimeoutError
+from ojs_kombu.errors import BrokerConnectionError, DuplicateJobError, OjsError, PublishTimeoutError, ValidationError
 from ojs_kombu.model.job import Job
 from ojs_kombu.runtime.redis_locks import RedisLocks
 from ojs_kombu.runtime.unique import Claim, Locks, check_backend, claim_many
@@ -72,7 +72,8 @@ class Uniqueness(Service):
             cancelled; past that it is rejected (:class:`DuplicateJobError`).
 
     Raises:
-        ValidationError: ``backend`` is neither None nor a Redis URL.
+        ValidationError: ``backend`` is neither None nor a Redis URL, or ``replace_probe`` /
+            ``replace_timeout`` is not a number of seconds (> 0, >= 0).
     """
 
     def __init__(
@@ -86,8 +87,8 @@ class Uniqueness(Service):
         replace_timeout: float = DEFAULT_REPLACE_TIMEOUT,
     ):
         super().__init__(session)
-        self.replace_probe = replace_probe
-        self.replace_timeout = replace_timeout
+        self.replace_probe = _seconds("replace_probe", replace_probe, zero=False)
+        self.replace_timeout = _seconds("unique_replace_timeout", replace_timeout, zero=True)
         self.control = control
         self.queue_expires = queue_expires
         self.backend = check_backend(backend)
@@ -204,4 +205,12 @@ class Uniqueness(Service):
         return locks
 
 
-__all__ = ["Uniqueness"]
+def _seconds(name: str, value: float, *, zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (value == 0 and not zero):
+        raise ValidationError(
+            f"{name} must be a number of seconds {'>= 0' if zero else '> 0'}, got {value!r}", field=name
+        )
+    return float(value)
+
+
+__all__ = ["DEFAULT_REPLACE_PROBE", "DEFAULT_REPLACE_TIMEOUT", "Uniqueness"]

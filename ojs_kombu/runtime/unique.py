@@ -139,7 +139,8 @@ def claim(
 
     Raises:
         DuplicateJobError: another job holds the key (``reject``; or any mode when the holder's id
-            could not be read; or ``replace`` losing the freed lock three times in a row).
+            could not be read; or ``replace`` losing the freed lock three times in a row; or
+            ``cancel`` raising it: a running holder that did not end in time, spec §5.2).
         ValidationError: the policy does not fit the job (``args_keys`` naming a missing key ...).
     """
     assert job.unique is not None

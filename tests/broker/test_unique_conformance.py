@@ -563,6 +563,14 @@ def test_uniq_30_replacing_a_running_job_never_runs_both_at_once(shared):
     try:
         old = shared.client.enqueue("c.hold", ["t30"], unique=policy)
         wait_until(lambda: old.id in shared.running, timeout=20, message="the old job to run")
+        # A replace that cannot wait long enough for the running holder falls back to reject (spec §5.2).
+        with Client(shared.amqp_url, prefix=shared.names.prefix, unique_replace_timeout=0.2) as hasty:
+            with pytest.raises(DuplicateJobError, match="cannot be replaced") as raised:
+                hasty.enqueue("c.hold", ["t30"], unique=policy)
+        assert raised.value.existing_id == old.id and raised.value.key == job_unique_key(old)
+        with pytest.raises(ValidationError, match="unique_replace_timeout"):
+            Client(shared.amqp_url, unique_replace_timeout=-1)
+        assert shared.running == {old.id} and published(shared, "default") == 0  # nothing else published
         # The replace waits for the running holder to end: nothing new is published meanwhile.
         thread = threading.Thread(
             target=lambda: replaced.append(shared.client.enqueue("c.hold", ["t30"], unique=policy))
