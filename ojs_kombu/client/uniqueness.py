@@ -15,9 +15,10 @@ it never starts.  Only an ``active`` holder is waited for: INFO is asked again u
 says it is active (its Settler then frees the lock as ``cancelled``), for at most
 ``replace_timeout`` s; past that the replace falls back to ``reject`` (spec §5.2): a
 :class:`~ojs_kombu.errors.DuplicateJobError`, the holder cancelled but still running, the new
-job not published.  A pending or scheduled holder (nobody answers active) has its lock freed at
-once, as before; what it costs is the probe: ``replace_probe`` s when no worker knows the
-holder (the INFO timeout).  The window left: a worker that reads its control stream more than
+job not published.  A pending holder (nobody answers active) has its lock freed at once, as
+before; what it costs is the probe: ``replace_probe`` s when no worker knows the holder (the
+INFO timeout).  A holder scheduled more than 5 s ahead (its lock's record says when) cannot run
+yet: it is not asked about.  The window left: a worker that reads its control stream more than
 ``replace_probe`` s late, and started the holder before reading the cancel.
 
 A job whose publish then fails has its lock released, unless the failure leaves its fate
@@ -42,6 +43,7 @@ from ojs_kombu.client.results import EnqueueResult
 from ojs_kombu.client.session import Service, Session
 from ojs_kombu.errors import BrokerConnectionError, DuplicateJobError, OjsError, PublishTimeoutError, ValidationError
 from ojs_kombu.model.job import Job
+from ojs_kombu.model.timefmt import parse_timestamp, utcnow
 from ojs_kombu.runtime.redis_locks import RedisLocks
 from ojs_kombu.runtime.unique import Claim, Locks, check_backend, claim_many
 
@@ -54,6 +56,7 @@ _UNKNOWN_FATE = (PublishTimeoutError, BrokerConnectionError)
 DEFAULT_REPLACE_PROBE: Final = 1.0
 #: Seconds a replace waits for a running holder to end once cancelled, before it rejects.
 DEFAULT_REPLACE_TIMEOUT: Final = 10.0
+_NOT_DUE: Final = timedelta(seconds=5)  # a holder due later than this cannot run yet (clock skew margin)
 
 
 class Uniqueness(Service):
@@ -147,14 +150,19 @@ class Uniqueness(Service):
     def _claim_many(self, jobs: list[Job]) -> list[Claim | OjsError]:
         return claim_many(jobs, self._with_locks, self._cancel_holder) if jobs else []
 
-    def _cancel_holder(self, job_id: str, queue: str) -> None:
+    def _cancel_holder(self, job_id: str, scheduled_at: str | None, queue: str) -> None:
         """Cancel the holder ``job_id`` (``replace``); return once it does not run, or reject.
+
+        A holder scheduled more than ``_NOT_DUE`` ahead (its lock's record says so) cannot run
+        yet: it is not asked about.
 
         Raises:
             DuplicateJobError: it still runs ``replace_timeout`` s after the cancel (its ``key``
                 is set by :func:`~ojs_kombu.runtime.unique.claim`).
         """
         self.control.cancel(job_id, queue)
+        if scheduled_at is not None and _due_in(scheduled_at) > _NOT_DUE:
+            return
         deadline = time.monotonic() + self.replace_timeout
         while (info := self.control.info(job_id, queue, self.replace_probe)) is not None and info.state == "active":
             if time.monotonic() >= deadline:
@@ -203,6 +211,13 @@ class Uniqueness(Service):
             locks = UniqueLocks(conn.connection, names=self.session.names, queue_expires=self.queue_expires)
             setattr(conn, _LOCKS, locks)
         return locks
+
+
+def _due_in(scheduled_at: str) -> timedelta:
+    try:
+        return parse_timestamp(scheduled_at) - utcnow()
+    except ValidationError:  # an unreadable record: the holder may be due
+        return timedelta(0)
 
 
 def _seconds(name: str, value: float, *, zero: bool) -> float:

@@ -83,10 +83,10 @@ WithLocks = Callable[[Callable[[Locks], Any]], Any]
 
 
 class CancelOn(Protocol):
-    """``cancel(job_id, queue)``: cancel a job through the control plane of ``queue`` (``replace``)."""
+    """``cancel(job_id, scheduled_at, queue)``: cancel a job through the control plane of ``queue`` (``replace``)."""
 
-    def __call__(self, job_id: str, queue: str) -> None:
-        """Cancel ``job_id`` on ``queue``."""
+    def __call__(self, job_id: str, scheduled_at: str | None, queue: str) -> None:
+        """Cancel ``job_id`` on ``queue``; ``scheduled_at`` is what its lock's record says (None: unknown)."""
 
 
 _REPLACE_ATTEMPTS: Final = 3  # replace: another job may take the freed lock first; then try again
@@ -124,14 +124,20 @@ def remaining_period(job: Job) -> timedelta | None:
 
 
 def claim(
-    job: Job, with_locks: WithLocks, cancel: Callable[[str], None], *, first: Acquired | Held | None = None
+    job: Job,
+    with_locks: WithLocks,
+    cancel: Callable[[str, str | None], None],
+    *,
+    first: Acquired | Held | None = None,
 ) -> Claim:
     """Take the lock of ``job`` (which has a ``unique`` policy) before it is published; apply ``on_conflict``.
 
     Parameters:
         job: the job.
         with_locks: runs an operation on the :class:`Locks` (RabbitMQ's or Redis's).
-        cancel: ``cancel(existing_id)`` cancels the holder through the control plane (``replace``).
+        cancel: ``cancel(existing_id, existing_scheduled_at)`` cancels the holder through the
+            control plane (``replace``); its ``scheduled_at`` (from the lock's record, None when
+            unknown) tells whether it may run yet.
         first: the outcome of an acquire already made for ``job`` (:func:`claim_many`).
 
     Returns:
@@ -161,7 +167,7 @@ def claim(
         if on_conflict not in ("replace", "replace_except_schedule") or existing is None:
             raise duplicate(job, outcome)
         try:
-            cancel(existing)
+            cancel(existing, outcome.existing_scheduled_at)
         except DuplicateJobError as exc:  # a running holder that did not end in time: reject (spec §5.2)
             raise DuplicateJobError(str(exc), existing_id=existing, key=key) from None
         with_locks(partial(release_lock, key=key, holder_id=existing))
@@ -182,7 +188,8 @@ def claim_many(jobs: Sequence[Job], with_locks: WithLocks, cancel: CancelOn) -> 
     Parameters:
         jobs: the batch.
         with_locks: as for :func:`claim`.
-        cancel: ``cancel(existing_id, queue)``: ``replace`` cancels the holder on the new job's queue.
+        cancel: ``cancel(existing_id, existing_scheduled_at, queue)``: ``replace`` cancels the holder on
+            the new job's queue.
 
     Returns:
         One :class:`Claim` or the job's error (:class:`DuplicateJobError`, :class:`ValidationError` ...), in order.

@@ -264,7 +264,7 @@ class ConnectionState:
         job, message = codec.to_job(body, properties, headers, queue)
         key = None
         if job.unique is not None and job.attempt == 0:  # a retry's job holds its lock already
-            claimed = claim(job, self._with_locks, lambda existing: self.publish_cancel(existing, queue))
+            claimed = claim(job, self._with_locks, lambda existing, _scheduled_at: self.publish_cancel(existing, queue))
             if claimed.existing_id is not None:
                 return  # a duplicate under on_conflict="ignore": nothing is published
             key, job = claimed.key, claimed.job
