@@ -83,8 +83,7 @@ class Client:
             node, backing off once all failed in a row (``docs/cluster.md``).  Default ``$OJS_AMQP_URL``.
         prefix: multi-tenant prefix of every entity name (``tenant1.ojs.queue.email``).
         queue_options: optional arguments of every job queue this client declares.
-        queue_type: ``"quorum"`` (or ``"classic"``) sets ``queue_options.queue_type``: with ``"quorum"``
-            every entity a job passes through is a quorum queue, dead-lettering at least once.
+        queue_type: ``"quorum"`` or ``"classic"``: ``queue_options.queue_type`` (``docs/cluster.md``).
         queues: job queues declared eagerly when the client starts.
         declare: declare a job queue lazily before the first publish to it.
         pool_size: at most this many connections (one per concurrently publishing thread).
@@ -95,8 +94,7 @@ class Client:
         connect_retries: also give up after this many failed reconnections (``None``: no limit).
         heartbeat: AMQP heartbeat in seconds.
         app_id: ``app_id`` property of published jobs (default ``"ojs"``).
-        on_conflict: a queue that exists with other arguments: ``"use-existing"`` (warn, use it) or
-            ``"raise"``.  A job queue whose dead-letter arguments differ is refused either way.
+        on_conflict: a queue that exists with other arguments: ``"use-existing"`` (warn) or ``"raise"``.
         connection_name: shown by the broker (management UI) for this client's connections.
         ssl: TLS: ``None`` (``amqps://`` / ``ojss://`` URLs only, system CAs), ``True``, or a dict
             (:func:`ojs_kombu.amqp.connection.tls_options`); chain and host name are verified unless
@@ -106,15 +104,11 @@ class Client:
         control: retention of the control streams ``ojs.queue.control.{q}`` this client declares.
         events_options: retention of the events stream ``ojs.stream.events`` (declared by
             :meth:`workers` and :meth:`events`); must match the workers'.
-        gc_pause: pause Python's cyclic garbage collector while a large :meth:`enqueue_many`
-            batch is published (faster; see :meth:`enqueue_many`).  ``False`` never touches it.
-        unique_backend: where the locks of unique jobs are: None (RabbitMQ queues, the default)
-            or a Redis URL (``redis://host:6379/0``: ``SET NX PX``, for millions of live keys;
-            the ``redis`` extra).  Every publisher and worker of a deployment must use the same
-            (``docs/unique-jobs.md``).
-        unique_replace_timeout: seconds an ``on_conflict="replace"`` waits for a *running*
-            holder to end once cancelled; past that it is rejected (:class:`DuplicateJobError`),
-            never run beside the new job (:mod:`ojs_kombu.client.uniqueness`).
+        gc_pause: pause the cyclic garbage collector while a large :meth:`enqueue_many` publishes.
+        unique_backend: where unique jobs' locks are: None (RabbitMQ queues) or a Redis URL (the
+            ``redis`` extra); the same for a deployment's publishers and workers (``docs/unique-jobs.md``).
+        unique_replace_timeout: seconds ``on_conflict="replace"`` waits for a *running* holder to end
+            once cancelled, then :class:`DuplicateJobError` (:mod:`ojs_kombu.client.uniqueness`).
 
     Raises:
         ValidationError: a bad option, or a bad failover list (empty, malformed, mixed schemes).
