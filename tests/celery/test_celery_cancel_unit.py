@@ -10,6 +10,7 @@ from kombu import Exchange, Queue
 from ojs_celery import Celery
 from ojs_celery.control import ON_CANCEL_HOOK, TRANSPORT_LIFECYCLE_HOOK, DroppedTaskLifecycle, cancel_queues
 from ojs_celery.lifecycle import INFO_HOOK, LIFECYCLE_HOOK, worker_lifecycle
+from ojs_celery.limits import RATE_LIMITS_HOOK
 from ojs_kombu.transport.control import HookedCancellations
 from ojs_kombu.transport.settings import Settings
 
@@ -58,6 +59,7 @@ def test_the_app_installs_the_hook_and_keeps_the_users_transport_options():
             "on_cancel": ON_CANCEL_HOOK,
             "lifecycle": TRANSPORT_LIFECYCLE_HOOK,
             "info": INFO_HOOK,
+            "rate_limits": RATE_LIMITS_HOOK,
         }
     finally:
         app.close()
