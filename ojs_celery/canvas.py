@@ -274,6 +274,7 @@ def report(
     job = Job.model_construct(
         id=envelope.get("id") or request.id,
         type=job_type_for(str(request.task)),
+        queue=str(envelope.get("queue") or "default"),  # where the workflow's sweep job goes if this ends it
         args=[],
         meta=dict(meta),
         attempt=int(getattr(request, "retries", 0) or 0),
