@@ -346,7 +346,15 @@ def workflow_hook(app: Any) -> WorkflowHook:
                 queue_options=settings.queue_options,
                 per_queue=queue_map(settings.names.prefix).options,
             )
-            found = (pid, WorkflowHook(lambda: _hook_connection(app), topology, app_id=app.main or "celery"))
+            found = (
+                pid,
+                WorkflowHook(
+                    lambda: _hook_connection(app),
+                    topology,
+                    app_id=app.main or "celery",
+                    sweep_after=settings.workflow_retention,
+                ),
+            )
             app._ojs_workflow_hook = found
         return found[1]
 

@@ -77,6 +77,28 @@ DEFAULT_SWEEP_AFTER: Final = 24 * 3600.0
 sweep job deletes it: the ``sweep_after`` of :class:`WorkflowRunner` and :class:`WorkflowHook`."""
 
 
+def check_retention(value: Any) -> float | None:
+    """``value`` if it is a valid ``workflow_retention``: seconds (a positive number) or ``None`` (never swept).
+
+    Parameters:
+        value: the option as given.
+
+    Returns:
+        The seconds as a float, or None.
+
+    Raises:
+        ValidationError: ``field="workflow_retention"``: not a positive finite number nor None.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValidationError(
+            f"workflow_retention must be a positive number of seconds or None, got {value!r}",
+            field="workflow_retention",
+        )
+    return float(value)
+
+
 def sweep_job(workflow_id: str, queue: str, after: float) -> Job:
     """The job that deletes an ended workflow's record stream and cancel marker ``after`` seconds from now.
 
@@ -647,6 +669,7 @@ __all__ = [
     "TerminalState",
     "WorkflowHook",
     "WorkflowRunner",
+    "check_retention",
     "fan_in_ids",
     "sweep_job",
     "workflow_job",
