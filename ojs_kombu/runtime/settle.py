@@ -283,7 +283,7 @@ class Settler:
             )
             self.consumer.ack(delivery)
             return None
-        if delivery.redelivered:
+        if delivery.redelivered and job.type != SWEEP_JOB_TYPE:  # a sweep job is done again, no attempt counted
             logger.warning(
                 "job %s was redelivered: counting attempt %d as failed (worker_lost)",
                 job.id,

@@ -60,8 +60,8 @@ def test_an_invalid_envelope_goes_to_the_dead_letter_queue_with_its_error_code(a
     assert properties.message_id == "bad-1"
 
 
-def test_a_due_sweep_job_deletes_its_workflows_stream_and_cancel_marker_unseen_by_the_framework(
-    amqp_url, prefix, names
+def test_a_due_sweep_job_redelivered_deletes_its_workflows_stream_and_cancel_marker_unseen_by_the_framework(
+    amqp_url, prefix, names, management
 ):
     from ojs_kombu import chain
     from ojs_kombu.errors import NotFoundError
@@ -82,6 +82,9 @@ def test_a_due_sweep_job_deletes_its_workflows_stream_and_cancel_marker_unseen_b
                 sweep.body,
                 pika.BasicProperties(**sweep.properties, headers=sweep.headers),
             )
+        # Taken and not acked: the broker requeues it flagged redelivered (its consumer died), which
+        # counts no lost attempt for a sweep job (retried or dead-lettered, it would be seen).
+        get_messages(amqp_url, names.job_queue(queue_name), 1, ack=False)
         received: list = []
         with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
             queue = kombu.Queue(queue_name, durable=True)
@@ -100,6 +103,7 @@ def test_a_due_sweep_job_deletes_its_workflows_stream_and_cancel_marker_unseen_b
         assert received == []
         assert message_count(amqp_url, names.job_queue(queue_name)) == 0
         assert message_count(amqp_url, names.dead_letter_queue(queue_name)) == 0
+        assert management.queues(names.retry_queue(queue_name, 0)[:-1]) == []  # no attempt counted: not retried
         with raw_channel(amqp_url) as channel, pytest.raises(pika.exceptions.ChannelClosedByBroker):
             channel.queue_declare(names.workflow_cancel_queue(w.id), passive=True)
 
