@@ -274,6 +274,7 @@ def report(
     job = Job.model_construct(
         id=envelope.get("id") or request.id,
         type=job_type_for(str(request.task)),
+        queue=str(envelope.get("queue") or "default"),  # where the workflow's sweep job goes if this ends it
         args=[],
         meta=dict(meta),
         attempt=int(getattr(request, "retries", 0) or 0),
@@ -345,7 +346,15 @@ def workflow_hook(app: Any) -> WorkflowHook:
                 queue_options=settings.queue_options,
                 per_queue=queue_map(settings.names.prefix).options,
             )
-            found = (pid, WorkflowHook(lambda: _hook_connection(app), topology, app_id=app.main or "celery"))
+            found = (
+                pid,
+                WorkflowHook(
+                    lambda: _hook_connection(app),
+                    topology,
+                    app_id=app.main or "celery",
+                    sweep_after=settings.workflow_retention,
+                ),
+            )
             app._ojs_workflow_hook = found
         return found[1]
 

@@ -64,6 +64,7 @@ from ojs_kombu.policy.retry import ladder_ms
 from ojs_kombu.runtime.assembly import Assembly
 from ojs_kombu.runtime.control import CancelRunning
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
+from ojs_kombu.runtime.workflow import DEFAULT_SWEEP_AFTER
 from ojs_kombu.wire.completed import CompletedOptions
 
 from .consumer import OjsConsumer, OjsMessageProxy
@@ -183,6 +184,7 @@ class OjsBroker(dramatiq.Broker):
         deduplicate: bool = False,
         completed_options: CompletedOptions | None = None,
         unique_backend: str | None = None,
+        workflow_retention: float | None = DEFAULT_SWEEP_AFTER,
         **options: Any,
     ):
         self._running: OjsRunning | None = None
@@ -222,6 +224,7 @@ class OjsBroker(dramatiq.Broker):
             deduplicate=deduplicate,
             completed_options=completed_options,
             unique_backend=unique_backend,
+            workflow_retention=workflow_retention,
         )
         self.cancellations, self.paused = self.assembly.cancellations, self.assembly.paused
         self.lifecycle, self.activity = self.assembly.lifecycle, self.assembly.activity

@@ -254,9 +254,42 @@ class WorkflowLog:
         finally:
             close_quietly(channel)
 
+    def sweep(self, workflow_id: str) -> None:
+        """:func:`sweep_workflow` on this object's connection.
+
+        Parameters:
+            workflow_id: the root workflow's id.
+
+        Raises:
+            BrokerRefusedError: the broker refused a deletion.
+        """
+        sweep_workflow(self.connection, self.names, workflow_id)
+
     def close(self) -> None:
         """Close this object's publisher channel (not the connection)."""
         self._publisher.close()
 
 
-__all__ = ["CANCEL_MARKER_EXPIRES_MS", "WorkflowLog"]
+def sweep_workflow(connection: Connection, names: Names, workflow_id: str) -> None:
+    """Delete a workflow's record stream and its cancel marker, if any (idempotent): an ended
+    workflow's clean-up (its ``ojs.workflow.sweep`` job); ``Client.workflow(id)`` then raises
+    ``NotFoundError``.
+
+    Parameters:
+        connection: a connected py-amqp connection.
+        names: the deployment's entity names.
+        workflow_id: the root workflow's id.
+
+    Raises:
+        BrokerRefusedError: the broker refused a deletion.
+    """
+    channel = connection.channel()
+    try:
+        with map_exceptions():
+            channel.queue_delete(names.workflow_log_stream(workflow_id))
+            channel.queue_delete(names.workflow_cancel_queue(workflow_id))
+    finally:
+        close_quietly(channel)
+
+
+__all__ = ["CANCEL_MARKER_EXPIRES_MS", "WorkflowLog", "sweep_workflow"]

@@ -58,7 +58,7 @@ from ojs_kombu.model.job_create import (
 )
 from ojs_kombu.model.job_read import read_common
 from ojs_kombu.model.jsonvalue import _walk, dumps
-from ojs_kombu.model.naming import check_job_type, check_new_queue_name, check_queue_name
+from ojs_kombu.model.naming import check_job_type, check_new_job_type, check_new_queue_name, check_queue_name
 from ojs_kombu.model.policies import RetryPolicy, UniquePolicy
 from ojs_kombu.model.ratelimit import RateLimitPolicy
 from ojs_kombu.model.timefmt import _check_timestamp, _format_ts, _timestamp, parse_timestamp
@@ -257,7 +257,7 @@ class Job(OjsModel):
         field: str | None = "type"
         try:
             if type.__class__ is not str or type not in _GOOD_TYPES:
-                _remember_name(_GOOD_TYPES, check_job_type(type))
+                _remember_name(_GOOD_TYPES, check_new_job_type(type))
             field = "queue"
             if queue.__class__ is not str or queue not in _GOOD_QUEUES:
                 _remember_name(_GOOD_QUEUES, check_new_queue_name(queue))

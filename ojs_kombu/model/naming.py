@@ -55,6 +55,12 @@ RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.")
 #: OJS queue names whose ``ojs.queue.{name}`` is one of the binding's own queues: the cron leader lease.
 RESERVED_QUEUE_NAMES = ("cron.leader",)
 
+SWEEP_JOB_TYPE = "ojs.workflow.sweep"
+"""The internal job that deletes an ended workflow's record stream (args ``[workflow_id]``): every
+consumer's triage handles it, no framework sees it (``docs/workflows.md``, Clean-up)."""
+#: Job types a producer cannot create (:func:`check_new_job_type`): the library's own jobs.
+RESERVED_JOB_TYPES = (SWEEP_JOB_TYPE,)
+
 CONTROL_TYPE_CANCEL = "ojs.control.cancel"
 CONTROL_TYPE_HEARTBEAT = "ojs.control.heartbeat"
 CONTROL_TYPE_INFO = "ojs.control.info"
@@ -85,6 +91,17 @@ def check_job_type(value: Any) -> str:
             f"[a-z][a-z0-9_]* (e.g. 'email.send'), at most {MAX_JOB_TYPE_LENGTH} characters"
         )
     return value
+
+
+def check_new_job_type(value: Any) -> str:
+    """Return ``value`` if it is a valid job type a producer may create (not one of :data:`RESERVED_JOB_TYPES`).
+
+    Raises:
+        Problem: as :func:`check_job_type`, or the type is reserved.
+    """
+    if value in RESERVED_JOB_TYPES:
+        raise Problem(f"job type {value!r} is reserved: the library enqueues it itself")
+    return check_job_type(value)
 
 
 def check_queue_name(value: Any) -> str:
@@ -139,7 +156,7 @@ def validate_job_type(job_type: str) -> str:
         ValidationError: ``field="type"``; the message points at :func:`job_type_for` for framework task names.
     """
     try:
-        return check_job_type(job_type)
+        return check_new_job_type(job_type)
     except Problem as problem:
         problem.text += " (use ojs_kombu.model.naming.job_type_for() to map a framework task name)"
         raise public_error(problem, "type") from None
@@ -396,8 +413,10 @@ __all__ = [
     "QUEUE_NAME_PATTERN",
     "Names",
     "QUEUE_NAME_RE",
+    "RESERVED_JOB_TYPES",
     "RESERVED_QUEUE_NAMES",
     "RESERVED_QUEUE_PREFIXES",
+    "SWEEP_JOB_TYPE",
     "job_type_for",
     "ojs_queue_for",
     "validate_job_type",

@@ -32,7 +32,7 @@ from ojs_kombu.runtime.delivery import Delivery
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon, check_presence_interval
 from ojs_kombu.runtime.settle import DeadLetterMode, Settler
 from ojs_kombu.runtime.unique import UniqueRelease
-from ojs_kombu.runtime.workflow import WorkflowHook
+from ojs_kombu.runtime.workflow import DEFAULT_SWEEP_AFTER, WorkflowHook, check_retention
 from ojs_kombu.wire.completed import CompletedOptions
 
 logger = logging.getLogger(__name__)
@@ -67,9 +67,12 @@ class Assembly:
             :data:`~ojs_kombu.runtime.completed.DEDUPE_EXTRA_PREFETCH`.
         completed_options: bounds of what ``deduplicate`` remembers.
         unique_backend: where unique jobs' locks are (None: RabbitMQ; a Redis URL), see :class:`UniqueRelease`.
+        workflow_retention: seconds an ended workflow's record stream is kept before its sweep job
+            deletes it (``None``: kept), see :class:`~ojs_kombu.runtime.workflow.WorkflowRunner`.
 
     Raises:
-        ValidationError: ``dead_letter_mode``, ``cancel_running``, ``presence_interval`` or ``unique_backend`` is invalid.
+        ValidationError: ``dead_letter_mode``, ``cancel_running``, ``presence_interval``, ``unique_backend``
+            or ``workflow_retention`` is invalid.
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class Assembly:
         deduplicate: bool = False,
         completed_options: CompletedOptions | None = None,
         unique_backend: str | None = None,
+        workflow_retention: float | None = DEFAULT_SWEEP_AFTER,
     ) -> None:
         if dead_letter_mode not in ("nack", "republish"):
             raise ValidationError("dead_letter_mode must be 'nack' or 'republish'", field="dead_letter_mode")
@@ -110,7 +114,9 @@ class Assembly:
             url, names, ssl=connection.ssl, transport_options=connection.transport_options, backend=unique_backend
         )
         #: Advances the workflows of the jobs its settlers settle for good (a connection of its own, opened on first use).
-        self.workflow = WorkflowHook(self._workflow_connection, topology)
+        self.workflow = WorkflowHook(
+            self._workflow_connection, topology, sweep_after=check_retention(workflow_retention)
+        )
         self._workflow_failover = connection.failover(connection_name="ojs_kombu workflows", heartbeat=0)
 
     def permits(self, connection_name: str) -> Permits:

@@ -8,8 +8,10 @@ adapter's consumer) do with every delivery they take:
   (``deduplicate=True``: acked, not run, counted), redelivered
   (a worker died running it: a failed attempt, ``worker_lost``), cancelled
   (acked, not run: state ``cancelled``), expired
-  (acked, not run) and early (back into the scheduling cascade); it is the one
-  place a delivery is judged before it runs;
+  (acked, not run) and early (back into the scheduling cascade), and carries out a due
+  workflow sweep job (:func:`~ojs_kombu.runtime.workflow.sweep_job`: the ended workflow's record
+  stream deleted, then acked; no framework sees it); it is the one place a delivery is judged
+  before it runs;
 * :meth:`Settler.succeed`: the handler returned: ack, ``succeeded``;
 * :meth:`Settler.cancel`: a cancelled job (dropped on delivery, or stopped while it
   ran): ack, counted (``ojs_job_cancelled_total``), ``cancelled``;
@@ -60,7 +62,7 @@ from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.errors import DecodeError, ValidationError
 from ojs_kombu.model.fields import JobState
 from ojs_kombu.model.job import Job
-from ojs_kombu.model.naming import Names
+from ojs_kombu.model.naming import SWEEP_JOB_TYPE, Names
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
 from ojs_kombu.observability.logs import job_log_extra, message_log_extra
 from ojs_kombu.observability.metrics import METRICS
@@ -77,6 +79,8 @@ from ojs_kombu.wire.control import final_failure_message
 from ojs_kombu.wire.headers import error_headers
 
 logger = logging.getLogger(__name__)
+
+_SWEEP_RETRY_MS = 60_000  # a sweep job whose deletion failed is delivered again this much later
 
 
 def failed_message(original: OutgoingMessage, job: Job, failure: Failure) -> OutgoingMessage:
@@ -208,6 +212,9 @@ class Settler:
             for good (succeeded, dead-lettered, discarded, cancelled); ``None``: jobs' ``meta.workflow``
             is ignored.  If it raises, the delivery goes to its DLQ (the caller's ``reject_unexpected``).
         unique: frees the unique lock of a job that ends (:meth:`ended`); ``None``: locks end with their period.
+        sweep: ``sweep(workflow_id)`` deletes an ended workflow's record stream and cancel marker, for a
+            due sweep job (:meth:`triage`); ``None``: the workflow hook's
+            (:meth:`WorkflowHook.sweep <ojs_kombu.runtime.workflow.WorkflowHook.sweep>`), if any.
     """
 
     def __init__(
@@ -225,6 +232,7 @@ class Settler:
         lifecycle: Lifecycle | None = None,
         workflow: WorkflowHook | None = None,
         unique: Releaser | None = None,
+        sweep: Callable[[str], None] | None = None,
     ):
         self.consumer = consumer
         self.names = names
@@ -239,6 +247,7 @@ class Settler:
         self.lifecycle = lifecycle
         self.workflow = workflow
         self.unique = unique
+        self.sweep = sweep if sweep is not None else workflow.sweep if workflow is not None else None
 
     def ended(self, job: Job, state: JobState) -> None:
         """``job`` ended in ``state`` (completed, discarded, cancelled): free its unique lock, if it has one."""
@@ -274,7 +283,7 @@ class Settler:
             )
             self.consumer.ack(delivery)
             return None
-        if delivery.redelivered:
+        if delivery.redelivered and job.type != SWEEP_JOB_TYPE:  # a sweep job is done again, no attempt counted
             logger.warning(
                 "job %s was redelivered: counting attempt %d as failed (worker_lost)",
                 job.id,
@@ -285,7 +294,10 @@ class Settler:
             self.fail_attempt(delivery, job, attempt, failure, decide(job, attempt, error_type="worker_lost"))
             return None
         if job.expires_at is None and job.scheduled_at is None:
-            return job  # most jobs: no clock to read
+            if job.type != SWEEP_JOB_TYPE:
+                return job  # most jobs: no clock to read
+            self._swept(delivery, job)
+            return None
         now = utcnow()
         expires = job.expires_datetime
         if self.discard_expired and expires is not None and expires <= now:
@@ -305,7 +317,34 @@ class Settler:
             if early_ms > self.early_tolerance_ms:
                 self.delay(delivery, job, early_ms)
                 return None
+        if job.type == SWEEP_JOB_TYPE:
+            self._swept(delivery, job)
+            return None
         return job
+
+    def _swept(self, delivery: Delivery, job: Job) -> None:
+        """A due sweep job: delete its workflow's record stream (and cancel marker), then ack.
+
+        A consumer that cannot sweep (no ``sweep``) acks it all the same: the stream then stays, as
+        before sweeps existed.  A broker error leaves the job for a minute later (in the cascade).
+        """
+        workflow_id = job.args[0] if len(job.args) == 1 else None
+        if not isinstance(workflow_id, str) or not workflow_id:
+            self.reject_invalid(
+                delivery, "invalid_sweep", f"a sweep job's args must be [workflow_id], got {job.args!r}"
+            )
+            return None
+        if self.sweep is None:
+            logger.warning("workflow %s: this consumer cannot sweep its record stream; it stays", workflow_id)
+        else:
+            try:
+                self.sweep(workflow_id)
+            except Exception as exc:  # noqa: BLE001 - the sweep is tried again, nothing is lost
+                logger.warning("sweeping workflow %s failed (%r); trying again in a minute", workflow_id, exc)
+                self.reschedule(delivery, job, _SWEEP_RETRY_MS)
+                return
+            logger.debug("workflow %s swept", workflow_id)
+        self.consumer.ack(delivery)
 
     def succeed(self, delivery: Delivery, job: Job, attempt: int, result: Any = None) -> None:
         """Attempt ``attempt`` of ``job`` succeeded (its handler returned ``result``): ack, ``succeeded``.

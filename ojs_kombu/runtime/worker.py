@@ -103,6 +103,7 @@ from ojs_kombu.runtime.lifecycle import JobEvent
 from ojs_kombu.runtime.limits import Limiter, queue_policies
 from ojs_kombu.runtime.presence import DEFAULT_PRESENCE_INTERVAL, Beacon
 from ojs_kombu.runtime.processing import Processing, RunningJob, current_job
+from ojs_kombu.runtime.workflow import DEFAULT_SWEEP_AFTER
 from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.control import ControlOptions
 from ojs_kombu.wire.entities import QueueOptions, QueueType
@@ -193,6 +194,9 @@ class Worker:
             is enforced so far.
         unique_backend: where the locks of unique jobs are, freed when their jobs end: None
             (RabbitMQ queues) or the Redis URL the publishers use (``Client(unique_backend=...)``).
+        workflow_retention: seconds an ended workflow's record stream (what ``Client.workflow(id)``
+            reads) is kept before the workflow's sweep job deletes it (default 24 h); ``None``: kept
+            (``docs/workflows.md``, Clean-up).
 
     Raises:
         ValidationError: a queue name, the concurrency, ``dead_letter_mode``, ``metrics_port`` or a
@@ -228,6 +232,7 @@ class Worker:
         completed_options: CompletedOptions | None = None,
         rate_limits: Mapping[str, RateLimitPolicy | Mapping[str, Any]] | None = None,
         unique_backend: str | None = None,
+        workflow_retention: float | None = DEFAULT_SWEEP_AFTER,
     ):
         self.queues = _queues(queues)
         #: The policy of each queue that has one (``rate_limits``).
@@ -258,6 +263,7 @@ class Worker:
             deduplicate=deduplicate,
             completed_options=completed_options,
             unique_backend=unique_backend,
+            workflow_retention=workflow_retention,
         )
         self.completed_log: CompletedLog | None = None
         """The completed job ids (``deduplicate=True``)."""

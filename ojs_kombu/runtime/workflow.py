@@ -6,7 +6,8 @@
   :meth:`FanIn.report <ojs_kombu.amqp.fanin.FanIn.report>`, and for the one reporter that gets
   ``Ready``, :func:`~ojs_kombu.policy.workflow.after_fan_in`'s actions, its jobs published through
   :meth:`FanIn.fire <ojs_kombu.amqp.fanin.FanIn.fire>` (so a winner run again publishes only
-  what it had not); ``Finished`` → a ``finished`` record and the fan-in streams deleted.  Every
+  what it had not); ``Finished`` → a ``finished`` record, the fan-in streams deleted, and the
+  workflow's sweep job (:func:`sweep_job`) published to the queue of the job that ended it.  Every
   job that ends records a ``step`` in the workflow's record stream
   (:mod:`ojs_kombu.amqp.workflowlog`), which ``Client.workflow(id)`` reads.
   ``Client.enqueue_workflow`` uses :meth:`WorkflowRunner.start`.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 from amqp import Connection
@@ -34,6 +36,7 @@ from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.amqp.workflowlog import WorkflowLog
 from ojs_kombu.errors import OjsError, ResultTooLargeError, ValidationError
 from ojs_kombu.model.job import Job
+from ojs_kombu.model.naming import SWEEP_JOB_TYPE
 from ojs_kombu.model.timefmt import format_timestamp, utcnow
 from ojs_kombu.model.workflow import (
     WORKFLOW_META_KEY,
@@ -46,6 +49,7 @@ from ojs_kombu.model.workflow import (
     workflow_from_dict,
     workflow_to_dict,
 )
+from ojs_kombu.policy.schedule import Cascade
 from ojs_kombu.policy.workflow import (
     Enqueue,
     Finished,
@@ -67,6 +71,51 @@ TerminalState = Literal["completed", "failed", "cancelled"]
 """How a job of a workflow ended, as the completion hook is told."""
 
 _CANCELLED_ERROR: Final = {"code": "cancelled", "message": "the job was cancelled"}
+
+DEFAULT_SWEEP_AFTER: Final = 24 * 3600.0
+"""Seconds an ended workflow's record stream is kept (``Client.workflow(id)`` reads it) before its
+sweep job deletes it: the ``sweep_after`` of :class:`WorkflowRunner` and :class:`WorkflowHook`."""
+
+
+def check_retention(value: Any) -> float | None:
+    """``value`` if it is a valid ``workflow_retention``: seconds (a positive number) or ``None`` (never swept).
+
+    Parameters:
+        value: the option as given.
+
+    Returns:
+        The seconds as a float, or None.
+
+    Raises:
+        ValidationError: ``field="workflow_retention"``: not a positive finite number nor None.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValidationError(
+            f"workflow_retention must be a positive number of seconds or None, got {value!r}",
+            field="workflow_retention",
+        )
+    return float(value)
+
+
+def sweep_job(workflow_id: str, queue: str, after: float) -> Job:
+    """The job that deletes an ended workflow's record stream and cancel marker ``after`` seconds from now.
+
+    Type :data:`~ojs_kombu.model.naming.SWEEP_JOB_TYPE` (which ``Job.create`` refuses a producer),
+    args ``[workflow_id]``; every consumer's triage (:meth:`Settler.triage
+    <ojs_kombu.runtime.settle.Settler.triage>`) carries it out and acks it, no handler sees it.
+
+    Parameters:
+        workflow_id: the root workflow's id.
+        queue: the OJS queue it goes to (the one of the job that ended the workflow).
+        after: seconds from now.
+
+    Returns:
+        The job.
+    """
+    job = Job.create("ojs.workflow.swept", [workflow_id], queue=queue, scheduled_at=timedelta(seconds=after))
+    return job.model_copy(update={"type": SWEEP_JOB_TYPE})  # the reserved type, set past the producer's check
 
 
 class Ended(NamedTuple):
@@ -125,16 +174,27 @@ class WorkflowRunner:
         connection: a connected py-amqp connection.
         topology: declares the job queues the workflow's jobs go to (and names every entity).
         app_id: ``app_id`` of the published jobs.
+        sweep_after: seconds an ended workflow's record stream is kept before its sweep job deletes
+            it (:data:`DEFAULT_SWEEP_AFTER`); ``None``: kept (until its clean-up by hand).
     """
 
-    def __init__(self, connection: Connection, topology: Topology, *, app_id: str | None = "ojs"):
+    def __init__(
+        self,
+        connection: Connection,
+        topology: Topology,
+        *,
+        app_id: str | None = "ojs",
+        sweep_after: float | None = DEFAULT_SWEEP_AFTER,
+    ):
         self.connection = connection
         self.topology = topology
         self.names = topology.names
         self.app_id = app_id
+        self.sweep_after = sweep_after
         self.fan_in = FanIn(connection, names=self.names)
         self.log = WorkflowLog(connection, names=self.names)
         self._publisher = ConfirmedPublisher(connection)
+        self.cascade = Cascade(self.names)
         self._cancelled_ids: set[str] = set()
 
     def start(self, workflow: Workflow, *, enqueue: bool = True) -> str:
@@ -203,16 +263,18 @@ class WorkflowRunner:
             [(item.context.id, record) for item, (record, _) in zip(ended, steps, strict=True)]
         )
         reports: list[Report] = []
+        queues: list[str] = []  # of the reports' jobs: where a workflow they end sends its sweep job
         others: list[tuple[Ended, list[WorkflowAction]]] = []
         for item, (_, actions) in zip(ended, steps, strict=True):
             if len(actions) == 1 and isinstance(actions[0], Report):
                 reports.append(actions[0])
+                queues.append(item.job.queue)
             else:
                 others.append((item, actions))
         if others:  # a chain's next step goes out once the step before it is recorded
             self.log.settle(records)
             for item, actions in others:
-                self.perform(actions, root=item.context.continuation)
+                self.perform(actions, root=item.context.continuation, queue=item.job.queue)
         outcomes = (
             self.fan_in.report_many(
                 [MemberReport(r.fan_in.id, r.fan_in.index, r.fan_in.count, r.state, r.result, r.error) for r in reports]
@@ -223,8 +285,8 @@ class WorkflowRunner:
         # The step records' confirms came in while the reports were confirmed (one connection): the
         # two are pipelined, and both are confirmed before any job is acknowledged.
         self.log.settle(records)
-        for report, outcome in zip(reports, outcomes, strict=True):
-            self._after_report(report, outcome)
+        for report, outcome, queue in zip(reports, outcomes, queues, strict=True):
+            self._after_report(report, outcome, queue)
 
     def _step(self, ended: Ended) -> tuple[dict[str, Any], list[WorkflowAction]]:
         """The step record of a job that ended, and the planner's actions that follow."""
@@ -260,6 +322,7 @@ class WorkflowRunner:
         root: Mapping[str, Any] | None = None,
         *,
         new: bool = False,
+        queue: str | None = None,
     ) -> None:
         """Carry out ``actions`` in order; the jobs they enqueue are published last, after every fan-in opened.
 
@@ -269,6 +332,8 @@ class WorkflowRunner:
                 :meth:`FanIn.fire`, which skips those an earlier run of this winner published).
             root: the root definition, when known: a ``Finished`` then deletes its fan-in streams.
             new: the workflow is being enqueued (it cannot have been cancelled: its cancel marker is not looked for).
+            queue: the OJS queue of the job these actions follow: a ``Finished`` sends the workflow's
+                sweep job there (``None``: no sweep job).
 
         A cancelled workflow's jobs (:meth:`WorkflowLog.cancelled <ojs_kombu.amqp.workflowlog.WorkflowLog.cancelled>`)
         are not published: each ends ``cancelled`` at once (:meth:`ended`).
@@ -282,9 +347,9 @@ class WorkflowRunner:
                 jobs.append(self.outgoing(workflow_job(action.job, action.context)))
                 enqueues.append(action)
             elif isinstance(action, Report):
-                self._report(action)
+                self._report(action, queue)
             elif isinstance(action, Finished):
-                self._finished(action, root)
+                self._finished(action, root, queue)
         if not jobs:
             return
         if not new and self._cancelled(enqueues[0].context.id):
@@ -330,21 +395,21 @@ class WorkflowRunner:
         self.topology.ensure_queue(self.connection, job.queue)
         return self.names.job_queue(job.queue), encode(job, app_id=self.app_id)
 
-    def _report(self, report: Report) -> None:
+    def _report(self, report: Report, queue: str | None) -> None:
         ref = report.fan_in
         outcome = self.fan_in.report(ref.id, ref.index, ref.count, report.state, report.result, report.error)
-        self._after_report(report, outcome)
+        self._after_report(report, outcome, queue)
 
-    def _after_report(self, report: Report, outcome: Ready | Pending) -> None:
+    def _after_report(self, report: Report, outcome: Ready | Pending, queue: str | None) -> None:
         ref = report.fan_in
         if not isinstance(outcome, Ready):
             return
         if outcome.continuation is None:
             raise ValidationError(f"the fan-in {ref.id} holds no continuation", field="meta.workflow.fan_in")
         actions = after_fan_in(report, outcome.continuation, outcome.states, outcome.results)
-        self.perform(actions, ready=outcome, root=outcome.continuation)
+        self.perform(actions, ready=outcome, root=outcome.continuation, queue=queue)
 
-    def _finished(self, finished: Finished, root: Mapping[str, Any] | None) -> None:
+    def _finished(self, finished: Finished, root: Mapping[str, Any] | None, queue: str | None) -> None:
         self.log.append(
             finished.workflow_id,
             {"kind": "finished", "state": finished.state, "result": finished.result, "at": _now()},
@@ -352,6 +417,25 @@ class WorkflowRunner:
         logger.info("workflow %s %s", finished.workflow_id, finished.state)
         if root is not None:
             self.cleanup(workflow_from_dict(root))
+        if queue is not None and self.sweep_after is not None:
+            self._publish_sweep(finished.workflow_id, queue, self.sweep_after)
+
+    def _publish_sweep(self, workflow_id: str, queue: str, after: float) -> None:
+        """The workflow's sweep job into the scheduling cascade (confirmed), due ``after`` seconds from now.
+
+        Published after the ``finished`` record: a runner run again (a redelivered last job) publishes a
+        second one, which finds nothing left to delete.
+        """
+        job = sweep_job(workflow_id, queue, after)
+        message, when = encode(job, app_id=self.app_id), job.scheduled_datetime or utcnow()
+        ticket = self._publisher.publish_when_ready(
+            lambda: self.cascade.destination(message, when, queue),
+            queue=queue,
+            prepare=lambda connection, _: self.topology.ensure_scheduling(connection, queue, self.cascade),
+            job_id=job.id,
+        )
+        self._publisher.wait([ticket])
+        ticket.raise_for_error()
 
     def cleanup(self, workflow: Workflow) -> None:
         """Delete the fan-in streams of a workflow that ended (its record stream stays).
@@ -398,12 +482,21 @@ class WorkflowHook:
         connect: makes a new kombu connection to the broker (connected here if it is not yet).
         topology: the worker's topology (names, job queue declarations).
         app_id: ``app_id`` of the jobs it publishes.
+        sweep_after: seconds an ended workflow's record stream is kept (:class:`WorkflowRunner`).
     """
 
-    def __init__(self, connect: Callable[[], KombuConnection], topology: Topology, *, app_id: str | None = "ojs"):
+    def __init__(
+        self,
+        connect: Callable[[], KombuConnection],
+        topology: Topology,
+        *,
+        app_id: str | None = "ojs",
+        sweep_after: float | None = DEFAULT_SWEEP_AFTER,
+    ):
         self._connect = connect
         self.topology = topology
         self.app_id = app_id
+        self.sweep_after = sweep_after
         self._lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._queue: list[_Request] = []  # jobs waiting for the lock, reported together by whoever takes it
@@ -496,6 +589,18 @@ class WorkflowHook:
         """
         return self.run(lambda runner: runner.fan_in.results(fan_in_id), job_id=fan_in_id)
 
+    def sweep(self, workflow_id: str) -> None:
+        """Delete an ended workflow's record stream and cancel marker (the sweep job's work, for
+        :meth:`Settler.triage <ojs_kombu.runtime.settle.Settler.triage>`).
+
+        Parameters:
+            workflow_id: the root workflow's id.
+
+        Raises:
+            OjsError: the broker refused a deletion, twice.
+        """
+        self.run(lambda runner: runner.log.sweep(workflow_id), job_id=workflow_id)
+
     def run(self, operation: Callable[[WorkflowRunner], T], *, job_id: str = "") -> T:
         """``operation(runner)`` on the hook's connection, one call at a time; after a broker error,
         once more on a new connection (so ``operation`` must be idempotent).
@@ -531,7 +636,9 @@ class WorkflowHook:
             if not connection.connected:
                 connection.connect()
             self._connection = connection
-            runner = self._runner = WorkflowRunner(connection.connection, self.topology, app_id=self.app_id)
+            runner = self._runner = WorkflowRunner(
+                connection.connection, self.topology, app_id=self.app_id, sweep_after=self.sweep_after
+            )
         return operation(runner)
 
     def _reset(self) -> None:
@@ -555,4 +662,15 @@ def _now() -> str:
     return format_timestamp(utcnow())
 
 
-__all__ = ["MAX_BATCH", "Ended", "TerminalState", "WorkflowHook", "WorkflowRunner", "fan_in_ids", "workflow_job"]
+__all__ = [
+    "DEFAULT_SWEEP_AFTER",
+    "MAX_BATCH",
+    "Ended",
+    "TerminalState",
+    "WorkflowHook",
+    "WorkflowRunner",
+    "check_retention",
+    "fan_in_ids",
+    "sweep_job",
+    "workflow_job",
+]

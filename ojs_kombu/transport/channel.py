@@ -106,6 +106,7 @@ class Channel(pyamqp.Channel):
             lifecycle=state.settings.load_lifecycle(),
             unique=state,
             completed=state.completed,
+            sweep=state.sweep,
         )
         self._completed = state.completed
         #: The jobs' rate limits (``rate_limit``, the ``rate_limits`` option): a Limiter made by the first limited job.

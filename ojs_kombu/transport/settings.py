@@ -17,6 +17,7 @@ from ojs_kombu.model.ratelimit import RateLimitPolicy
 from ojs_kombu.runtime.lifecycle import Lifecycle
 from ojs_kombu.runtime.redis_locks import RedisLocks
 from ojs_kombu.runtime.unique import check_backend
+from ojs_kombu.runtime.workflow import DEFAULT_SWEEP_AFTER, check_retention
 from ojs_kombu.wire.codec import OutgoingMessage
 from ojs_kombu.wire.completed import CompletedOptions
 from ojs_kombu.wire.entities import QueueOptions
@@ -38,6 +39,7 @@ OJS_OPTIONS = (
     "deduplicate",
     "completed_options",
     "unique_backend",
+    "workflow_retention",
 )
 
 #: ``x-*`` queue arguments of a framework queue that become fields of its OJS queue's options.
@@ -134,6 +136,8 @@ class Settings:
     completed_options: CompletedOptions | None = None
     #: Where unique jobs' locks are: None (RabbitMQ queues) or a Redis URL (``Client(unique_backend=...)``).
     unique_backend: str | None = None
+    #: Seconds an ended workflow's record stream is kept before its sweep job deletes it (None: kept).
+    workflow_retention: float | None = DEFAULT_SWEEP_AFTER
     _redis_locks: RedisLocks | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -149,7 +153,7 @@ class Settings:
         Raises:
             TypeError: ``queue_options`` or ``completed_options`` has fields their class does not know.
             ValidationError: a bad ``queue_options``, ``queue_type`` (``"classic"`` or ``"quorum"``)
-                or ``unique_backend`` (None or a Redis URL).
+                ``unique_backend`` (None or a Redis URL) or ``workflow_retention`` (seconds or None).
         """
         queue_options = options.get("queue_options") or QueueOptions()
         if isinstance(queue_options, dict):
@@ -171,6 +175,7 @@ class Settings:
             deduplicate=bool(options.get("deduplicate")),
             completed_options=completed_options,
             unique_backend=check_backend(options.get("unique_backend")),
+            workflow_retention=check_retention(options.get("workflow_retention", DEFAULT_SWEEP_AFTER)),
         )
 
     def redis_locks(self) -> RedisLocks | None:

@@ -15,6 +15,7 @@ from ojs_kombu.amqp.locks import UniqueLocks
 from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination
 from ojs_kombu.amqp.topology import Topology
+from ojs_kombu.amqp.workflowlog import sweep_workflow
 from ojs_kombu.errors import BrokerConnectionError, PublishTimeoutError
 from ojs_kombu.model.fields import JobState
 from ojs_kombu.model.job import Job
@@ -125,6 +126,17 @@ class ConnectionState:
                 logger.warning(
                     "could not release the unique lock of job %s: %r; it ends with its period", holder_id, exc
                 )
+
+    def sweep(self, workflow_id: str) -> None:
+        """Delete an ended workflow's record stream and cancel marker on this connection (the Settler's ``sweep``).
+
+        Parameters:
+            workflow_id: the root workflow's id.
+
+        Raises:
+            BrokerRefusedError: the broker refused a deletion.
+        """
+        sweep_workflow(self.connection, self.names, workflow_id)
 
     def ack_recorded(self, channel: Any, delivery_tag: int, ok: bool) -> None:
         """A completed job's record is confirmed (or given up): ack its delivery from the connection's loop.

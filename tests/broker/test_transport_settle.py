@@ -60,6 +60,54 @@ def test_an_invalid_envelope_goes_to_the_dead_letter_queue_with_its_error_code(a
     assert properties.message_id == "bad-1"
 
 
+def test_a_due_sweep_job_redelivered_deletes_its_workflows_stream_and_cancel_marker_unseen_by_the_framework(
+    amqp_url, prefix, names, management
+):
+    from ojs_kombu import chain
+    from ojs_kombu.errors import NotFoundError
+    from ojs_kombu.runtime.workflow import sweep_job
+
+    queue_name = f"sw{uuid.uuid4().hex[:8]}"
+    with Client(amqp_url, prefix=prefix) as client:
+        w = chain(Job.create("step.run", [1], queue=queue_name))
+        client.enqueue_workflow(w)
+        client.cancel_workflow(w.id)  # declares its cancel marker
+        get_messages(amqp_url, names.job_queue(queue_name), 1)  # the workflow's job, out of the way
+        sweep = encode(sweep_job(w.id, queue_name, 0))
+        with raw_channel(amqp_url) as channel:
+            channel.queue_declare(names.workflow_cancel_queue(w.id), passive=True)  # it exists
+            channel.basic_publish(
+                names.direct_exchange,
+                queue_name,
+                sweep.body,
+                pika.BasicProperties(**sweep.properties, headers=sweep.headers),
+            )
+        # Taken and not acked: the broker requeues it flagged redelivered (its consumer died), which
+        # counts no lost attempt for a sweep job (retried or dead-lettered, it would be seen).
+        get_messages(amqp_url, names.job_queue(queue_name), 1, ack=False)
+        received: list = []
+        with kombu.Connection(ojs_url(amqp_url), transport_options={"prefix": prefix}) as conn:
+            queue = kombu.Queue(queue_name, durable=True)
+            with kombu.Consumer(conn.channel(), [queue], callbacks=[lambda body, m: received.append(m)]):
+
+                def swept() -> bool:
+                    _drain(conn, 0.05)
+                    try:
+                        client.workflow(w.id)
+                    except NotFoundError:
+                        return True
+                    return False
+
+                wait_until(swept, timeout=10, interval=0, message="the workflow's record stream deleted")
+                _drain(conn, 0.1)  # the ack
+        assert received == []
+        assert message_count(amqp_url, names.job_queue(queue_name)) == 0
+        assert message_count(amqp_url, names.dead_letter_queue(queue_name)) == 0
+        assert management.queues(names.retry_queue(queue_name, 0)[:-1]) == []  # no attempt counted: not retried
+        with raw_channel(amqp_url) as channel, pytest.raises(pika.exceptions.ChannelClosedByBroker):
+            channel.queue_declare(names.workflow_cancel_queue(w.id), passive=True)
+
+
 def test_a_job_delivered_without_a_task_codec_is_refused_loudly_and_kept(amqp_url, prefix, names, monkeypatch):
     """No ``codec`` option, none registered and none installed (no adapter imported, no entry
     point): the delivery raises ``LookupError`` out of the event loop; the job is neither handed on

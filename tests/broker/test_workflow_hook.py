@@ -28,7 +28,9 @@ from ojs_kombu.wire.codec import decode
 
 @pytest.fixture
 def hook(amqp_url: str, names: Names) -> Iterator[WorkflowHook]:
-    h = WorkflowHook(lambda: kombu.Connection(amqp_url), Topology(names))
+    # No sweep jobs (each would declare the test prefix's scheduling cascade: ~1 s to delete after the
+    # test); the sweep is tested in test_dramatiq_worker.py and test_transport_settle.py.
+    h = WorkflowHook(lambda: kombu.Connection(amqp_url), Topology(names), sweep_after=None)
     yield h
     h.close()
 
@@ -151,6 +153,7 @@ def test_the_hook_survives_its_connection_being_closed(amqp_url, client, names, 
     hook = WorkflowHook(
         lambda: make_connection(amqp_url, heartbeat=0, ssl=None, transport_options=None, connection_name=name),
         Topology(names),
+        sweep_after=None,  # as the fixture's hook
     )
     try:
         w = chain(*(Job.create("step.run", [i], queue="wfq") for i in range(3)))

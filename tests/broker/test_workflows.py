@@ -21,6 +21,19 @@ from ojs_kombu.errors import WorkflowStateError
 from ojs_kombu.runtime.workflow import fan_in_ids
 
 
+@pytest.fixture
+def worker_factory(worker_factory):
+    """The broker tests' factory, without sweep jobs (``workflow_retention=None``) unless a test asks:
+    a sweep job declares the test prefix's scheduling cascade, ~1 s more per test to delete afterwards.
+    The sweep is tested in test_dramatiq_worker.py (the Worker's Settler) and test_transport_settle.py."""
+
+    def make(queues=("default",), **options):
+        options.setdefault("workflow_retention", None)
+        return worker_factory(queues, **options)
+
+    return make
+
+
 def test_chain_of_three_passes_results_step_to_step(client: Client, worker_factory):
     worker = worker_factory(("wf",), concurrency=2)
     seen: list[dict[str, Any]] = []

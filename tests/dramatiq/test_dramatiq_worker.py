@@ -275,3 +275,46 @@ def test_dead_letter_mode_republish_records_the_final_error(amqp_url, prefix, na
     assert envelope["error"]["type"] == "KeyError" and envelope["attempt"] == 1
     assert "x-death" not in properties.headers
     broker.close()
+
+
+def test_an_ended_workflows_record_stream_is_swept_and_the_actor_never_sees_the_sweep(
+    ojs_broker, start_worker, client, names, amqp_url
+):
+    import kombu
+
+    from ojs_kombu import Job, chain
+    from ojs_kombu.amqp.topology import Topology
+    from ojs_kombu.errors import NotFoundError
+    from ojs_kombu.runtime.workflow import WorkflowHook
+    from ojs_kombu.wire.codec import decode
+
+    calls = Recorder()
+
+    @dramatiq.actor(queue_name="swept")
+    def step(n):
+        calls.add(n)
+
+    w = chain(Job.create("step", [1], queue="swept"))
+    client.enqueue_workflow(w)
+    # The test plays the worker that ran the workflow's one job, with a retention of 1 s.
+    ((_, properties, body),) = get_messages(amqp_url, names.job_queue("swept"), 1)
+    hook = WorkflowHook(lambda: kombu.Connection(amqp_url), Topology(names), sweep_after=1.0)
+    try:
+        hook.on_terminal(decode(body, {"message_id": properties.message_id}, properties.headers), "completed", 1)
+    finally:
+        hook.close()
+    assert client.workflow(w.id).state == "completed"  # kept until its sweep job is due
+    assert message_count(amqp_url, names.job_queue("swept")) == 0  # the sweep waits in the cascade
+    start_worker()
+
+    def swept() -> bool:
+        try:
+            client.workflow(w.id)
+        except NotFoundError:
+            return True
+        return False
+
+    wait_until(swept, 15, message="the workflow's record stream deleted by its sweep job")
+    step.send(2)  # the worker consumes "swept": the sweep job, delivered before, never reached the actor
+    assert calls.wait(1) == [2]
+    assert_only_dead_letters_left(ojs_broker, "swept", 0)

@@ -53,6 +53,33 @@ def test_invalid_or_reserved_queue_names(queue):
     assert info.value.field == "queue"
 
 
+def test_the_sweep_job_type_is_reserved_to_the_library_yet_decodes():
+    from ojs_kombu.model.naming import SWEEP_JOB_TYPE
+    from ojs_kombu.runtime.workflow import sweep_job
+    from ojs_kombu.wire.codec import decode, encode
+
+    for refused in (lambda: Job.create(SWEEP_JOB_TYPE, ["w"]), lambda: validate_job_type(SWEEP_JOB_TYPE)):
+        with pytest.raises(ValidationError, match="reserved") as info:
+            refused()
+        assert info.value.field == "type"
+    job = sweep_job("wf-1", "emails", 3600)
+    assert (job.type, job.args, job.queue) == (SWEEP_JOB_TYPE, ["wf-1"], "emails")
+    assert job.scheduled_at is not None and job.scheduled_at > job.created_at
+    encoded = encode(job)
+    assert decode(encoded.body, encoded.properties, encoded.headers).type == SWEEP_JOB_TYPE  # a consumer reads it
+
+
+@pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "60", True])
+def test_a_bad_workflow_retention_is_refused_where_it_is_given(value):
+    from ojs_kombu.runtime.workflow import check_retention
+    from ojs_kombu.transport.settings import Settings
+
+    assert check_retention(None) is None and check_retention(60) == 60.0
+    with pytest.raises(ValidationError) as info:
+        Settings.from_options({"workflow_retention": value})
+    assert info.value.field == "workflow_retention"
+
+
 def test_reserved_prefix_message_explains_the_collision():
     with pytest.raises(ValidationError, match="reserved"):
         validate_queue_name("dlx.email")
