@@ -145,8 +145,7 @@ class Worker:
         prefix: multi-tenant entity prefix.
         grace_period: seconds a graceful shutdown waits for running jobs.
         queue_options: optional arguments of the job queues (must match the producers').
-        queue_type: ``"quorum"`` (or ``"classic"``) sets ``queue_options.queue_type``, as for
-            :class:`~ojs_kombu.client.Client` (must match the producers').
+        queue_type: ``"quorum"`` or ``"classic"``: ``queue_options.queue_type`` (as the producers').
         heartbeat: AMQP heartbeat, seconds.
         dead_letter_mode: ``"nack"`` (``Basic.Nack``, the binding's FAIL, after the final failure
             is recorded in the control stream for the dead letter readers) or ``"republish"``
@@ -159,8 +158,7 @@ class Worker:
             :class:`~ojs_kombu.errors.TlsVerificationError`).
         transport_options: passed to kombu.
         on_conflict: a job queue that exists with other arguments is used as it is
-            (``"use-existing"``) or refused (``"raise"``: the worker stops with
-            :class:`WorkerError`); see :class:`~ojs_kombu.amqp.topology.Topology`.
+            (``"use-existing"``) or refused (``"raise"``: the worker stops with :class:`WorkerError`).
         connect_retries: consecutive failed connection attempts after which the
             worker gives up (:class:`WorkerError`); ``None`` retries forever.
         cancel_running: what cancelling a running job does besides setting
@@ -187,16 +185,12 @@ class Worker:
             :attr:`completed_log`; :attr:`deduplicated` counts them).  The prefetch count grows
             by 64: completed jobs wait unacked for their record's confirm.
         completed_options: bounds of what ``deduplicate`` remembers (age, stream size, ids in memory).
-        rate_limits: a :class:`~ojs_kombu.RateLimitPolicy` (or a dict of its fields) per queue of the
-            worker (``{"email": RateLimitPolicy(key="queue:email", concurrency=20)}``, spec §7.2): every
-            job of the queue is limited by it, besides its own ``rate_limit``; give every worker of the
-            queue the same one.  Limits hold across processes (``docs/limits.md``); only ``concurrency``
-            is enforced so far.
-        unique_backend: where the locks of unique jobs are, freed when their jobs end: None
-            (RabbitMQ queues) or the Redis URL the publishers use (``Client(unique_backend=...)``).
-        workflow_retention: seconds an ended workflow's record stream (what ``Client.workflow(id)``
-            reads) is kept before the workflow's sweep job deletes it (default 24 h); ``None``: kept
-            (``docs/workflows.md``, Clean-up).
+        rate_limits: a :class:`~ojs_kombu.RateLimitPolicy` (or a dict of its fields) per queue (spec
+            §7.2), besides each job's own ``rate_limit``; the same for every worker of the queue: limits
+            hold across processes (``docs/limits.md``).
+        unique_backend: where unique jobs' locks are: None (RabbitMQ queues) or the publishers' Redis URL.
+        workflow_retention: seconds an ended workflow's record stream is kept before its sweep job
+            deletes it (default 24 h; ``None``: kept; ``docs/workflows.md``, Clean-up).
 
     Raises:
         ValidationError: a queue name, the concurrency, ``dead_letter_mode``, ``metrics_port`` or a
