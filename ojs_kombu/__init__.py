@@ -67,6 +67,7 @@ from ojs_kombu.model.workflow_info import StepInfo, WorkflowInfo
 from ojs_kombu.observability.server import MetricsServer, serve_metrics
 from ojs_kombu.runtime.cron import CronRegistry, CronScheduler, RegisteredCron
 from ojs_kombu.runtime.deadletter import DeadLetterEntry
+from ojs_kombu.runtime.manifest import conformance_manifest
 from ojs_kombu.runtime.worker import Worker, current_job
 from ojs_kombu.transport import register_aliases
 from ojs_kombu.wire.codec import CONTENT_TYPE, decode, encode
@@ -159,6 +160,7 @@ __all__ = [
     "Worker",
     "WorkerError",
     "WorkerPresence",
+    "conformance_manifest",
     "current_job",
     "decode",
     "encode",

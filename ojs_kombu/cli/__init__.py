@@ -23,9 +23,11 @@
     ojs-amqp cron list [--enabled|--disabled] [--json]
     ojs-amqp cron add daily-report '0 9 * * *' report.generate '[{"kind": "daily"}]' --queue reports --timezone Europe/Paris
     ojs-amqp cron remove daily-report
+    ojs-amqp manifest [--unique-backend redis://host:6379/0]
 
-Every command but ``worker`` takes ``--url`` (default ``$OJS_AMQP_URL``) and
-``--prefix``; the worker takes them from its :class:`~ojs_kombu.Worker`.
+Every command but ``worker`` and ``manifest`` takes ``--url`` (default ``$OJS_AMQP_URL``) and
+``--prefix``; the worker takes them from its :class:`~ojs_kombu.Worker`; ``manifest`` connects to
+nothing and prints the OJS conformance manifest as one indented JSON document.
 
 Output: read commands (``status``, ``dlq list|show``, ``workers``, ``events``,
 ``info``) print rich tables, or with ``--json`` one JSON document per line, so
@@ -70,6 +72,7 @@ from ojs_kombu.cli.cron import cron
 from ojs_kombu.cli.dashboard import dashboard
 from ojs_kombu.cli.dlq import dlq
 from ojs_kombu.cli.jobs import declare, enqueue, load_worker, worker
+from ojs_kombu.cli.manifest import manifest
 from ojs_kombu.cli.status import status, top
 from ojs_kombu.errors import OjsError
 
@@ -94,6 +97,7 @@ for _command in (
     worker,
     dashboard,
     cron,
+    manifest,
 ):
     cli.add_command(_command)
 

@@ -297,16 +297,7 @@ REFERENCES: dict[str, list[str]] = {
 }
 
 #: Requirements met only in part or not at all: id -> what is missing and why (the matrix says "partly").
-NOT_MET: dict[str, str] = {
-    "UNIQ-20": (
-        "the strength is declared in docs/unique-jobs.md (strong) and nowhere machine-readable: the project has "
-        "no OJS conformance manifest (no `ojs-amqp conformance` output) yet"
-    ),
-    "UNIQ-21": (
-        "no conformance manifest carries a `strength` field yet (see UNIQ-20); the docs declare `strong`, one of "
-        "the two values"
-    ),
-}
+NOT_MET: dict[str, str] = {}
 
 #: Requirements of best-effort implementations only: id -> why they do not apply (the matrix says "n/a").
 NOT_APPLICABLE: dict[str, str] = {
@@ -592,9 +583,15 @@ def test_uniq_30_replacing_a_running_job_never_runs_both_at_once(shared):
         gate.set()
 
 
-@pytest.mark.xfail(strict=True, reason="UNIQ-20: see NOT_MET")
 def test_uniq_20_the_strength_is_declared_in_a_conformance_manifest():
-    result = CliRunner().invoke(cli, ["conformance"])
-    assert result.exit_code == 0, result.output
-    manifest = json.loads(result.output)
-    assert manifest["capabilities"]["unique_jobs"]["strength"] in ("strong", "best-effort")  # UNIQ-21
+    """``ojs-amqp manifest`` declares the strength, and the mechanism of the configured lock backend (no broker)."""
+    for options, mechanism in (
+        ([], "RabbitMQ classic queue"),
+        (["--unique-backend", "redis://h:6379/0"], "Redis SET NX PX"),
+    ):
+        result = CliRunner().invoke(cli, ["manifest", *options])
+        assert result.exit_code == 0, result.output
+        manifest = json.loads(result.output)
+        assert manifest["capabilities"]["unique_jobs"]["strength"] == "strong"  # UNIQ-21: one of the two values
+        assert manifest["capabilities"]["unique_jobs"]["mechanism"].startswith(mechanism)
+        assert manifest["implementation"]["name"] == "ojs-kombu"
