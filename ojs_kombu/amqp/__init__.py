@@ -11,6 +11,7 @@ from ojs_kombu.amqp.connection import DEFAULT_HEARTBEAT, connect_once, make_conn
 from ojs_kombu.amqp.errors import is_permanent, map_exception, map_exceptions, raise_if_permanent
 from ojs_kombu.amqp.failover import ConnectionSettings
 from ojs_kombu.amqp.fanin import FanIn, Pending, Ready
+from ojs_kombu.amqp.info import INFO_SETTLE_WINDOW, ask_info, best_answer, publish_control
 from ojs_kombu.amqp.locks import Acquired, Held, UniqueLocks
 from ojs_kombu.amqp.management import ManagementClient
 from ojs_kombu.amqp.outbox import Outbox, outbox
@@ -21,7 +22,11 @@ from ojs_kombu.amqp.version import parse_version, rabbitmq_version
 
 __all__ = [
     "DEFAULT_HEARTBEAT",
+    "INFO_SETTLE_WINDOW",
     "Acquired",
+    "ask_info",
+    "best_answer",
+    "publish_control",
     "ConfirmedPublisher",
     "ConnectionSettings",
     "FanIn",

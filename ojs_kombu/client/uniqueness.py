@@ -8,18 +8,12 @@ under ``ignore`` publishes nothing: its outcome is the job passed, with the hold
 (:attr:`~ojs_kombu.client.EnqueueResult.existing_id` set).
 
 ``replace`` of a *running* holder never runs both (unique-jobs spec §8, UNIQ-30): after the
-cancel, one INFO (:meth:`~ojs_kombu.client.control.Control.info`, ``replace_probe`` s) asks the
-queue's workers whether the holder is ``active``.  INFO travels on the same control stream,
-after the cancel: a worker that answers has applied the cancel, so a holder it does not run now
-it never starts.  Only an ``active`` holder is waited for: INFO is asked again until no worker
-says it is active (its Settler then frees the lock as ``cancelled``), for at most
-``replace_timeout`` s; past that the replace falls back to ``reject`` (spec §5.2): a
-:class:`~ojs_kombu.errors.DuplicateJobError`, the holder cancelled but still running, the new
-job not published.  A pending holder (nobody answers active) has its lock freed at once, as
-before; what it costs is the probe: ``replace_probe`` s when no worker knows the holder (the
-INFO timeout).  A holder scheduled more than 5 s ahead (its lock's record says when) cannot run
-yet: it is not asked about.  The window left: a worker that reads its control stream more than
-``replace_probe`` s late, and started the holder before reading the cancel.
+cancel, INFO (:meth:`~ojs_kombu.client.control.Control.info`, ``replace_probe`` s) is asked until
+no worker says the holder is ``active``, for at most ``replace_timeout`` s, then the replace is
+rejected (:func:`ojs_kombu.runtime.replace.cancel_and_wait`).  What replacing a pending holder
+costs is the probe: ``replace_probe`` s when no worker knows the holder (the INFO timeout).
+The window left: a worker that reads its control stream more than ``replace_probe`` s late,
+and started the holder before reading the cancel.
 
 A job whose publish then fails has its lock released, unless the failure leaves its fate
 unknown (:class:`~ojs_kombu.errors.PublishTimeoutError`, :class:`~ojs_kombu.errors.BrokerConnectionError`):
@@ -30,10 +24,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any
 
 from kombu.connection import Connection
 
@@ -41,22 +34,16 @@ from ojs_kombu.amqp.locks import DEFAULT_QUEUE_EXPIRES, UniqueLocks
 from ojs_kombu.client.control import Control
 from ojs_kombu.client.results import EnqueueResult
 from ojs_kombu.client.session import Service, Session
-from ojs_kombu.errors import BrokerConnectionError, DuplicateJobError, OjsError, PublishTimeoutError, ValidationError
+from ojs_kombu.errors import BrokerConnectionError, OjsError, PublishTimeoutError
 from ojs_kombu.model.job import Job
-from ojs_kombu.model.timefmt import parse_timestamp, utcnow
 from ojs_kombu.runtime.redis_locks import RedisLocks
+from ojs_kombu.runtime.replace import DEFAULT_REPLACE_PROBE, DEFAULT_REPLACE_TIMEOUT, cancel_and_wait, check_seconds
 from ojs_kombu.runtime.unique import Claim, Locks, check_backend, claim_many
 
 logger = logging.getLogger(__name__)
 
 _LOCKS = "_ojs_unique_locks"  # the attribute of a pooled kombu connection holding its UniqueLocks
 _UNKNOWN_FATE = (PublishTimeoutError, BrokerConnectionError)
-
-#: Seconds the INFO after a replace's cancel waits for a worker to say the holder runs.
-DEFAULT_REPLACE_PROBE: Final = 1.0
-#: Seconds a replace waits for a running holder to end once cancelled, before it rejects.
-DEFAULT_REPLACE_TIMEOUT: Final = 10.0
-_NOT_DUE: Final = timedelta(seconds=5)  # a holder due later than this cannot run yet (clock skew margin)
 
 
 class Uniqueness(Service):
@@ -90,8 +77,8 @@ class Uniqueness(Service):
         replace_timeout: float = DEFAULT_REPLACE_TIMEOUT,
     ):
         super().__init__(session)
-        self.replace_probe = _seconds("replace_probe", replace_probe, zero=False)
-        self.replace_timeout = _seconds("unique_replace_timeout", replace_timeout, zero=True)
+        self.replace_probe = check_seconds("replace_probe", replace_probe, zero=False)
+        self.replace_timeout = check_seconds("unique_replace_timeout", replace_timeout, zero=True)
         self.control = control
         self.queue_expires = queue_expires
         self.backend = check_backend(backend)
@@ -160,19 +147,14 @@ class Uniqueness(Service):
             DuplicateJobError: it still runs ``replace_timeout`` s after the cancel (its ``key``
                 is set by :func:`~ojs_kombu.runtime.unique.claim`).
         """
-        self.control.cancel(job_id, queue)
-        if scheduled_at is not None and _due_in(scheduled_at) > _NOT_DUE:
-            return
-        deadline = time.monotonic() + self.replace_timeout
-        while (info := self.control.info(job_id, queue, self.replace_probe)) is not None and info.state == "active":
-            if time.monotonic() >= deadline:
-                raise DuplicateJobError(
-                    f"job {job_id} is running and did not end within {self.replace_timeout:g} s of its cancel: "
-                    "an active job cannot be replaced (on_conflict falls back to reject)",
-                    existing_id=job_id,
-                    key="",
-                )
-            time.sleep(0.05)  # an active answer comes back at once: do not spin on the control stream
+        cancel_and_wait(
+            job_id,
+            scheduled_at,
+            cancel=lambda: self.control.cancel(job_id, queue),
+            info=lambda probe: self.control.info(job_id, queue, probe),
+            probe=self.replace_probe,
+            timeout=self.replace_timeout,
+        )
 
     def _with_locks(self, operation: Callable[[Locks], Any]) -> Any:
         if self.backend is not None:
@@ -211,21 +193,6 @@ class Uniqueness(Service):
             locks = UniqueLocks(conn.connection, names=self.session.names, queue_expires=self.queue_expires)
             setattr(conn, _LOCKS, locks)
         return locks
-
-
-def _due_in(scheduled_at: str) -> timedelta:
-    try:
-        return parse_timestamp(scheduled_at) - utcnow()
-    except ValidationError:  # an unreadable record: the holder may be due
-        return timedelta(0)
-
-
-def _seconds(name: str, value: float, *, zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (value == 0 and not zero):
-        raise ValidationError(
-            f"{name} must be a number of seconds {'>= 0' if zero else '> 0'}, got {value!r}", field=name
-        )
-    return float(value)
 
 
 __all__ = ["DEFAULT_REPLACE_PROBE", "DEFAULT_REPLACE_TIMEOUT", "Uniqueness"]

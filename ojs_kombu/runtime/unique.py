@@ -10,7 +10,7 @@ When another job holds it, ``on_conflict`` decides (spec §5):
 * ``ignore``: the :class:`Claim` names the holder (``existing_id``): publish nothing;
 * ``replace``: the holder is cancelled through the control plane (``cancel``, which may wait
   for a running holder to end and raise :class:`~ojs_kombu.errors.DuplicateJobError` when it
-  does not, see :mod:`ojs_kombu.client.uniqueness`), its lock freed, and the lock taken for the
+  does not, see :mod:`ojs_kombu.runtime.replace`), its lock freed, and the lock taken for the
   new job;
 * ``replace_except_schedule``: as ``replace``, and the new job keeps the holder's
   ``scheduled_at`` (written with the holder's id in the lock's record) when that lies ahead.

@@ -104,6 +104,10 @@ removed before the py-amqp connection sees them:
     where the locks of unique jobs (``ojs_unique``) are: unset (RabbitMQ queues) or a Redis URL
     (``redis://host:6379/0``), as ``Client(unique_backend=...)``: the same for every publisher
     and worker of a deployment (``docs/unique-jobs.md``).
+``unique_replace_timeout``
+    seconds an ``on_conflict="replace"`` waits for a running holder to end once cancelled
+    (asked by INFO, as the Client does), before it is rejected with ``DuplicateJobError``
+    (default 10, as ``Client(unique_replace_timeout=...)``).
 ``workflow_retention``
     seconds an ended workflow's record stream (a Celery chord is a workflow) is kept before its
     sweep job deletes it (default 86400: 24 h); ``None``: kept (``docs/workflows.md``, Clean-up).

@@ -16,6 +16,7 @@ from ojs_kombu.model.naming import Names
 from ojs_kombu.model.ratelimit import RateLimitPolicy
 from ojs_kombu.runtime.lifecycle import Lifecycle
 from ojs_kombu.runtime.redis_locks import RedisLocks
+from ojs_kombu.runtime.replace import DEFAULT_REPLACE_TIMEOUT, check_seconds
 from ojs_kombu.runtime.unique import check_backend
 from ojs_kombu.runtime.workflow import DEFAULT_SWEEP_AFTER, check_retention
 from ojs_kombu.wire.codec import OutgoingMessage
@@ -39,6 +40,7 @@ OJS_OPTIONS = (
     "deduplicate",
     "completed_options",
     "unique_backend",
+    "unique_replace_timeout",
     "workflow_retention",
 )
 
@@ -136,6 +138,8 @@ class Settings:
     completed_options: CompletedOptions | None = None
     #: Where unique jobs' locks are: None (RabbitMQ queues) or a Redis URL (``Client(unique_backend=...)``).
     unique_backend: str | None = None
+    #: Seconds a ``replace`` waits for a running holder to end once cancelled, before it rejects.
+    unique_replace_timeout: float = DEFAULT_REPLACE_TIMEOUT
     #: Seconds an ended workflow's record stream is kept before its sweep job deletes it (None: kept).
     workflow_retention: float | None = DEFAULT_SWEEP_AFTER
     _redis_locks: RedisLocks | None = field(default=None, repr=False, compare=False)
@@ -153,7 +157,7 @@ class Settings:
         Raises:
             TypeError: ``queue_options`` or ``completed_options`` has fields their class does not know.
             ValidationError: a bad ``queue_options``, ``queue_type`` (``"classic"`` or ``"quorum"``)
-                ``unique_backend`` (None or a Redis URL) or ``workflow_retention`` (seconds or None).
+                ``unique_backend`` (None or a Redis URL), ``unique_replace_timeout`` (seconds) or ``workflow_retention`` (seconds or None).
         """
         queue_options = options.get("queue_options") or QueueOptions()
         if isinstance(queue_options, dict):
@@ -175,6 +179,9 @@ class Settings:
             deduplicate=bool(options.get("deduplicate")),
             completed_options=completed_options,
             unique_backend=check_backend(options.get("unique_backend")),
+            unique_replace_timeout=check_seconds(
+                "unique_replace_timeout", options.get("unique_replace_timeout", DEFAULT_REPLACE_TIMEOUT), zero=True
+            ),
             workflow_retention=check_retention(options.get("workflow_retention", DEFAULT_SWEEP_AFTER)),
         )
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import amqp
 
+from ojs_kombu.amqp.info import ask_info, publish_control
 from ojs_kombu.amqp.locks import UniqueLocks
 from ojs_kombu.amqp.permits import Permits
 from ojs_kombu.amqp.publisher import ConfirmedPublisher, Destination
@@ -18,10 +19,12 @@ from ojs_kombu.amqp.topology import Topology
 from ojs_kombu.amqp.workflowlog import sweep_workflow
 from ojs_kombu.errors import BrokerConnectionError, PublishTimeoutError
 from ojs_kombu.model.fields import JobState
+from ojs_kombu.model.info import JobInfo
 from ojs_kombu.model.job import Job
 from ojs_kombu.model.naming import QUEUE_NAME_RE, ojs_queue_for
 from ojs_kombu.policy.retry import ladder_ms_until
 from ojs_kombu.policy.schedule import Cascade
+from ojs_kombu.runtime.replace import DEFAULT_REPLACE_PROBE, cancel_and_wait
 from ojs_kombu.runtime.unique import Locks, claim, lock_to_release, release_lock
 from ojs_kombu.transport.completed import CompletedLogs
 from ojs_kombu.transport.control import ConnectionControl
@@ -276,7 +279,7 @@ class ConnectionState:
         job, message = codec.to_job(body, properties, headers, queue)
         key = None
         if job.unique is not None and job.attempt == 0:  # a retry's job holds its lock already
-            claimed = claim(job, self._with_locks, lambda existing, _scheduled_at: self.publish_cancel(existing, queue))
+            claimed = claim(job, self._with_locks, partial(self._replace, queue=queue))
             if claimed.existing_id is not None:
                 return  # a duplicate under on_conflict="ignore": nothing is published
             key, job = claimed.key, claimed.job
@@ -309,6 +312,48 @@ class ConnectionState:
             self._unique_locks = UniqueLocks(self.connection, names=self.names)
         return operation(self._unique_locks)
 
+    def _replace(self, existing: str, scheduled_at: str | None, *, queue: str) -> None:
+        """``replace``: cancel the holder ``existing`` and wait while it runs, as the Client does
+        (:func:`~ojs_kombu.runtime.replace.cancel_and_wait`, ``unique_replace_timeout``)."""
+        cancel_and_wait(
+            existing,
+            scheduled_at,
+            cancel=lambda: self.publish_cancel(existing, queue),
+            info=lambda probe: self.ask_info(existing, queue, probe),
+            probe=DEFAULT_REPLACE_PROBE,
+            timeout=self.settings.unique_replace_timeout,
+        )
+
+    def ask_info(self, job_id: str, queue: str, timeout: float) -> JobInfo | None:
+        """INFO about ``job_id`` from the workers of OJS queue ``queue`` (:func:`~ojs_kombu.amqp.info.ask_info`).
+
+        Parameters:
+            job_id: the job's id.
+            queue: the OJS queue (its control stream is declared first, once per connection).
+            timeout: seconds to wait for answers.
+
+        Returns:
+            The best answer, or None when no worker answered.
+
+        Raises:
+            PublishError: the broker returned or nacked the request, or did not confirm it in time.
+        """
+        self._ensure_control(queue)
+        return ask_info(
+            self.connection,
+            self.publisher,
+            self.names,
+            job_id,
+            queue,
+            timeout=timeout,
+            confirm_timeout=self.settings.confirm_timeout,
+        )
+
+    def _ensure_control(self, queue: str) -> None:
+        self._once(
+            ("control", queue), lambda: self.topology.declare(self.connection, self.topology.control_specs(queue))
+        )
+
     def publish_cancel(self, job_id: str, queue: str, confirm_timeout: float | None = None) -> None:
         """CANCEL job ``job_id`` of OJS queue ``queue``: a confirmed publish to its control stream.
 
@@ -325,18 +370,8 @@ class ConnectionState:
             PublishError: the broker returned or nacked it, or did not confirm it in time.
         """
         message = cancel_message(job_id)
-        self._once(
-            ("control", queue), lambda: self.topology.declare(self.connection, self.topology.control_specs(queue))
-        )
-        ticket = self.publisher.publish(
-            message,
-            exchange=self.names.direct_exchange,
-            routing_key=self.names.control_routing_key(queue),
-            queue=queue,
-            job_id=message.properties["message_id"],
-        )
-        self.publisher.wait([ticket], confirm_timeout or self.settings.confirm_timeout)
-        ticket.raise_for_error()
+        self._ensure_control(queue)
+        publish_control(self.publisher, self.names, queue, message, confirm_timeout or self.settings.confirm_timeout)
 
     def _delayed(
         self, message: OutgoingMessage, job: Job, queue: str

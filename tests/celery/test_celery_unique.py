@@ -102,3 +102,34 @@ def test_locks_on_redis_through_the_transport_option(amqp_url, prefix, redis_url
             assert first.get(timeout=20) == 7
             wait_until(lambda: store.exists(lock) == 0, timeout=20, message="the Redis lock freed on completion")
     store.close()
+
+
+def test_replace_of_a_running_task_waits_for_it_to_end_or_is_rejected(celery_app, amqp_url, prefix, worker_factory):
+    # on_conflict="replace" never runs both (unique-jobs spec §8): the producer cancels the running
+    # holder, asks its workers by INFO, and publishes only once it ended; or rejects after
+    # unique_replace_timeout, as the Client does.
+    started, gate = threading.Event(), threading.Event()
+
+    @celery_app.task
+    def slow(n):
+        started.set()
+        gate.wait(10)
+        return n
+
+    replace = {**UNIQUE, "on_conflict": "replace"}
+    first = slow.apply_async((1,), ojs_unique=UNIQUE)
+    with worker_factory(celery_app):
+        assert started.wait(10), "the first task did not start"
+        with ojs_celery_app(amqp_url, prefix) as impatient:
+            impatient.conf.broker_transport_options = {"prefix": prefix, "unique_replace_timeout": 0.5}
+            with pytest.raises(DuplicateJobError) as info:
+                impatient.send_task(slow.name, (1,), ojs_unique=replace)
+            assert info.value.existing_id == first.id
+        assert not gate.is_set()
+        threading.Timer(1.0, gate.set).start()
+        begun = time.monotonic()
+        second = slow.apply_async((1,), ojs_unique=replace)
+        assert gate.is_set(), "the replace returned while the first task still ran"
+        assert time.monotonic() - begun >= 0.9
+        assert second.id != first.id
+        assert second.get(timeout=20) == 1

@@ -45,3 +45,14 @@ def test_a_redis_value_not_written_by_a_lock_reads_as_held_by_nobody():
     assert _held("k", b'["job-a", null]').existing_scheduled_at is None
     assert _held("k", b"job-a").existing_id is None
     assert _held("k", b"[1, 2, 3]").existing_id is None
+
+
+def test_the_transport_option_unique_replace_timeout_is_seconds():
+    from ojs_kombu.runtime.replace import DEFAULT_REPLACE_TIMEOUT
+
+    assert Settings.from_options({}).unique_replace_timeout == DEFAULT_REPLACE_TIMEOUT
+    assert Settings.from_options({"unique_replace_timeout": 0}).unique_replace_timeout == 0.0
+    for bad in (-1, "5", True):
+        with pytest.raises(ValidationError) as info:
+            Settings.from_options({"unique_replace_timeout": bad})
+        assert info.value.field == "unique_replace_timeout"
