@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -172,3 +173,45 @@ def slow_first_call(monkeypatch: Any, owner: Any, name: str, extra: float) -> li
 
     monkeypatch.setattr(owner, name, slow)
     return took
+
+
+def enqueue_at_once(
+    connect: Callable[[], Any], job_type: str, unique: Any, *, warm_up: Callable[[Any], None], clients: int = 16
+) -> tuple[list[Any], list[Any]]:
+    """``clients`` clients (``connect()``), each warmed up by ``warm_up(client)`` so that only the race is
+    left, enqueue the same unique job at one barrier (issue 30's strength test).  Any error other than a
+    ``DuplicateJobError`` fails the test.
+
+    Returns:
+        ``(accepted jobs, DuplicateJobErrors)``.
+    """
+    from ojs_kombu import DuplicateJobError
+
+    barrier = threading.Barrier(clients)
+    accepted: list[Any] = []
+    refused: list[Any] = []
+    other: list[BaseException] = []
+    lock = threading.Lock()
+
+    def enqueue() -> None:
+        with connect() as own:
+            warm_up(own)
+            barrier.wait()
+            try:
+                job = own.enqueue(job_type, [42], unique=unique)
+                with lock:
+                    accepted.append(job)
+            except DuplicateJobError as exc:
+                with lock:
+                    refused.append(exc)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                with lock:
+                    other.append(exc)
+
+    threads = [threading.Thread(target=enqueue) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not other, other
+    return accepted, refused

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from support import message_count, wait_until
+from support import enqueue_at_once, message_count, wait_until
 
 from ojs_kombu import Client, Discard, DuplicateJobError, Job, RetryPolicy, UniquePolicy, ValidationError
 from ojs_kombu.policy import job_unique_key
@@ -36,33 +36,10 @@ def accepted_eventually(client: Client, type_: str, args: list, *, timeout: floa
 
 
 def test_16_clients_at_once_one_accepted_15_duplicates_and_it_runs_once(amqp_url, prefix, client, worker_factory):
-    barrier = threading.Barrier(16)
-    accepted: list[Job] = []
-    refused: list[DuplicateJobError] = []
-    other: list[BaseException] = []
-    lock = threading.Lock()
+    def warm_up(own: Client) -> None:
+        own.enqueue("u.noop", [0], queue="default")  # connected, channels open: only the race remains
 
-    def enqueue() -> None:
-        with Client(amqp_url, prefix=prefix) as own:
-            own.enqueue("u.noop", [0], queue="default")  # connected, channels open: only the race remains
-            barrier.wait()
-            try:
-                job = own.enqueue("u.once", [42], unique=UNIQUE)
-                with lock:
-                    accepted.append(job)
-            except DuplicateJobError as exc:
-                with lock:
-                    refused.append(exc)
-            except BaseException as exc:  # noqa: BLE001
-                with lock:
-                    other.append(exc)
-
-    threads = [threading.Thread(target=enqueue) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not other
+    accepted, refused = enqueue_at_once(lambda: Client(amqp_url, prefix=prefix), "u.once", UNIQUE, warm_up=warm_up)
     assert len(accepted) == 1 and len(refused) == 15
     assert {exc.existing_id for exc in refused} == {accepted[0].id}
     assert {exc.key for exc in refused} == {job_unique_key(accepted[0])}

@@ -3,7 +3,6 @@ against a real ``redis-server`` (``$OJS_REDIS_URL``, else a private one: ``tools
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -11,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import redis
-from support import wait_until
+from support import enqueue_at_once, wait_until
 
-from ojs_kombu import Client, DuplicateJobError, Job, Names, UniquePolicy, ValidationError, current_job
+from ojs_kombu import Client, Names, UniquePolicy, ValidationError, current_job
 from ojs_kombu.amqp.locks import Acquired, Held, LockRequest
 from ojs_kombu.policy import job_unique_key
 from ojs_kombu.runtime.redis_locks import RedisLocks
@@ -90,35 +89,15 @@ def test_redis_lock_set_if_absent_holder_expiry_and_compare_and_delete(redis_url
 def test_16_clients_at_once_one_accepted_on_redis_and_released_when_it_completes(
     amqp_url: str, prefix: str, redis_url: str, store: redis.Redis, worker_factory, management
 ):
-    barrier = threading.Barrier(16)
-    accepted: list[Job] = []
-    refused: list[DuplicateJobError] = []
-    other: list[BaseException] = []
-    lock = threading.Lock()
     job_type = f"u.redis.k{uuid.uuid4().hex[:8]}"
 
-    def enqueue() -> None:
-        with Client(amqp_url, prefix=prefix, unique_backend=redis_url) as own:
-            own.enqueue("u.noop", [0], queue="default")  # connected: only the race remains
-            own.enqueue("u.noop", [0], unique=UniquePolicy(keys=["type"], period="PT1S", on_conflict="ignore"))
-            barrier.wait()
-            try:
-                job = own.enqueue(job_type, [42], unique=UNIQUE)
-                with lock:
-                    accepted.append(job)
-            except DuplicateJobError as exc:
-                with lock:
-                    refused.append(exc)
-            except BaseException as exc:  # noqa: BLE001
-                with lock:
-                    other.append(exc)
+    def warm_up(own: Client) -> None:
+        own.enqueue("u.noop", [0], queue="default")  # connected: only the race remains
+        own.enqueue("u.noop", [0], unique=UniquePolicy(keys=["type"], period="PT1S", on_conflict="ignore"))
 
-    threads = [threading.Thread(target=enqueue) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not other
+    accepted, refused = enqueue_at_once(
+        lambda: Client(amqp_url, prefix=prefix, unique_backend=redis_url), job_type, UNIQUE, warm_up=warm_up
+    )
     assert len(accepted) == 1 and len(refused) == 15
     assert {exc.existing_id for exc in refused} == {accepted[0].id}
     key = job_unique_key(accepted[0])
