@@ -14,14 +14,9 @@ import logging
 import os
 import time
 
+from durable_log import append_line
+
 from ojs_kombu import Worker
-
-
-def _line(path: str, text: str) -> None:
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(text + "\n")
-        out.flush()
-        os.fsync(out.fileno())
 
 
 def main() -> None:
@@ -39,9 +34,9 @@ def main() -> None:
 
     @worker.handler("limited.run")
     def run(n: int) -> None:
-        _line(args.log, f"start {time.monotonic():.6f} {n} {pid}")
+        append_line(args.log, f"start {time.monotonic():.6f} {n} {pid}")
         time.sleep(args.sleep)
-        _line(args.log, f"end {time.monotonic():.6f} {n} {pid}")
+        append_line(args.log, f"end {time.monotonic():.6f} {n} {pid}")
 
     worker.run()
 

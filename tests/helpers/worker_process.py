@@ -20,15 +20,14 @@ import logging
 import os
 import time
 
+from durable_log import append_line
+
 from ojs_kombu import Job, Worker, current_job
 
 
 def _log_line(path: str, event: str, job: Job | None = None) -> None:
     job = job or current_job()
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(f"{event} {job.id} {job.attempt}\n")
-        out.flush()
-        os.fsync(out.fileno())
+    append_line(path, f"{event} {job.id} {job.attempt}")
 
 
 def main() -> None:

@@ -16,14 +16,9 @@ import logging
 import os
 import time
 
+from durable_log import append_line
+
 from ojs_kombu import Worker, current_job
-
-
-def _line(path: str, text: str) -> None:
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(text + "\n")
-        out.flush()
-        os.fsync(out.fileno())
 
 
 def main() -> None:
@@ -42,13 +37,13 @@ def main() -> None:
     @worker.handler("member")
     def member(n: int) -> dict[str, int]:
         time.sleep(args.sleep)
-        _line(args.log, f"done {n} {pid}")
+        append_line(args.log, f"done {n} {pid}")
         return {"n": n, "square": n * n}
 
     @worker.handler("callback")
     def callback() -> int:
         results = current_job().parent_results
-        _line(args.log, f"callback {pid} {json.dumps(results, separators=(',', ':'))}")
+        append_line(args.log, f"callback {pid} {json.dumps(results, separators=(',', ':'))}")
         return len(results)
 
     worker.run()
